@@ -1,0 +1,42 @@
+# The course's commands. `make lab` to learn, `make test` to check everything (what CI runs).
+VENV    := .venv
+PY      := $(VENV)/bin/python
+PORT    ?= 8888
+# nbval: run every notebook in quick mode, compare only cells marked NBVAL_CHECK_OUTPUT.
+NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
+           --nbval-cell-timeout=600
+TESTENV := COURSE_QUICK=1 TQDM_DISABLE=1 MPLBACKEND=agg PYTHONHASHSEED=0
+
+.PHONY: setup lab test unit nbtest notebooks bench lint clean
+
+setup:
+	@bash scripts/setup.sh
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT)
+
+test: setup
+	$(TESTENV) $(PY) -m pytest tests notebooks $(NBVAL)
+
+unit: setup
+	$(TESTENV) $(PY) -m pytest tests
+
+nbtest: setup
+	$(TESTENV) $(PY) -m pytest notebooks $(NBVAL)
+
+# Re-execute every notebook in place in full mode (refreshes the stored outputs).
+notebooks: setup
+	@for nb in notebooks/[0-9]*.ipynb; do \
+	    echo "== $$nb"; \
+	    TQDM_DISABLE=1 $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	        --ExecutePreprocessor.timeout=3600 --ExecutePreprocessor.kernel_name=python3 "$$nb" || exit 1; \
+	done
+
+bench: setup
+	$(PY) -m course_lib.bench dataloader
+
+lint: setup
+	$(VENV)/bin/ruff check course_lib tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,265 @@
+"""Fashion-MNIST, found locally first, with a fast in-memory batch iterator.
+
+PyTorch counterpart: ``torchvision.datasets.FashionMNIST`` with a ``DataLoader``; d2l's
+``load_data_fashion_mnist``. Both read the "prepared raw folder" this module makes:
+``<root>/FashionMNIST/raw/`` holding the four uncompressed IDX files.
+
+Search order for the files: the ``root`` argument, ``$FASHION_MNIST_DIR``, the repository's
+``data/`` folder, the Debian package ``dataset-fashion-mnist`` (``/usr/share/datasets/``), and
+only then torchvision's download.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .config import QUICK_TEST_SIZE, QUICK_TRAIN_SIZE, quick_mode
+
+__all__ = [
+    "load_fashion_mnist",
+    "find_fashion_mnist",
+    "TensorBatches",
+    "get_fashion_mnist_labels",
+    "TEXT_LABELS",
+    "REPO_DATA",
+    "DEBIAN_DIR",
+]
+
+TEXT_LABELS = ["t-shirt", "trouser", "pullover", "dress", "coat",
+               "sandal", "shirt", "sneaker", "bag", "ankle boot"]
+
+FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+#: The repository's own data folder (ignored by git); the prepared raw folder usually lands here.
+REPO_DATA = Path(__file__).resolve().parent.parent / "data"
+#: Where Debian's ``dataset-fashion-mnist`` package puts the original ``*-ubyte.gz`` files.
+DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+_CACHE_DATA = Path.home() / ".cache" / "course_lib" / "data"
+
+
+def get_fashion_mnist_labels(labels: Sequence[int] | torch.Tensor) -> list[str]:
+    """Text names of Fashion-MNIST class indices."""
+    return [TEXT_LABELS[int(i)] for i in labels]
+
+
+def _raw_files_in(path: Path) -> dict[str, Path] | None:
+    """The four IDX files (plain or .gz) in ``path``, ``path/raw`` or ``path/FashionMNIST/raw``."""
+    for folder in (path / "FashionMNIST" / "raw", path / "raw", path):
+        found = {}
+        for name in FILES:
+            for candidate in (folder / name, folder / f"{name}.gz"):
+                if candidate.is_file():
+                    found[name] = candidate
+                    break
+        if len(found) == len(FILES):
+            return found
+    return None
+
+
+def _writable(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK)
+
+
+def _prepare(files: dict[str, Path], source: Path, in_place: bool) -> Path:
+    """A torchvision root whose ``FashionMNIST/raw`` holds the four files uncompressed.
+
+    The prepared copy goes next to the source when ``in_place`` (a folder the user named),
+    otherwise into the repository's ``data/`` (or the user cache when that is read-only).
+    """
+    raw_here = source / "FashionMNIST" / "raw"
+    if all(p.parent == raw_here and p.suffix != ".gz" for p in files.values()):
+        return source  # already prepared
+    for root in ((source,) if in_place else ()) + (REPO_DATA, _CACHE_DATA):
+        raw = root / "FashionMNIST" / "raw"
+        if not _writable(raw):
+            continue
+        for name, src in files.items():
+            dst = raw / name
+            if dst.is_file() and dst.stat().st_size > 0:
+                continue
+            tmp = dst.with_suffix(".part")
+            if src.suffix == ".gz":
+                with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
+                    shutil.copyfileobj(fin, fout)
+            else:
+                shutil.copyfile(src, tmp)
+            tmp.replace(dst)  # atomic: a crash never leaves a half-written file under its name
+        return root
+    raise PermissionError(
+        f"Found Fashion-MNIST in {source} but could not write a prepared copy to {source}, "
+        f"{REPO_DATA} or {_CACHE_DATA}. Make one of them writable or pass root= a writable folder."
+    )
+
+
+def _download(root: Path) -> None:
+    """torchvision's download, the last resort (needs the internet)."""
+    import torchvision
+
+    torchvision.datasets.FashionMNIST(root=str(root), train=True, download=True)
+    torchvision.datasets.FashionMNIST(root=str(root), train=False, download=True)
+
+
+def find_fashion_mnist(root: str | os.PathLike | None = None, *, download: bool = True) -> Path:
+    """Find Fashion-MNIST locally and return a torchvision root for it.
+
+    Args:
+        root: a folder to look in first (the files directly, in ``raw/``, or in
+            ``FashionMNIST/raw/``; plain or gzipped).
+        download: whether torchvision may download the files when nothing local is found.
+
+    Returns:
+        A folder ``R`` such that ``torchvision.datasets.FashionMNIST(R, download=False)`` works.
+    """
+    # (what it is, where, whether a prepared copy may be written next to it)
+    candidates: list[tuple[str, Path, bool]] = []
+    if root is not None:
+        candidates.append(("the root argument", Path(root).expanduser(), True))
+    if os.environ.get("FASHION_MNIST_DIR"):
+        candidates.append(("$FASHION_MNIST_DIR", Path(os.environ["FASHION_MNIST_DIR"]), True))
+    candidates.append(("the repository's data/ folder", REPO_DATA, True))
+    candidates.append(("the Debian package dataset-fashion-mnist", DEBIAN_DIR, False))
+    candidates.append(("the user cache", _CACHE_DATA, True))
+    for _, path, in_place in candidates:
+        files = _raw_files_in(path)
+        if files:
+            return _prepare(files, path, in_place)
+
+    looked = "\n".join(f"  - {label}: {path}" for label, path, _ in candidates)
+    if download:
+        target = REPO_DATA if _writable(REPO_DATA) else _CACHE_DATA
+        try:
+            _download(target)
+            return target
+        except Exception as exc:  # offline: URLError, socket errors, HTTP errors
+            reason = f"torchvision's download into {target} failed too ({type(exc).__name__}: {exc})."
+    else:
+        reason = "Download was not allowed (download=False)."
+    raise FileNotFoundError(
+        "Fashion-MNIST was not found. Looked in:\n" + looked + "\n" + reason + "\n"
+        "Any one of these fixes it:\n"
+        "  - pass root='/folder/with/the/files' (train-images-idx3-ubyte[.gz] and the other three);\n"
+        "  - set FASHION_MNIST_DIR=/folder/with/the/files;\n"
+        f"  - copy the four files into {REPO_DATA};\n"
+        "  - install the Debian package: apt-get install dataset-fashion-mnist (make setup does);\n"
+        "  - run once with internet access so that torchvision can download them."
+    )
+
+
+@lru_cache(maxsize=4)
+def _load_split(root: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images uint8 (N, 28, 28), labels int64 (N,)) of one split, read once per process."""
+    import torchvision
+
+    ds = torchvision.datasets.FashionMNIST(root=root, train=train, download=False)
+    return ds.data, ds.targets
+
+
+class TensorBatches:
+    """Shuffled minibatches from tensors held in memory, optionally on a GPU.
+
+    The fast path: no per-example Python, no PIL, no worker processes; one index per batch.
+    Images stay uint8 (a quarter of the memory) and become float in [0, 1] per batch.
+
+    Args:
+        X: uint8 images (N, 28, 28) or (N, 1, 28, 28).
+        y: int64 labels (N,).
+        batch_size: examples per batch; the last batch may be smaller.
+        shuffle: reshuffle the order at every pass.
+        device: where batches are produced (the data is moved there once).
+        resize: if given, bilinear resize of each batch to (resize, resize).
+        seed: seed of the shuffling generator (None: seeded from torch's global RNG).
+    """
+
+    def __init__(self, X: torch.Tensor, y: torch.Tensor, batch_size: int, *, shuffle: bool,
+                 device: torch.device | str | None = None, resize: int | None = None,
+                 seed: int | None = None):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+        if len(X) != len(y):
+            raise ValueError(f"X has {len(X)} examples but y has {len(y)}; they must match.")
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        self.X = (X if X.dim() == 4 else X.unsqueeze(1)).to(device)  # (N, 1, 28, 28) uint8
+        self.y = y.to(device)  # (N,) int64
+        self.batch_size, self.shuffle, self.resize, self.device = batch_size, shuffle, resize, device
+        self.generator = torch.Generator()
+        self.generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ())))
+
+    def __len__(self) -> int:
+        return (len(self.y) + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        n = len(self.y)
+        order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        order = order.to(self.device)
+        for start in range(0, n, self.batch_size):
+            idx = order[start:start + self.batch_size]
+            X = self.X[idx].float().div_(255)  # (B, 1, 28, 28) float in [0, 1]
+            if self.resize is not None:
+                X = F.interpolate(X, size=(self.resize, self.resize), mode="bilinear",
+                                  align_corners=False)
+            yield X, self.y[idx]
+
+
+def load_fashion_mnist(batch_size: int, *, resize: int | None = None,
+                       root: str | os.PathLike | None = None, fast: bool = True,
+                       device: torch.device | str | None = None, quick: bool | None = None,
+                       num_workers: int = 0, seed: int | None = None, download: bool = True):
+    """Fashion-MNIST as ``(train_iter, test_iter)`` of ``(X, y)`` batches.
+
+    ``X`` is float in [0, 1] of shape (B, 1, 28, 28) (or (B, 1, resize, resize)); ``y`` int64.
+
+    Args:
+        batch_size: examples per batch.
+        resize: optional side length to resize the images to.
+        root: folder to look in first (see ``find_fashion_mnist``).
+        fast: True: ``TensorBatches`` over in-memory tensors (on ``device``). False: the plain
+            torchvision ``Dataset`` + ``DataLoader`` with ``ToTensor``, for comparison.
+        device: where the fast path keeps the data and produces batches (default CPU).
+        quick: use a small slice (first 2048 train / 1024 test examples); default: quick mode.
+        num_workers: DataLoader worker processes (only with ``fast=False``).
+        seed: seed of the training-set shuffle (fast path only).
+        download: let torchvision download when nothing is found locally.
+    """
+    import torchvision
+    from torch.utils import data
+
+    data_root = str(find_fashion_mnist(root, download=download))
+    quick = quick_mode() if quick is None else quick
+    n_train = QUICK_TRAIN_SIZE if quick else None
+    n_test = QUICK_TEST_SIZE if quick else None
+
+    if fast:
+        X_tr, y_tr = _load_split(data_root, True)
+        X_te, y_te = _load_split(data_root, False)
+        train_iter = TensorBatches(X_tr[:n_train], y_tr[:n_train], batch_size, shuffle=True,
+                                   device=device, resize=resize, seed=seed)
+        test_iter = TensorBatches(X_te[:n_test], y_te[:n_test], batch_size, shuffle=False,
+                                  device=device, resize=resize)
+        return train_iter, test_iter
+
+    trans = [torchvision.transforms.ToTensor()]
+    if resize:
+        trans.insert(0, torchvision.transforms.Resize(resize))
+    trans = torchvision.transforms.Compose(trans)
+    train = torchvision.datasets.FashionMNIST(data_root, train=True, transform=trans)
+    test = torchvision.datasets.FashionMNIST(data_root, train=False, transform=trans)
+    if quick:
+        train = data.Subset(train, range(QUICK_TRAIN_SIZE))
+        test = data.Subset(test, range(QUICK_TEST_SIZE))
+    return (data.DataLoader(train, batch_size, shuffle=True, num_workers=num_workers),
+            data.DataLoader(test, batch_size, shuffle=False, num_workers=num_workers))

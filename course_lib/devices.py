@@ -1,0 +1,121 @@
+"""Devices with a CPU fallback: which GPUs exist, and lists of devices for the lessons.
+
+PyTorch counterpart: ``torch.cuda.device_count`` and ``torch.device``; d2l's ``try_gpu`` /
+``try_all_gpus`` (whose CPU fallback returns ``[]`` in d2l 1.0.3; ours never returns empty).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import warnings
+
+import torch
+
+__all__ = [
+    "num_gpus",
+    "try_gpu",
+    "try_all_gpus",
+    "devices",
+    "synchronize",
+    "hardware_summary",
+    "cpu_cores",
+]
+
+
+def num_gpus() -> int:
+    """Number of CUDA GPUs this process can see (0 on a CPU-only machine)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def try_gpu(i: int = 0) -> torch.device:
+    """GPU ``i`` if it exists, otherwise the CPU."""
+    if i < 0:
+        raise ValueError(f"try_gpu expects a GPU index >= 0, got {i}.")
+    if num_gpus() >= i + 1:
+        return torch.device(f"cuda:{i}")
+    return torch.device("cpu")
+
+
+def try_all_gpus() -> list[torch.device]:
+    """All GPUs, or ``[cpu]`` when there is none. Never empty."""
+    gpus = [torch.device(f"cuda:{i}") for i in range(num_gpus())]
+    return gpus if gpus else [torch.device("cpu")]
+
+
+def devices(n: int) -> list[torch.device]:
+    """Exactly ``n`` devices: the real GPUs first, then repeats of what exists.
+
+    With fewer than ``n`` GPUs, the list repeats devices (on a CPU-only machine: ``n`` times the
+    CPU) and warns: such a run proves that the algorithm is correct, not that it is fast.
+
+    Args:
+        n: how many devices the lesson wants (>= 1).
+
+    Returns:
+        A list of ``n`` ``torch.device`` objects.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"devices(n) expects an integer n >= 1, got {n!r}.")
+    real = try_all_gpus()
+    out = [real[i % len(real)] for i in range(n)]
+    if n > num_gpus():
+        what = f"{num_gpus()} GPU(s)" if num_gpus() else "no GPU"
+        warnings.warn(
+            f"Asked for {n} devices but this machine has {what}; returning {n} devices that "
+            f"repeat {sorted({str(d) for d in real})}. The lesson runs and shows correctness, "
+            "not speed.",
+            stacklevel=2,
+        )
+    return out
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for queued work on ``device`` (all GPUs if None); a no-op on the CPU.
+
+    CUDA kernels run asynchronously: without this, a timer measures only the launch.
+    """
+    if device is None:
+        for i in range(num_gpus()):
+            torch.cuda.synchronize(i)
+        return
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may use (respects affinity masks and containers)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware_summary() -> str:
+    """One block of text naming the CPU, its cores, the GPUs and the torch version.
+
+    The first cell of every notebook prints it, so stored outputs say what measured them.
+    """
+    lines = [
+        f"CPU:     {_cpu_name()} ({cpu_cores()} cores usable, {torch.get_num_threads()} torch threads)",
+        f"GPUs:    {num_gpus()}",
+    ]
+    for i in range(num_gpus()):
+        props = torch.cuda.get_device_properties(i)
+        lines.append(f"  cuda:{i} {props.name}, {props.total_memory / 2**30:.0f} GiB")
+    lines += [
+        f"torch:   {torch.__version__} (CUDA build: {torch.version.cuda or 'none'})",
+        f"python:  {platform.python_version()} on {platform.system()} {platform.machine()}",
+    ]
+    return "\n".join(lines)
