@@ -10,14 +10,14 @@ import importlib
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import torch
 
 from .devices import synchronize
 
-__all__ = ["Timer", "benchmark", "BenchResult", "BENCHMARKS", "main"]
+__all__ = ["BENCHMARKS", "BenchResult", "Timer", "benchmark", "main"]
 
 
 class Timer:
@@ -37,7 +37,7 @@ class Timer:
         self._start: float | None = None
         self.elapsed: float = 0.0
 
-    def start(self) -> "Timer":
+    def start(self) -> Timer:
         synchronize(self.device)
         self._start = time.perf_counter()
         return self
@@ -51,7 +51,7 @@ class Timer:
         self._start = None
         return self.elapsed
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

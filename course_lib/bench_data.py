@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.epochs):
         loader += _epoch_times(False, 1, args.batch_size, args.quick, device)
         fast += _epoch_times(True, 1, args.batch_size, args.quick, device)
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    med = lambda xs: sorted(xs)[len(xs) // 2]
     print(json.dumps({
         "benchmark": "lenet_epoch_fast_vs_dataloader",
         "hardware": hardware_summary(),

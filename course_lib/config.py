@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TypeVar
 
-__all__ = ["quick_mode", "choose", "QUICK_TRAIN_SIZE", "QUICK_TEST_SIZE"]
+__all__ = ["QUICK_TEST_SIZE", "QUICK_TRAIN_SIZE", "choose", "quick_mode"]
 
 T = TypeVar("T")
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,13 +23,13 @@ import torch.nn.functional as F
 from .config import QUICK_TEST_SIZE, QUICK_TRAIN_SIZE, quick_mode
 
 __all__ = [
-    "load_fashion_mnist",
-    "find_fashion_mnist",
-    "TensorBatches",
-    "get_fashion_mnist_labels",
-    "TEXT_LABELS",
-    "REPO_DATA",
     "DEBIAN_DIR",
+    "REPO_DATA",
+    "TEXT_LABELS",
+    "TensorBatches",
+    "find_fashion_mnist",
+    "get_fashion_mnist_labels",
+    "load_fashion_mnist",
 ]
 
 TEXT_LABELS = ["t-shirt", "trouser", "pullover", "dress", "coat",

@@ -12,13 +12,13 @@ import warnings
 import torch
 
 __all__ = [
-    "num_gpus",
-    "try_gpu",
-    "try_all_gpus",
-    "devices",
-    "synchronize",
-    "hardware_summary",
     "cpu_cores",
+    "devices",
+    "hardware_summary",
+    "num_gpus",
+    "synchronize",
+    "try_all_gpus",
+    "try_gpu",
 ]
 
 

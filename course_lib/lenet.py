@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["init_lenet_params", "lenet", "LeNet", "LENET_SHAPES", "sgd"]
+__all__ = ["LENET_SHAPES", "LeNet", "init_lenet_params", "lenet", "sgd"]
 
 #: Shapes of the 8 parameters, in order: W1, b1, W2, b2, W3, b3, W4, b4.
 LENET_SHAPES = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (800, 128), (128,), (128, 10), (10,)]
@@ -83,7 +83,7 @@ class LeNet(nn.Module):
         self.fc2 = nn.Linear(128, 10)
 
     @classmethod
-    def from_params(cls, params: list[torch.Tensor]) -> "LeNet":
+    def from_params(cls, params: list[torch.Tensor]) -> LeNet:
         """A module holding copies of the functional parameters (same outputs as ``lenet``)."""
         net = cls().to(params[0].device)
         W1, b1, W2, b2, W3, b3, W4, b4 = [p.detach() for p in params]

@@ -4,7 +4,7 @@ PyTorch counterpart: the usual ``for X, y in loader: loss.backward(); opt.step()
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F

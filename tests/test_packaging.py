@@ -1,5 +1,6 @@
 """The conda environment, pyproject and the set-up stay in step."""
 import re
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
