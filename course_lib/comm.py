@@ -1,0 +1,241 @@
+"""Communication between devices inside one process: replicate, allreduce, broadcast, scatter.
+
+PyTorch counterpart: ``torch.nn.parallel.comm`` (``broadcast``, ``reduce_add``, ``scatter``,
+``gather``) and ``torch.nn.parallel.scatter``; the collectives of ``torch.distributed`` are the
+multi-process sequel (notebook 06). Source: d2l's "Multiple GPUs" chapter (``get_params``,
+``allreduce``, ``split_batch``), and the ring allreduce of Baidu / Horovod.
+
+Every function works on any list of devices: several GPUs, one GPU, or the CPU repeated
+(``course_lib.devices.devices(n)``). With repeated devices the tensors share a device but never
+a buffer: each "device" owns its own copy, so the math is exactly that of separate devices.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+__all__ = [
+    "allreduce",
+    "broadcast",
+    "gather",
+    "get_params",
+    "ps_allreduce",
+    "replicate",
+    "ring_allreduce",
+    "ring_chunk_bounds",
+    "scatter",
+    "split_batch",
+]
+
+Device = torch.device | str
+
+
+# --- replication -----------------------------------------------------------------------------
+
+def get_params(params: Sequence[torch.Tensor], device: Device) -> list[torch.Tensor]:
+    """Copies of ``params`` on ``device``, each a fresh leaf that requires grad.
+
+    Always copies (``Tensor.to`` alone returns the same tensor when it is already on ``device``,
+    and two "devices" sharing one parameter tensor would silently share its updates).
+    """
+    return [p.detach().to(device, copy=True).requires_grad_() for p in params]
+
+
+def replicate(params: Sequence[torch.Tensor],
+              devices: Sequence[Device]) -> list[list[torch.Tensor]]:
+    """One independent copy of ``params`` per device: ``replicate(params, devices)[i]`` is on
+    ``devices[i]``."""
+    return [get_params(params, d) for d in devices]
+
+
+def broadcast(tensor: torch.Tensor, devices: Sequence[Device]) -> list[torch.Tensor]:
+    """A copy of ``tensor`` on each of ``devices`` (always a new tensor, even on its own device).
+
+    The copies stay in the autograd graph (gradients flow back to ``tensor``); call it on
+    ``tensor.detach()`` to get plain data. Counterpart: ``torch.nn.parallel.comm.broadcast``.
+    """
+    return [tensor.to(d, copy=True) for d in devices]
+
+
+# --- split and join along the batch dimension ------------------------------------------------
+
+def scatter(tensor: torch.Tensor, devices: Sequence[Device]) -> list[torch.Tensor]:
+    """Split ``tensor`` along dim 0 into the chunks of ``torch.chunk`` and put chunk i on
+    ``devices[i]``.
+
+    Like ``nn.parallel.scatter`` (which this calls when every device is a GPU), the chunks have
+    size ``ceil(B / n)`` except the last, so there may be fewer chunks than devices
+    (B=5 over 4 devices: sizes 2, 2, 1). On the CPU and on mixed lists, where
+    ``nn.parallel.scatter`` refuses, the same split is done with ``torch.chunk`` and ``.to``.
+    Chunks that stay on ``tensor``'s device are views of it. Differentiable either way.
+    """
+    devices = [torch.device(d) for d in devices]
+    if not devices:
+        raise ValueError("scatter needs at least one device, got an empty list.")
+    if tensor.dim() == 0:
+        raise ValueError("scatter splits along dim 0 and needs a tensor with at least one "
+                         "dimension, got a 0-d tensor.")
+    if all(d.type == "cuda" for d in devices):
+        return list(nn.parallel.scatter(tensor, devices))
+    chunks = torch.chunk(tensor, len(devices), dim=0)      # sizes ceil(B/n), ..., remainder
+    return [c.to(d) for c, d in zip(chunks, devices)]
+
+
+def gather(tensors: Sequence[torch.Tensor], device: Device, dim: int = 0) -> torch.Tensor:
+    """Concatenate ``tensors`` (from any devices) along ``dim`` on ``device``: the inverse of
+    ``scatter``. Differentiable. Counterpart: ``torch.nn.parallel.comm.gather``."""
+    if not tensors:
+        raise ValueError("gather needs at least one tensor, got an empty list.")
+    return torch.cat([t.to(device) for t in tensors], dim=dim)
+
+
+def split_batch(X: torch.Tensor, y: torch.Tensor,
+                devices: Sequence[Device]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Split a minibatch and its labels together over ``devices`` (the same chunks for both).
+
+    Returns:
+        ``(X_shards, y_shards)``; shard i of each is on ``devices[i]``. There may be fewer
+        shards than devices (see ``scatter``).
+
+    Raises:
+        ValueError: when ``X`` and ``y`` disagree on the batch size, or when the batch has
+            fewer examples than there are devices.
+    """
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"split_batch: X has {X.shape[0]} examples but y has {y.shape[0]} "
+                         "labels; they must have the same size along dim 0.")
+    if X.shape[0] < len(devices):
+        raise ValueError(
+            f"split_batch: a batch of {X.shape[0]} examples cannot be split over "
+            f"{len(devices)} devices (each device needs at least one). Use a batch size of at "
+            f"least {len(devices)}, or fewer devices (e.g. drop_last=True in the DataLoader "
+            "avoids a short last batch).")
+    return scatter(X, devices), scatter(y, devices)
+
+
+# --- allreduce, three ways ------------------------------------------------------------------
+
+def _check_same_shape(tensors: Sequence[torch.Tensor], who: str) -> None:
+    if len(tensors) == 0:
+        raise ValueError(f"{who} needs at least one tensor, got an empty list.")
+    shapes = [tuple(t.shape) for t in tensors]
+    if len(set(shapes)) > 1:
+        raise ValueError(f"{who} needs tensors of one shape, one per device; got shapes "
+                         f"{shapes}.")
+
+
+@torch.no_grad()
+def allreduce(tensors: Sequence[torch.Tensor]) -> None:
+    """The naive allreduce, in place: every tensor ends up holding the sum of all of them.
+
+    Sum everything onto the first device, then copy the sum back into each tensor's own memory
+    (``t.copy_(...)``, never ``tensors[i] = ...``, which would only rebind a list entry). Moves
+    about 2(n-1) full tensors through the first device.
+
+    Raises:
+        ValueError: when the tensors do not all have the same shape.
+    """
+    _check_same_shape(tensors, "allreduce")
+    total = tensors[0].clone()                               # a new buffer on devices[0]
+    for t in tensors[1:]:
+        total += t.to(total.device)                           # reduce: n-1 copies in
+    for t in tensors:
+        t.copy_(total)                                        # broadcast: n-1 copies out
+
+
+@torch.no_grad()
+def ps_allreduce(tensors: Sequence[torch.Tensor], server: Device = "cpu") -> None:
+    """The parameter-server pattern, in place: each worker pushes its tensor to ``server``, the
+    server sums, each worker pulls the sum back.
+
+    Every byte crosses the server's link twice per worker: 2n full tensors through one device
+    (the first device in ``allreduce`` at least keeps its own). Real parameter servers also keep
+    the weights and apply the optimizer step on the server; here only the sum is compared with
+    the two allreduce algorithms.
+
+    Raises:
+        ValueError: when the tensors do not all have the same shape.
+    """
+    _check_same_shape(tensors, "ps_allreduce")
+    pushed = [t.to(server, copy=True) for t in tensors]      # push: n copies to the server
+    total = pushed[0]
+    for p in pushed[1:]:
+        total += p                                            # the server sums
+    for t in tensors:
+        t.copy_(total)                                        # pull: n copies back
+
+
+def ring_chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of the n ring chunks of a flat tensor of ``numel`` elements.
+
+    Sizes differ by at most one (the first ``numel % n`` chunks get one more element); with
+    fewer elements than devices some chunks are empty, and the ring still works.
+    """
+    base, extra = divmod(numel, n)
+    bounds, start = [], 0
+    for c in range(n):
+        end = start + base + (1 if c < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+@torch.no_grad()
+def ring_allreduce(tensors: Sequence[torch.Tensor], trace: list | None = None) -> None:
+    """The ring allreduce, in place: reduce-scatter then all-gather over the ring 0 -> 1 -> ...
+    -> n-1 -> 0.
+
+    Each tensor is cut into n chunks. In each of the n-1 reduce-scatter steps, device i sends one
+    chunk to device i+1, which adds it to its own copy of that chunk; afterwards device i holds
+    the complete sum of chunk (i+1) mod n. In each of the n-1 all-gather steps, device i passes a
+    complete chunk on to device i+1, which overwrites its copy. 2(n-1) steps, each moving 1/n of
+    the tensor over every link at once: the traffic per device does not grow with n.
+
+    Args:
+        tensors: one tensor per device, all of one shape; they must not share memory.
+        trace: if a list, one record per step is appended: ``{"phase": "reduce-scatter" or
+            "all-gather", "step": s, "sends": [(src, dst, chunk), ...], "state": [flat copy of
+            each tensor after the step]}`` (for drawing the ring; costs a copy per step).
+
+    Raises:
+        ValueError: when the shapes differ or two tensors share memory.
+    """
+    _check_same_shape(tensors, "ring_allreduce")
+    n = len(tensors)
+    ptrs = [t.data_ptr() for t in tensors if t.numel() > 0]
+    if len(set(ptrs)) < len(ptrs):
+        raise ValueError("ring_allreduce needs one buffer per device, but some of the tensors "
+                         "share memory; pass copies (e.g. from broadcast or replicate).")
+    # Work on flat views; a non-contiguous tensor gets a contiguous copy, written back at the end.
+    flats = [t.view(-1) if t.is_contiguous() else t.reshape(-1).clone() for t in tensors]
+    bounds = ring_chunk_bounds(flats[0].numel(), n)
+
+    def chunk(i: int, c: int) -> torch.Tensor:
+        start, end = bounds[c % n]
+        return flats[i][start:end]                            # (about numel/n,) on devices[i]
+
+    def record(phase: str, step: int, sends: list) -> None:
+        if trace is not None:
+            trace.append({"phase": phase, "step": step, "sends": sends,
+                          "state": [f.detach().cpu().clone() for f in flats]})
+
+    # Reduce-scatter: at step s device i sends chunk (i - s) to device i + 1, which adds it.
+    for s in range(n - 1):
+        sends = [(i, (i + 1) % n, (i - s) % n) for i in range(n)]
+        # All devices send at once: first everything is received into fresh buffers...
+        received = [chunk(src, c).to(flats[dst].device, copy=True) for src, dst, c in sends]
+        for (_, dst, c), buf in zip(sends, received):        # ...then each receiver adds.
+            chunk(dst, c).add_(buf)
+        record("reduce-scatter", s, sends)
+    # Device i now holds the full sum of chunk (i + 1). All-gather: pass complete chunks on.
+    for s in range(n - 1):
+        sends = [(i, (i + 1) % n, (i + 1 - s) % n) for i in range(n)]
+        received = [chunk(src, c).to(flats[dst].device, copy=True) for src, dst, c in sends]
+        for (_, dst, c), buf in zip(sends, received):
+            chunk(dst, c).copy_(buf)
+        record("all-gather", s, sends)
+    for t, f in zip(tensors, flats):
+        if not t.is_contiguous():
+            t.copy_(f.view(t.shape))
