@@ -1,0 +1,105 @@
+"""Worker functions that notebook 06 hands to ``course_lib.dist.launch``.
+
+``launch`` starts fresh processes that import the function by module and name, so workers live
+in a file like this one, never in a notebook cell. Each runs in every rank, after the process
+group is initialised; rank and world size come from ``torch.distributed``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from course_lib.dist import reduce_value, ring_all_gather, ring_allreduce, tree_broadcast
+
+__all__ = ["collectives", "compare_by_hand", "point_to_point", "whoami"]
+
+
+def whoami() -> dict:
+    """What a worker can find out about itself."""
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+            "backend": dist.get_backend(), "local_rank": int(os.environ["LOCAL_RANK"]),
+            "pid": os.getpid(), "threads": torch.get_num_threads(),
+            "master": f"{os.environ.get('MASTER_ADDR', '-')}:{os.environ.get('MASTER_PORT', '-')}"}
+
+
+def point_to_point() -> list[int]:
+    """Rank 0 sends a tensor to rank 1 (blocking), then rank 1 replies with isend/irecv."""
+    rank = dist.get_rank()
+    x = torch.zeros(3, dtype=torch.int64)
+    if rank == 0:
+        dist.send(torch.tensor([1, 2, 3]), dst=1)  # blocks until rank 1 has it
+        req = dist.irecv(x, src=1)  # returns at once; wait() before reading x
+        req.wait()
+    elif rank == 1:
+        dist.recv(x, src=0)
+        dist.isend(x * 10, dst=0).wait()
+    return x.tolist()
+
+
+def collectives() -> dict[str, list]:
+    """Every collective on small integer tensors; rank r starts from ``[r + 1, r + 1]``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = lambda: torch.full((2,), rank + 1, dtype=torch.int64)  # (2,) on every rank
+    out: dict[str, list] = {"start": mine().tolist()}
+
+    x = mine()
+    dist.broadcast(x, src=0)
+    out["broadcast"] = x.tolist()
+
+    x = mine()
+    dist.all_reduce(x, op=dist.ReduceOp.SUM)
+    out["all_reduce"] = x.tolist()
+
+    x = mine()
+    dist.reduce(x, dst=0, op=dist.ReduceOp.SUM)  # only rank 0's result is defined
+    out["reduce"] = x.tolist() if rank == 0 else "(undefined off rank 0)"
+
+    parts = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(parts, mine())
+    out["all_gather"] = [p.tolist() for p in parts]
+
+    parts = [torch.zeros(2, dtype=torch.int64) for _ in range(world)] if rank == 0 else None
+    dist.gather(mine(), gather_list=parts, dst=0)
+    out["gather"] = [p.tolist() for p in parts] if rank == 0 else "(only rank 0 receives)"
+
+    x = torch.zeros(2, dtype=torch.int64)
+    pieces = [torch.full((2,), 10 * (i + 1), dtype=torch.int64) for i in range(world)]
+    dist.scatter(x, scatter_list=pieces if rank == 0 else None, src=0)
+    out["scatter"] = x.tolist()
+
+    x = torch.zeros(1, dtype=torch.int64)
+    dist.reduce_scatter_tensor(x, torch.arange(world, dtype=torch.int64) + rank)  # (world,) in
+    out["reduce_scatter"] = x.tolist()
+
+    x = torch.zeros(world, dtype=torch.int64)
+    dist.all_to_all_single(x, torch.arange(world, dtype=torch.int64) + 10 * rank)
+    out["all_to_all"] = x.tolist()
+
+    out["mean_loss"] = reduce_value(float(rank + 1))  # average a Python number for logging
+    return out
+
+
+def compare_by_hand(numel: int, seed: int = 0) -> dict[str, bool]:
+    """The hand-written collectives give what torch's give, on random tensors of ``numel``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(seed + rank)
+    x = torch.randn(numel, generator=g)  # (numel,) different on every rank
+
+    mine, ref = x.clone(), x.clone()
+    ring_allreduce(mine)
+    dist.all_reduce(ref)
+    same = {"ring_allreduce": torch.allclose(mine, ref, rtol=1e-5, atol=1e-5)}
+
+    mine, ref = x.clone(), x.clone()
+    tree_broadcast(mine, src=world - 1)
+    dist.broadcast(ref, src=world - 1)
+    same["tree_broadcast"] = torch.equal(mine, ref)
+
+    mine = [torch.empty(numel) for _ in range(world)]
+    ref = [torch.empty(numel) for _ in range(world)]
+    ring_all_gather(mine, x)
+    dist.all_gather(ref, x)
+    same["ring_all_gather"] = all(torch.equal(a, b) for a, b in zip(mine, ref))
+    return same
