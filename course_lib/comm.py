@@ -11,7 +11,7 @@ a buffer: each "device" owns its own copy, so the math is exactly that of separa
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -19,6 +19,7 @@ from torch import nn
 __all__ = [
     "allreduce",
     "broadcast",
+    "check_allreduce",
     "gather",
     "get_params",
     "ps_allreduce",
@@ -239,3 +240,31 @@ def ring_allreduce(tensors: Sequence[torch.Tensor], trace: list | None = None) -
     for t, f in zip(tensors, flats):
         if not t.is_contiguous():
             t.copy_(f.view(t.shape))
+
+
+# --- the check every allreduce must pass ----------------------------------------------------
+
+def check_allreduce(fn: Callable[[list[torch.Tensor]], object],
+                    devices: Sequence[Device], shape: tuple[int, ...] = (3, 5),
+                    seed: int = 0) -> None:
+    """Check that ``fn(tensors)`` is an in-place allreduce over ``devices``.
+
+    Makes one random float64 tensor per device, keeps its own references to them, calls
+    ``fn`` on a fresh list, and compares every kept tensor with the plain sum (the oracle). An
+    allreduce that only rebinds list entries (``tensors[i] = total``) leaves the caller's
+    tensors unchanged and fails here.
+
+    Raises:
+        AssertionError: naming the first device whose tensor does not hold the sum.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    held = [torch.randn(shape, generator=gen, dtype=torch.float64).to(d) for d in devices]
+    expected = sum(t.cpu() for t in held)                    # the oracle: a plain sum
+    fn(list(held))                                            # fn may do what it likes to a list
+    for i, t in enumerate(held):
+        if not torch.allclose(t.cpu(), expected):
+            raise AssertionError(
+                f"after {getattr(fn, '__name__', 'fn')}(tensors), the tensor on device {i} "
+                f"({devices[i]}) does not hold the sum of all {len(held)} tensors (largest "
+                f"difference {float((t.cpu() - expected).abs().max()):.3g}). Did the function "
+                "write into the tensors (t.copy_(...), t[:] = ...) or only rebind list entries?")

@@ -10,6 +10,7 @@ from torch.testing import assert_close
 from course_lib.comm import (
     allreduce,
     broadcast,
+    check_allreduce,
     gather,
     get_params,
     ps_allreduce,
@@ -44,8 +45,8 @@ def per_device(shape, n, seed=0, dtype=torch.float64):
     return [torch.randn(shape, generator=gen, dtype=dtype).to(d) for d in devs(n)]
 
 
-def check_allreduce(fn, tensors):
-    """The check every allreduce must pass: each caller-held tensor holds the plain sum."""
+def check_sum(fn, tensors):
+    """Each caller-held tensor holds the plain sum after ``fn`` (on the given tensors)."""
     held = list(tensors)                                 # what the caller keeps
     expected = sum(t.cpu() for t in tensors)             # the oracle: a plain sum
     fn(list(held))                                       # give the function its own list
@@ -80,7 +81,7 @@ def test_replicate_gives_independent_copies():
 @pytest.mark.parametrize("n", range(1, 9))
 @pytest.mark.parametrize("shape", [(1,), (7,), (3, 5), (2, 3, 4), (13,)])
 def test_allreduce_equals_plain_sum(fn, n, shape):
-    check_allreduce(fn, per_device(shape, n, seed=n))
+    check_sum(fn, per_device(shape, n, seed=n))
 
 
 @pytest.mark.parametrize("fn", ALLREDUCES)
@@ -95,12 +96,12 @@ def test_allreduce_small_integers_exact(fn):
 @given(n=st.integers(1, 8), shape=st.lists(st.integers(0, 6), min_size=1, max_size=3),
        which=st.integers(0, len(ALLREDUCES) - 1), seed=st.integers(0, 2**16))
 def test_allreduce_hypothesis(n, shape, which, seed):
-    check_allreduce(ALLREDUCES[which], per_device(tuple(shape), n, seed=seed))
+    check_sum(ALLREDUCES[which], per_device(tuple(shape), n, seed=seed))
 
 
 @pytest.mark.parametrize("n", range(2, 9))
 def test_ring_fewer_elements_than_devices(n):
-    check_allreduce(ring_allreduce, per_device((n - 1,), n))
+    check_sum(ring_allreduce, per_device((n - 1,), n))
 
 
 def test_ring_non_contiguous_tensor():
@@ -156,9 +157,12 @@ def test_naive_allreduce_with_the_same_tensor_twice_is_still_a_sum():
 
 @pytest.mark.parametrize("n", range(2, 9))
 def test_rebinding_bug_fails_the_check_the_real_one_passes(n):
-    check_allreduce(allreduce, per_device((5,), n))
+    for fn in ALLREDUCES:
+        check_allreduce(fn, devs(n), shape=(5,))                  # the library's check...
+    with pytest.raises(AssertionError, match="rebind list entries"):
+        check_allreduce(rebinding_allreduce, devs(n), shape=(5,))  # ...fails the bug
     with pytest.raises(AssertionError):
-        check_allreduce(rebinding_allreduce, per_device((5,), n))
+        check_sum(rebinding_allreduce, per_device((5,), n))        # and so does the oracle
 
 
 def test_allreduce_on_gradients_in_place():
