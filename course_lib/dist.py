@@ -138,6 +138,9 @@ def _worker(rank: int, world_size: int, backend: str, init_method: str, timeout_
         fn, args = pickle.loads(payload)
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        # Every rank fully connected before any may return and exit: without this, a rank whose
+        # fn makes no collective can leave while a peer is still connecting to it.
+        dist.barrier()
         result = fn(*args)
         reply = ("ok", pickle.dumps(result))
     except BaseException as e:  # noqa: B036 - everything goes back to the parent, loudly
@@ -186,7 +189,11 @@ def _context(start_method: str):
     global _PRELOADED
     ctx = mp.get_context(start_method)
     if start_method == "forkserver" and not _PRELOADED:
-        ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
+        # Workers re-import the main module of a script (or of `python -m module`) before they
+        # run: import it in the server once too, with torch, and forking a worker costs little.
+        main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        preload = ["__main__", "torch", "torch.distributed", __name__]
+        ctx.set_forkserver_preload(preload + ([main_spec.name] if main_spec else []))
         _PRELOADED = True
     return ctx
 
@@ -640,7 +647,7 @@ def run_commands(commands: Sequence[Sequence[str]], timeout: float = 120.0, *,
             except queue.Empty:
                 if any(p.poll() not in (None, 0) for p in procs):
                     # one command failed; the others may wait for it forever: a short grace
-                    deadline = min(deadline, time.monotonic() + 5)
+                    deadline = min(deadline, time.monotonic() + 2)
                 continue
             if line is None:
                 open_streams -= 1

@@ -1,0 +1,360 @@
+"""course_lib.dist: hand-written collectives against torch's, launchers, failure guarantees.
+
+Workers handed to ``launch`` are module-level functions here: worker processes import them by
+name (this file's directory is on ``sys.path``, which multiprocessing passes on).
+"""
+import json
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import dist as D
+from course_lib.bench_allreduce import bus_bandwidth, parse_size
+from course_lib.bench_allreduce import main as bench_main
+from course_lib.examples import workers as W
+
+HELLO = D.example_path("hello_dist.py")
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers: is a process alive, which processes descend from this one
+# ------------------------------------------------------------------------------------------------
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()  # [state, ppid, ...]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as dead)."""
+    st = _stat(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
+def descendants(root: int) -> set[int]:
+    """Live processes below ``root`` in the process tree."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))) is not None and st[0] not in ("Z", "X"):
+            parent[int(entry)] = int(st[1])
+    out, frontier = set(), {root}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - out
+        out |= frontier
+    return out
+
+
+def leftover_processes() -> set[int]:
+    """Our descendants, except the servers multiprocessing keeps for the next launch."""
+    server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
+    left = descendants(os.getpid()) - {server, tracker}
+    return {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
+            for pid in left if alive(pid)}
+
+
+def read_pids(folder: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(folder.glob("*.pid"))]
+
+
+# ------------------------------------------------------------------------------------------------
+# workers (run inside launch)
+# ------------------------------------------------------------------------------------------------
+
+def ring_vs_all_reduce(sizes: list[int]) -> list[str]:
+    """Ring allreduce == dist.all_reduce for each size, several dtypes and layouts."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(rank)
+    bad = []
+    for n in sizes:
+        for x in (torch.randn(n, generator=g, dtype=torch.float64),  # (n,)
+                  torch.randint(-100, 100, (n,), generator=g),  # int64: exact
+                  torch.randn(n, 3, generator=g).t()):  # (3, n), not contiguous
+            mine, ref = x.clone(), x.clone()
+            out = D.ring_allreduce(mine)
+            dist.all_reduce(ref)
+            if out is not mine or not torch.allclose(mine, ref, rtol=1e-6, atol=1e-6):
+                bad.append(f"rank {rank}/{world}: n={n} {x.dtype} {tuple(x.shape)}")
+    if world == 4:  # a sub-group of three ranks: the ring uses group ranks, sends to global ones
+        group = dist.new_group([1, 2, 3])
+        if rank in (1, 2, 3):
+            mine = torch.arange(5, dtype=torch.int64) * rank
+            D.ring_allreduce(mine, group=group)
+            if mine.tolist() != [0, 6, 12, 18, 24]:
+                bad.append(f"rank {rank}: sub-group result {mine.tolist()}")
+    return bad
+
+
+def tiny() -> int:
+    return dist.get_rank()
+
+
+def write_pid(folder: str) -> None:
+    """Record this worker's pid, then wait until every rank has (so all of them are checked)."""
+    Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    dist.barrier()
+
+
+def raise_on_rank_1(folder: str) -> None:
+    write_pid(folder)
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 cannot go on")
+    dist.barrier()  # rank 0 waits here for a partner that never comes
+
+
+def exit_on_rank_1(folder: str) -> None:
+    write_pid(folder)
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.barrier()
+
+
+def hang_with_a_child(folder: str) -> None:
+    """Rank 0 starts a grandchild and sleeps; rank 1 waits in a collective."""
+    write_pid(folder)
+    if dist.get_rank() == 0:
+        child = subprocess.Popen(["sleep", "300"])
+        Path(folder, "grandchild.pid").write_text(str(child.pid))
+    dist.barrier()  # the grandchild's pid is on disk
+    if dist.get_rank() == 0:
+        time.sleep(300)
+    dist.barrier()
+
+
+def init_from_slurm_variables(port: int) -> dict:
+    """Leave launch's group, then join a new one from hand-set Slurm variables, as under srun."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(key, None)
+    os.environ.update(SLURM_PROCID=str(rank), SLURM_NTASKS=str(world), SLURM_LOCALID=str(rank),
+                      SLURM_STEP_NODELIST="127.0.0.[1-4]", SLURM_JOB_NODELIST="other[1-9]",
+                      MASTER_PORT=str(port))
+    info = D.init_distributed_mode(verbose=False)
+    x = torch.tensor([rank + 1])
+    dist.all_reduce(x)
+    return {"launcher": info.launcher, "rank": info.rank, "world_size": info.world_size,
+            "local_rank": info.local_rank, "master": os.environ["MASTER_ADDR"], "sum": x.item()}
+
+
+# ------------------------------------------------------------------------------------------------
+# the hand-written collectives: torch is the oracle
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ring_allreduce_equals_all_reduce(world_size):
+    sizes = [1, world_size - 1, world_size + 1, 7, 1001, 0]  # odd, fewer than ranks, empty
+    failures = D.launch(ring_vs_all_reduce, world_size, sizes, timeout=120)
+    assert failures == [[]] * world_size
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_hand_broadcast_and_all_gather_equal_torch(world_size):
+    for result in D.launch(W.compare_by_hand, world_size, 9, timeout=120):
+        assert result == {"ring_allreduce": True, "tree_broadcast": True,
+                          "ring_all_gather": True}
+
+
+def test_every_collective_on_small_tensors():
+    r0, r1 = D.launch(W.collectives, 2, timeout=60)
+    assert r0["broadcast"] == r1["broadcast"] == [1, 1]
+    assert r0["all_reduce"] == r1["all_reduce"] == [3, 3]
+    assert r0["reduce"] == [3, 3]
+    assert r0["all_gather"] == r1["all_gather"] == [[1, 1], [2, 2]]
+    assert r0["gather"] == [[1, 1], [2, 2]]
+    assert (r0["scatter"], r1["scatter"]) == ([10, 10], [20, 20])
+    assert (r0["reduce_scatter"], r1["reduce_scatter"]) == ([1], [3])
+    assert (r0["all_to_all"], r1["all_to_all"]) == ([0, 10], [1, 11])
+    assert r0["mean_loss"] == r1["mean_loss"] == 1.5
+    assert D.launch(W.point_to_point, 2, timeout=60) == [[10, 20, 30], [1, 2, 3]]
+
+
+# ------------------------------------------------------------------------------------------------
+# launch
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("init_method", ["file", "tcp", "env"])
+def test_launch_returns_by_rank(init_method):
+    infos = D.launch(W.whoami, 2, init_method=init_method, timeout=60)
+    assert [i["rank"] for i in infos] == [0, 1]
+    assert {i["world_size"] for i in infos} == {2}
+    assert {i["backend"] for i in infos} == {D._pick_backend(2)}
+    assert all(i["threads"] == max(1, D.cpu_cores() // 2) for i in infos)
+    assert infos[0]["pid"] != infos[1]["pid"] != os.getpid()
+
+
+def _local_function():
+    return 1
+
+
+def test_launch_rejects_functions_workers_cannot_import(monkeypatch):
+    with pytest.raises(ValueError, match="lambda"):
+        D.launch(lambda: 1, 1)
+    def nested():
+        return 1
+    with pytest.raises(ValueError, match="inside another function"):
+        D.launch(nested, 1)
+    # as in a notebook: __main__ has no file, so workers cannot import its functions
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", None, raising=False)
+    monkeypatch.setattr(_local_function, "__module__", "__main__")
+    with pytest.raises(ValueError, match="notebook cell"):
+        D.launch(_local_function, 1)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_launch_rejects_bad_world_size(bad):
+    with pytest.raises(ValueError, match="world_size >= 1"):
+        D.launch(tiny, bad)
+
+
+def test_a_raising_rank_fails_launch_fast_with_its_traceback(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(D.WorkerError) as err:
+        D.launch(raise_on_rank_1, 2, str(tmp_path), timeout=60)
+    assert time.monotonic() - start < 30
+    assert err.value.rank == 1
+    message = str(err.value)
+    assert "ValueError: rank 1 cannot go on" in message
+    assert "Traceback" in message and "raise_on_rank_1" in message
+    pids = read_pids(tmp_path)
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
+    assert not leftover_processes()
+
+
+def test_a_dying_rank_fails_launch(tmp_path):
+    with pytest.raises(D.WorkerError, match="rank 1 exited with code 3"):
+        D.launch(exit_on_rank_1, 2, str(tmp_path), timeout=60)
+    assert not any(alive(p) for p in read_pids(tmp_path))
+    assert not leftover_processes()
+
+
+def test_a_hanging_rank_times_out_and_nothing_survives(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(D.LaunchTimeout, match="timed out after 4 s"):
+        D.launch(hang_with_a_child, 2, str(tmp_path), timeout=4)
+    took = time.monotonic() - start
+    assert 4 <= took < 20
+    pids = read_pids(tmp_path)  # both ranks and rank 0's grandchild
+    assert len(pids) == 3 and not any(alive(p) for p in pids)
+    assert not leftover_processes()
+
+
+def test_a_hundred_launches_neither_collide_nor_leak():
+    tmp = Path(tempfile.gettempdir())
+    before_dirs = set(tmp.glob("course_launch_*"))
+    D.launch(tiny, 1)  # the forkserver starts once; fds counted after it exists
+    before_fds = len(os.listdir("/proc/self/fd"))
+    for i in range(100):
+        world_size = 1 + i % 2
+        assert D.launch(tiny, world_size, timeout=60) == list(range(world_size))
+    assert len(os.listdir("/proc/self/fd")) <= before_fds + 2
+    assert set(tmp.glob("course_launch_*")) == before_dirs
+    assert not leftover_processes()
+
+
+# ------------------------------------------------------------------------------------------------
+# init_distributed_mode under each launcher
+# ------------------------------------------------------------------------------------------------
+
+def hello_records(output: str) -> list[dict]:
+    lines = [ln for ln in output.splitlines() if "hello_dist {" in ln]
+    return sorted((json.loads(ln.split("hello_dist ", 1)[1]) for ln in lines),
+                  key=lambda r: r["rank"])
+
+
+@pytest.mark.parametrize("nodelist, host", [
+    ("node[01-04]", "node01"), ("node07", "node07"), ("a1,a2", "a1"),
+    ("gpu-[3,5-7],cpu1", "gpu-3"), ("rack[1-2]-n[08-09]", "rack1-n08"),
+    ("127.0.0.[1-4]", "127.0.0.1"),
+])
+def test_first_host_of_a_slurm_node_list(nodelist, host):
+    assert D.first_host(nodelist) == host
+
+
+def test_no_launcher_falls_back_to_one_process(monkeypatch, capsys):
+    for key in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    info = D.init_distributed_mode()
+    assert (info.rank, info.world_size, info.launcher, info.distributed) == (0, 1, "none", False)
+    assert "single process" in capsys.readouterr().out
+    assert not dist.is_initialized() and D.is_main_process()
+    assert D.reduce_value(2.5) == 2.5
+    D.cleanup()  # a no-op without a group
+
+
+def test_init_from_hand_set_slurm_variables():
+    infos = D.launch(init_from_slurm_variables, 2, D.find_free_port(), timeout=60)
+    for rank, info in enumerate(infos):
+        assert info == {"launcher": "slurm", "rank": rank, "world_size": 2, "local_rank": rank,
+                        "master": "127.0.0.1", "sum": 3}  # first host of SLURM_STEP_NODELIST
+
+
+def test_two_node_torchrun_on_loopback():
+    outputs = D.torchrun(HELLO, nproc_per_node=1, nnodes=2, timeout=180, echo=False)
+    records = hello_records("".join(outputs))
+    assert [r["rank"] for r in records] == [0, 1]
+    assert {r["launcher"] for r in records} == {"torchrun"}
+    assert [r["local_rank"] for r in records] == [0, 0]  # one process on each "node"
+    assert {r["world_size"] for r in records} == {2}
+    assert {r["master"].split(":")[0] for r in records} == {"127.0.0.1"}
+    assert records[0]["sum"] == [3.0 * i for i in range(7)]
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None,
+                    reason="mpirun missing: run `make setup` (installs Debian's openmpi-bin)")
+def test_init_under_mpirun():
+    records = hello_records(D.mpirun(HELLO, np=2, timeout=180, echo=False))
+    ranks = [(r["rank"], r["local_rank"], r["world_size"]) for r in records]
+    assert ranks == [(0, 0, 2), (1, 1, 2)]
+    assert {r["launcher"] for r in records} == {"mpirun"}
+    assert records[1]["sum"] == [3.0 * i for i in range(7)]
+
+
+# ------------------------------------------------------------------------------------------------
+# run_commands: what torchrun() and mpirun() stand on
+# ------------------------------------------------------------------------------------------------
+
+def test_run_commands_fails_loudly_on_a_non_zero_exit():
+    failing = [sys.executable, "-c", "print('about to fail'); raise SystemExit(3)"]
+    waiting = ["sleep", "60"]  # would wait for the failed one forever
+    start = time.monotonic()
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        D.run_commands([failing, waiting], timeout=60, echo=False)
+    assert err.value.returncode == 3 and "about to fail" in err.value.output
+    assert time.monotonic() - start < 20
+    assert not leftover_processes()
+
+
+def test_run_commands_kills_the_whole_process_group_on_timeout(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    script = f"sleep 300 & echo $! > {pidfile}; wait"
+    with pytest.raises(subprocess.TimeoutExpired):
+        D.run_commands([["bash", "-c", script]], timeout=2, echo=False)
+    assert not alive(int(pidfile.read_text()))
+    assert D.run_commands([["echo", "hi"]], echo=False) == ["hi\n"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the benchmark
+# ------------------------------------------------------------------------------------------------
+
+def test_benchmark_prints_json(capsys):
+    assert parse_size("4K") == 4096 and parse_size("64MB") == 64 * 2**20
+    assert bus_bandwidth(100, 1.0, 2) == 100.0  # 2 (p - 1) / p = 1 for two ranks
+    assert bench_main(["--world-sizes", "2", "--sizes", "4K,64K", "--repeat", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["bytes"] for r in report["results"]] == [4096, 65536]
+    assert all(r["ring_s"] > 0 and r["all_reduce_s"] > 0 for r in report["results"])
