@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-__all__ = ["TrainingPlot", "plot_history"]
+__all__ = ["TrainingPlot", "plot_history", "draw_parallelism"]
 
 
 def _in_notebook() -> bool:
@@ -86,3 +86,62 @@ class TrainingPlot:
             from IPython.display import display
 
             display(self.figure())
+
+
+def draw_parallelism(num_devices: int = 2) -> plt.Figure:
+    """One picture: data parallelism (whole model per device, batch split, gradients allreduced)
+    next to model parallelism (layers split over devices, activations passed along)."""
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    fig, (ax_d, ax_m) = plt.subplots(1, 2, figsize=(10, 3.6))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    layers = ["conv 1", "conv 2", "linear 1", "linear 2"]
+
+    def box(ax, x, y, w, h, text, color, alpha=0.25):
+        ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor="black", alpha=alpha))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8)
+
+    def arrow(ax, a, b, style="-|>", color="black", ls="-"):
+        ax.add_patch(FancyArrowPatch(a, b, arrowstyle=style, mutation_scale=10, color=color,
+                                     linestyle=ls))
+
+    # data parallelism: every device holds all layers and 1/k of the batch
+    k = num_devices
+    for i in range(k):
+        x = 0.5 + i * (9 / k)
+        w = 9 / k - 0.6
+        box(ax_d, x, 4.6, w, 0.8, f"batch shard {i}\n(B/{k} examples)", colors[0])
+        for j, name in enumerate(layers):
+            box(ax_d, x, 3.6 - j * 0.8, w, 0.7, name, colors[1 + j % 3])
+        arrow(ax_d, (x + w / 2, 4.6), (x + w / 2, 4.3))
+        ax_d.text(x + w / 2, 0.2, f"device {i}", ha="center", fontsize=9, weight="bold")
+    for i in range(k - 1):
+        x0 = 0.5 + i * (9 / k) + 9 / k - 0.6
+        arrow(ax_d, (x0, 2.4), (x0 + 0.6, 2.4), style="<|-|>", color="crimson")
+    ax_d.text(5, 0.85, "allreduce of gradients (red) keeps replicas identical",
+              ha="center", fontsize=8, color="crimson")
+    ax_d.set_title("data parallelism: split the batch")
+
+    # model parallelism: layers spread over devices, activations flow between them
+    per = max(1, len(layers) // k)
+    for j, name in enumerate(layers):
+        dev = min(j // per, k - 1)
+        box(ax_m, 1 + dev * (8 / k), 4.3 - j * 0.9, 8 / k - 0.8, 0.7, name, colors[1 + j % 3])
+    for j in range(len(layers) - 1):
+        d0, d1 = min(j // per, k - 1), min((j + 1) // per, k - 1)
+        x0 = 1 + d0 * (8 / k) + (8 / k - 0.8) / 2
+        x1 = 1 + d1 * (8 / k) + (8 / k - 0.8) / 2
+        arrow(ax_m, (x0, 4.3 - j * 0.9), (x1, 4.3 - (j + 1) * 0.9 + 0.7),
+              color="crimson" if d0 != d1 else "black")
+    for i in range(k):
+        ax_m.text(1 + i * (8 / k) + (8 / k - 0.8) / 2, 0.2, f"device {i}", ha="center",
+                  fontsize=9, weight="bold")
+    ax_m.text(5, 0.85, "activations forward, gradients back (red: between devices)",
+              ha="center", fontsize=8, color="crimson")
+    ax_m.set_title("model parallelism: split the model")
+    for ax in (ax_d, ax_m):
+        ax.set_xlim(0, 10)
+        ax.set_ylim(0, 5.6)
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
