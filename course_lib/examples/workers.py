@@ -7,13 +7,22 @@ group is initialised; rank and world size come from ``torch.distributed``.
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
 
 from course_lib.dist import reduce_value, ring_all_gather, ring_allreduce, tree_broadcast
 
-__all__ = ["collectives", "compare_by_hand", "point_to_point", "whoami"]
+__all__ = ["collectives", "compare_by_hand", "fail_on_rank", "hang_on_rank", "point_to_point",
+           "whoami"]
+
+
+def _device() -> torch.device:
+    """Where this rank's tensors live: its GPU under NCCL, else the CPU (gloo)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def whoami() -> dict:
@@ -26,10 +35,10 @@ def whoami() -> dict:
 
 def point_to_point() -> list[int]:
     """Rank 0 sends a tensor to rank 1 (blocking), then rank 1 replies with isend/irecv."""
-    rank = dist.get_rank()
-    x = torch.zeros(3, dtype=torch.int64)
+    rank, dev = dist.get_rank(), _device()
+    x = torch.zeros(3, dtype=torch.int64, device=dev)
     if rank == 0:
-        dist.send(torch.tensor([1, 2, 3]), dst=1)  # blocks until rank 1 has it
+        dist.send(torch.tensor([1, 2, 3], device=dev), dst=1)  # blocks until rank 1 has it
         req = dist.irecv(x, src=1)  # returns at once; wait() before reading x
         req.wait()
     elif rank == 1:
@@ -40,8 +49,9 @@ def point_to_point() -> list[int]:
 
 def collectives() -> dict[str, list]:
     """Every collective on small integer tensors; rank r starts from ``[r + 1, r + 1]``."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mine = lambda: torch.full((2,), rank + 1, dtype=torch.int64)  # (2,) on every rank
+    rank, world, dev = dist.get_rank(), dist.get_world_size(), _device()
+    i64 = {"dtype": torch.int64, "device": dev}
+    mine = lambda: torch.full((2,), rank + 1, **i64)  # (2,) on every rank
     out: dict[str, list] = {"start": mine().tolist()}
 
     x = mine()
@@ -56,25 +66,25 @@ def collectives() -> dict[str, list]:
     dist.reduce(x, dst=0, op=dist.ReduceOp.SUM)  # only rank 0's result is defined
     out["reduce"] = x.tolist() if rank == 0 else "(undefined off rank 0)"
 
-    parts = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    parts = [torch.zeros(2, **i64) for _ in range(world)]
     dist.all_gather(parts, mine())
     out["all_gather"] = [p.tolist() for p in parts]
 
-    parts = [torch.zeros(2, dtype=torch.int64) for _ in range(world)] if rank == 0 else None
+    parts = [torch.zeros(2, **i64) for _ in range(world)] if rank == 0 else None
     dist.gather(mine(), gather_list=parts, dst=0)
     out["gather"] = [p.tolist() for p in parts] if rank == 0 else "(only rank 0 receives)"
 
-    x = torch.zeros(2, dtype=torch.int64)
-    pieces = [torch.full((2,), 10 * (i + 1), dtype=torch.int64) for i in range(world)]
+    x = torch.zeros(2, **i64)
+    pieces = [torch.full((2,), 10 * (i + 1), **i64) for i in range(world)]
     dist.scatter(x, scatter_list=pieces if rank == 0 else None, src=0)
     out["scatter"] = x.tolist()
 
-    x = torch.zeros(1, dtype=torch.int64)
-    dist.reduce_scatter_tensor(x, torch.arange(world, dtype=torch.int64) + rank)  # (world,) in
+    x = torch.zeros(1, **i64)
+    dist.reduce_scatter_tensor(x, torch.arange(world, **i64) + rank)  # (world,) in, (1,) out
     out["reduce_scatter"] = x.tolist()
 
-    x = torch.zeros(world, dtype=torch.int64)
-    dist.all_to_all_single(x, torch.arange(world, dtype=torch.int64) + 10 * rank)
+    x = torch.zeros(world, **i64)
+    dist.all_to_all_single(x, torch.arange(world, **i64) + 10 * rank)
     out["all_to_all"] = x.tolist()
 
     out["mean_loss"] = reduce_value(float(rank + 1))  # average a Python number for logging
@@ -85,7 +95,7 @@ def compare_by_hand(numel: int, seed: int = 0) -> dict[str, bool]:
     """The hand-written collectives give what torch's give, on random tensors of ``numel``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(seed + rank)
-    x = torch.randn(numel, generator=g)  # (numel,) different on every rank
+    x = torch.randn(numel, generator=g).to(_device())  # (numel,) different on every rank
 
     mine, ref = x.clone(), x.clone()
     ring_allreduce(mine)
@@ -97,9 +107,25 @@ def compare_by_hand(numel: int, seed: int = 0) -> dict[str, bool]:
     dist.broadcast(ref, src=world - 1)
     same["tree_broadcast"] = torch.equal(mine, ref)
 
-    mine = [torch.empty(numel) for _ in range(world)]
-    ref = [torch.empty(numel) for _ in range(world)]
+    mine = [torch.empty_like(x) for _ in range(world)]
+    ref = [torch.empty_like(x) for _ in range(world)]
     ring_all_gather(mine, x)
     dist.all_gather(ref, x)
     same["ring_all_gather"] = all(torch.equal(a, b) for a, b in zip(mine, ref))
     return same
+
+
+def fail_on_rank(bad_rank: int) -> int:
+    """Rank ``bad_rank`` raises; the others wait for it in a collective that never completes."""
+    if dist.get_rank() == bad_rank:
+        raise ValueError(f"rank {bad_rank} found a NaN in its batch")
+    dist.barrier()
+    return dist.get_rank()
+
+
+def hang_on_rank(bad_rank: int) -> int:
+    """Rank ``bad_rank`` never reaches the collective that the others wait in."""
+    if dist.get_rank() == bad_rank:
+        time.sleep(3600)
+    dist.barrier()
+    return dist.get_rank()
