@@ -2,6 +2,8 @@
 VENV    := .venv
 PY      := $(VENV)/bin/python
 PORT    ?= 8888
+# JupyterLab refuses to run as root unless told; containers and CI often are root.
+ROOTFLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 # nbval: run every notebook in quick mode, compare only cells marked NBVAL_CHECK_OUTPUT.
 NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
            --nbval-cell-timeout=600
@@ -13,7 +15,7 @@ setup:
 	@bash scripts/setup.sh
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(ROOTFLAG)
 
 test: setup
 	$(TESTENV) $(PY) -m pytest tests notebooks $(NBVAL)
