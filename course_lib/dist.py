@@ -131,7 +131,7 @@ def _worker(rank: int, world_size: int, backend: str, init_method: str, timeout_
     try:
         os.environ.update(env)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                          LOCAL_WORLD_SIZE=str(world_size))
+                          LOCAL_WORLD_SIZE=str(world_size), COURSE_LAUNCH="1")
         torch.set_num_threads(max(1, cpu_cores() // world_size))
         if backend == "nccl":
             torch.cuda.set_device(rank)
@@ -189,11 +189,13 @@ def _context(start_method: str):
     global _PRELOADED
     ctx = mp.get_context(start_method)
     if start_method == "forkserver" and not _PRELOADED:
-        # Workers re-import the main module of a script (or of `python -m module`) before they
-        # run: import it in the server once too, with torch, and forking a worker costs little.
+        # Workers re-import the main module of a script (or of `python -m pkg.mod`) before they
+        # run: import it (for -m, its top-level package: importing pkg.mod itself would make
+        # runpy warn) in the server once, with torch, and forking a worker costs little.
         main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
         preload = ["__main__", "torch", "torch.distributed", __name__]
-        ctx.set_forkserver_preload(preload + ([main_spec.name] if main_spec else []))
+        ctx.set_forkserver_preload(preload + ([main_spec.name.partition(".")[0]] if main_spec
+                                              else []))
         _PRELOADED = True
     return ctx
 
@@ -322,7 +324,7 @@ class DistInfo:
     local_rank: int
     backend: str | None
     device: torch.device
-    launcher: str  # "torchrun", "mpirun", "slurm" or "none"
+    launcher: str  # "torchrun", "mpirun", "slurm", "launch" (course_lib.dist.launch) or "none"
 
     @property
     def distributed(self) -> bool:
@@ -388,10 +390,18 @@ def init_distributed_mode(backend: str | None = None, timeout: float = 300.0,
         verbose: print one line saying what was found.
 
     Returns:
-        A ``DistInfo`` (rank, world_size, local_rank, backend, device, launcher).
+        A ``DistInfo`` (rank, world_size, local_rank, backend, device, launcher). When a group
+        already exists (inside ``launch``'s workers), it is described, not created again.
     """
     env = os.environ
     found = _from_environment(env)
+    if dist.is_initialized():  # inside launch's workers, or called twice: use the group as it is
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        local_rank = int(env.get("LOCAL_RANK", rank))
+        backend = dist.get_backend()
+        device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+        launcher = "launch" if env.get("COURSE_LAUNCH") or not found else found[0]
+        return DistInfo(rank, world_size, local_rank, backend, device, launcher)
     if found is None:
         if verbose:
             print("init_distributed_mode: no launcher found (no RANK/WORLD_SIZE from torchrun, "
@@ -496,19 +506,30 @@ def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tens
     return buf[:numel]
 
 
-def ring_allreduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+#: Pipelining: each chunk travels in segments of about this size (at most MAX_SEGMENTS of them),
+#: so one segment is passed on while the next is still arriving, as in gloo's and NCCL's rings.
+SEGMENT_BYTES = 2 * 2**20
+MAX_SEGMENTS = 8
+
+
+def ring_allreduce(tensor: torch.Tensor, group=None, segments: int | None = None) -> torch.Tensor:
     """Sum ``tensor`` over all ranks in place, by a ring of sends and receives.
 
-    The flat tensor is cut into ``world_size`` chunks. Reduce-scatter: in ``world_size - 1``
-    steps each rank sends one chunk to its right neighbour and adds the chunk arriving from its
-    left one; afterwards rank r owns the full sum of chunk ``r + 1``. All-gather: in
-    ``world_size - 1`` more steps the finished chunks travel round the ring. Each rank sends
-    ``2 (p - 1) / p`` times the tensor, whatever the number of ranks: the bandwidth-optimal
-    schedule that ``dist.all_reduce`` (gloo's ring, NCCL's ring) also follows.
+    The flat tensor is cut into ``p = world_size`` chunks. In step s (of ``2 (p - 1)``) every
+    rank sends chunk ``rank - s`` to its right neighbour and receives chunk ``rank - s - 1`` from
+    its left one. In the first ``p - 1`` steps (reduce-scatter) it adds the received chunk into
+    its own; afterwards rank r holds the full sum of chunk ``r + 1``. In the last ``p - 1``
+    steps (all-gather) the finished chunks travel round the ring and land in place. What a rank
+    sends in step s + 1 is what it received in step s. Each rank sends ``2 (p - 1) / p`` times
+    the tensor, whatever ``p``: the bandwidth-optimal schedule of gloo's and NCCL's rings.
 
     Args:
         tensor: the same shape and dtype on every rank; overwritten with the sum.
         group: the process group (default: the whole world).
+        segments: pieces per chunk (default: about ``SEGMENT_BYTES`` each, 1 for small
+            tensors). A piece is sent on as soon as it has arrived (and been added), so the
+            steps overlap instead of waiting for whole chunks. ``segments=1`` is the textbook
+            schedule.
 
     Returns:
         ``tensor``, for convenience.
@@ -520,16 +541,47 @@ def ring_allreduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     n = flat.numel()
     bounds = [i * n // world for i in range(world + 1)]  # chunk sizes differ by at most one
     chunks = [flat[bounds[i]:bounds[i + 1]] for i in range(world)]  # views, no copies
-    buf = _scratch(bounds[1] - bounds[0] + 1, flat.dtype, flat.device)  # for incoming chunks
+    largest = -(-n // world)
+    if segments is None:
+        segments = max(1, min(MAX_SEGMENTS, largest * flat.element_size() // SEGMENT_BYTES))
+    spare = _scratch(2 * largest, flat.dtype, flat.device)  # reduce-scatter receives alternate
+    spare = (spare[:largest], spare[largest:])  # between these two halves
 
-    for step in range(world - 1):  # reduce-scatter
-        send, recv = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
-        incoming = buf[:recv.numel()]
-        _exchange(send, right, incoming, left, group)
-        recv.add_(incoming)
-    for step in range(world - 1):  # all-gather: receive straight into place
-        send, recv = chunks[(rank - step + 1) % world], chunks[(rank - step) % world]
-        _exchange(send, right, recv, left, group)
+    def pieces(t: torch.Tensor) -> list[torch.Tensor]:
+        m = t.numel()
+        return [t[j * m // segments:(j + 1) * m // segments] for j in range(segments)]
+
+    sends = []
+
+    def send(step: int, j: int) -> None:
+        piece = pieces(chunks[(rank - step) % world])[j]
+        if piece.numel():  # empty chunks (fewer elements than ranks) are not sent at all
+            sends.append(dist.isend(piece, right, group=group, tag=step * segments + j))
+
+    def receive(step: int):
+        target = chunks[(rank - step - 1) % world]
+        into = spare[step % 2][:target.numel()] if step < world - 1 else target
+        ops = [dist.irecv(piece, left, group=group, tag=step * segments + j) if piece.numel()
+               else None for j, piece in enumerate(pieces(into))]
+        return ops, pieces(into), pieces(target)
+
+    steps = 2 * (world - 1)
+    incoming = receive(0)
+    for j in range(segments):
+        send(0, j)
+    for step in range(steps):
+        ops, arrived, target = incoming
+        if step + 1 < steps:
+            incoming = receive(step + 1)  # posted early: the data can land as soon as it comes
+        for j in range(segments):
+            if ops[j] is not None:
+                ops[j].wait()
+            if step < world - 1:  # reduce-scatter: add the neighbour's partial sum into ours
+                target[j].add_(arrived[j])
+            if step + 1 < steps:
+                send(step + 1, j)  # and pass it on at once
+    for op in sends:
+        op.wait()
 
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))

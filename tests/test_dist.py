@@ -83,11 +83,14 @@ def ring_vs_all_reduce(sizes: list[int]) -> list[str]:
         for x in (torch.randn(n, generator=g, dtype=torch.float64),  # (n,)
                   torch.randint(-100, 100, (n,), generator=g),  # int64: exact
                   torch.randn(n, 3, generator=g).t()):  # (3, n), not contiguous
-            mine, ref = x.clone(), x.clone()
-            out = D.ring_allreduce(mine)
+            ref = x.clone()
             dist.all_reduce(ref)
-            if out is not mine or not torch.allclose(mine, ref, rtol=1e-6, atol=1e-6):
-                bad.append(f"rank {rank}/{world}: n={n} {x.dtype} {tuple(x.shape)}")
+            for segments in (None, 1, 3):  # default, textbook, pipelined in 3 pieces per chunk
+                mine = x.clone()
+                out = D.ring_allreduce(mine, segments=segments)
+                if out is not mine or not torch.allclose(mine, ref, rtol=1e-6, atol=1e-6):
+                    bad.append(f"rank {rank}/{world}: n={n} {x.dtype} {tuple(x.shape)} "
+                               f"segments={segments}")
     if world == 4:  # a sub-group of three ranks: the ring uses group ranks, sends to global ones
         group = dist.new_group([1, 2, 3])
         if rank in (1, 2, 3):
@@ -132,6 +135,11 @@ def hang_with_a_child(folder: str) -> None:
     if dist.get_rank() == 0:
         time.sleep(300)
     dist.barrier()
+
+
+def describe_existing_group() -> tuple:
+    info = D.init_distributed_mode(verbose=False)
+    return info.rank, info.world_size, info.local_rank, info.launcher, D.is_main_process()
 
 
 def init_from_slurm_variables(port: int) -> dict:
@@ -293,6 +301,11 @@ def test_no_launcher_falls_back_to_one_process(monkeypatch, capsys):
     assert not dist.is_initialized() and D.is_main_process()
     assert D.reduce_value(2.5) == 2.5
     D.cleanup()  # a no-op without a group
+
+
+def test_init_inside_launch_describes_the_existing_group():
+    assert D.launch(describe_existing_group, 2) == [(0, 2, 0, "launch", True),
+                                                    (1, 2, 1, "launch", False)]
 
 
 def test_init_from_hand_set_slurm_variables():
