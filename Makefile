@@ -36,6 +36,7 @@ notebooks: setup
 
 bench: setup
 	$(PY) -m course_lib.bench dataloader
+	$(PY) -m course_lib.bench allreduce
 
 lint: setup
 	$(VENV)/bin/ruff check course_lib tests
