@@ -69,14 +69,24 @@ class TrainingPlot:
         plot_history(self.history, title=self.title, ax=fig.add_subplot())
         return fig
 
+    def _image(self):
+        """The current figure as a PNG ``IPython.display.Image``: shown the same way under any
+        matplotlib backend (a bare ``Figure`` renders only once the inline backend is active)."""
+        import io
+
+        from IPython.display import Image
+
+        buf = io.BytesIO()
+        self.figure().savefig(buf, format="png", dpi=100)
+        return Image(data=buf.getvalue(), format="png")
+
     def _draw(self) -> None:
         from IPython.display import display
 
-        fig = self.figure()
         if self._handle is None:
-            self._handle = display(fig, display_id=True)
+            self._handle = display(self._image(), display_id=True)
         else:
-            self._handle.update(fig)
+            self._handle.update(self._image())
 
     def close(self) -> None:
         """Draw the final state once more (also when ``live`` was off but we are in a notebook)."""
@@ -85,7 +95,7 @@ class TrainingPlot:
         elif _in_notebook():
             from IPython.display import display
 
-            display(self.figure())
+            display(self._image())
 
 
 def draw_parallelism(num_devices: int = 2) -> plt.Figure:

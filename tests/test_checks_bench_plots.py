@@ -95,3 +95,9 @@ def test_plots_record_and_draw():
     assert len(plot.figure().axes[0].lines) == 2
     assert len(plot_history(plot.history).axes[0].lines) == 2
     assert len(draw_parallelism(3).axes) == 2
+
+
+def test_live_plot_renders_png_under_any_backend():
+    plot = TrainingPlot(live=False)
+    plot.update(1, train_loss=1.0)
+    assert plot._image().data[:8] == b"\x89PNG\r\n\x1a\n"
