@@ -18,6 +18,7 @@ lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(ROOTFLAG)
 
 test: setup
+	$(VENV)/bin/ruff check course_lib tests
 	$(TESTENV) $(PY) -m pytest tests notebooks $(NBVAL)
 
 unit: setup

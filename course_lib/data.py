@@ -146,13 +146,15 @@ def find_fashion_mnist(root: str | os.PathLike | None = None, *, download: bool 
             _download(target)
             return target
         except Exception as exc:  # offline: URLError, socket errors, HTTP errors
-            reason = f"torchvision's download into {target} failed too ({type(exc).__name__}: {exc})."
+            reason = (f"torchvision's download into {target} failed too "
+                      f"({type(exc).__name__}: {exc}).")
     else:
         reason = "Download was not allowed (download=False)."
     raise FileNotFoundError(
         "Fashion-MNIST was not found. Looked in:\n" + looked + "\n" + reason + "\n"
         "Any one of these fixes it:\n"
-        "  - pass root='/folder/with/the/files' (train-images-idx3-ubyte[.gz] and the other three);\n"
+        "  - pass root='/folder/with/the/files' (train-images-idx3-ubyte[.gz] and the other\n"
+        "    three);\n"
         "  - set FASHION_MNIST_DIR=/folder/with/the/files;\n"
         f"  - copy the four files into {REPO_DATA};\n"
         "  - install the Debian package: apt-get install dataset-fashion-mnist (make setup does);\n"
@@ -195,7 +197,8 @@ class TensorBatches:
         device = torch.device(device) if device is not None else torch.device("cpu")
         self.X = (X if X.dim() == 4 else X.unsqueeze(1)).to(device)  # (N, 1, 28, 28) uint8
         self.y = y.to(device)  # (N,) int64
-        self.batch_size, self.shuffle, self.resize, self.device = batch_size, shuffle, resize, device
+        self.batch_size, self.shuffle = batch_size, shuffle
+        self.resize, self.device = resize, device
         self.generator = torch.Generator()
         self.generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ())))
 

@@ -108,7 +108,8 @@ def hardware_summary() -> str:
     The first cell of every notebook prints it, so stored outputs say what measured them.
     """
     lines = [
-        f"CPU:     {_cpu_name()} ({cpu_cores()} cores usable, {torch.get_num_threads()} torch threads)",
+        f"CPU:     {_cpu_name()} ({cpu_cores()} cores usable, "
+        f"{torch.get_num_threads()} torch threads)",
         f"GPUs:    {num_gpus()}",
     ]
     for i in range(num_gpus()):

@@ -53,8 +53,8 @@ def test_clear_error_when_nothing_is_found(nowhere, offline):
     with pytest.raises(FileNotFoundError) as err:
         D.find_fashion_mnist(download=True)
     msg = str(err.value)
-    for option in ("root=", "FASHION_MNIST_DIR", str(D.REPO_DATA), "apt-get install dataset-fashion-mnist",
-                   "internet", "download"):
+    for option in ("root=", "FASHION_MNIST_DIR", str(D.REPO_DATA), "internet", "download",
+                   "apt-get install dataset-fashion-mnist"):
         assert option in msg, option
 
 
