@@ -166,19 +166,49 @@ def _die_with_parent() -> None:
         pass
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a member that is not a zombie."""
+    if os.path.isdir("/proc"):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # it exited while we looked
+                continue
+            if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:  # state, ..., pgrp
+                return True
+        return False
+    try:  # no /proc: ask the kernel (zombies count as alive here)
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _wait_groups_gone(pgids: Sequence[int], timeout: float = 10.0) -> None:
+    """Block until every process in these groups has died (a SIGKILL is not instantaneous:
+    the process must be scheduled to die, which takes a while on a loaded machine)."""
+    end = time.monotonic() + timeout
+    for pgid in pgids:
+        while _group_alive(pgid) and time.monotonic() < end:
+            time.sleep(0.02)
+
+
 def _kill(procs) -> None:
-    """SIGKILL each live worker and its process group, then reap it."""
-    for p in procs:
-        if p.pid is None:
-            continue
+    """SIGKILL each live worker and its process group, reap it, and wait until all are gone."""
+    pids = [p.pid for p in procs if p.pid is not None]
+    for pid in pids:
         for kill in (os.killpg, os.kill):  # the group (anything the worker started), then it
             try:
-                kill(p.pid, signal.SIGKILL)
+                kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
     for p in procs:
         if p.pid is not None:
             p.join(timeout=10)
+    _wait_groups_gone(pids)
 
 
 _PRELOADED = False
@@ -640,20 +670,34 @@ def example_path(name: str) -> Path:
 
 
 def _stop(procs: Sequence[subprocess.Popen]) -> None:
-    """SIGTERM each command's whole process group, then SIGKILL what is left."""
+    """SIGTERM each command's whole process group, then SIGKILL what is left of it.
+
+    The group is signalled even when its leader has already exited: a command's children
+    (``sleep 300 &`` in a shell script, torchrun's workers) may outlive it.
+    """
     for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
+        live = [p for p in procs if _group_alive(p.pid)]
+        if not live:
+            break
+        for p in live:
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         end = time.monotonic() + grace
-        for p in procs:
+        for p in live:
             try:
                 p.wait(timeout=max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
+        if sig == signal.SIGTERM:
+            _wait_groups_gone([p.pid for p in live], timeout=max(0.0, end - time.monotonic()))
+    _wait_groups_gone([p.pid for p in procs])
+    for p in procs:  # reap the leaders
+        try:
+            p.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def run_commands(commands: Sequence[Sequence[str]], timeout: float = 120.0, *,
