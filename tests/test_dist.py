@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import dist as D
+from course_lib import spawn
 from course_lib.bench_allreduce import bus_bandwidth, parse_size
 from course_lib.bench_allreduce import main as bench_main
 from course_lib.examples import workers as W
@@ -199,7 +200,7 @@ def test_launch_returns_by_rank(init_method):
     infos = D.launch(W.whoami, 2, init_method=init_method, timeout=60)
     assert [i["rank"] for i in infos] == [0, 1]
     assert {i["world_size"] for i in infos} == {2}
-    assert {i["backend"] for i in infos} == {D._pick_backend(2)}
+    assert {i["backend"] for i in infos} == {spawn._pick_backend(2)}
     assert all(i["threads"] == max(1, D.cpu_cores() // 2) for i in infos)
     assert infos[0]["pid"] != infos[1]["pid"] != os.getpid()
 

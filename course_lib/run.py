@@ -1,0 +1,191 @@
+"""Run a script under a launcher from a notebook cell: ``torchrun(...)``, ``mpirun(...)``.
+
+PyTorch counterpart: ``torchrun`` (``python -m torch.distributed.run``); Open MPI's ``mpirun``.
+Each helper streams the script's output into the cell, fails the cell on a non-zero exit and
+kills every process it started on a timeout (``!torchrun ...`` in a cell would do none of these).
+Read more: https://pytorch.org/docs/stable/elastic/run.html and notebook 06.
+``course_lib.dist`` re-exports every public name here.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .spawn import _group_alive, _wait_groups_gone, find_free_port
+
+__all__ = ["EXAMPLES", "example_path", "mpirun", "run_commands", "torchrun"]
+
+#: Where the runnable example scripts live (``course_lib/examples/``).
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+
+
+
+def example_path(name: str) -> Path:
+    """Path of a runnable example script in ``course_lib/examples/`` (``"hello_dist.py"``)."""
+    path = EXAMPLES / name
+    if not path.is_file():
+        found = sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
+        raise FileNotFoundError(f"no example {name!r} in {EXAMPLES}; there are {found}.")
+    return path
+
+
+def _stop(procs: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM each command's whole process group, then SIGKILL what is left of it.
+
+    The group is signalled even when its leader has already exited: a command's children
+    (``sleep 300 &`` in a shell script, torchrun's workers) may outlive it.
+    """
+    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        live = [p for p in procs if _group_alive(p.pid)]
+        if not live:
+            break
+        for p in live:
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        end = time.monotonic() + grace
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        if sig == signal.SIGTERM:
+            _wait_groups_gone([p.pid for p in live], timeout=max(0.0, end - time.monotonic()))
+    _wait_groups_gone([p.pid for p in procs])
+    for p in procs:  # reap the leaders
+        try:
+            p.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def run_commands(commands: Sequence[Sequence[str]], timeout: float = 120.0, *,
+                 env: dict[str, str] | None = None, labels: Sequence[str] | None = None,
+                 echo: bool = True) -> list[str]:
+    """Run commands side by side, show their output, and fail loudly.
+
+    Each command runs in its own session (process group). Its output lines are printed as
+    they come (prefixed with its label when there are several). On a non-zero exit the others
+    are stopped and ``subprocess.CalledProcessError`` is raised; after ``timeout`` seconds
+    every process group is killed and ``subprocess.TimeoutExpired`` is raised.
+
+    Returns:
+        The combined stdout and stderr of each command.
+    """
+    if labels is None:
+        labels = [""] if len(commands) == 1 else [f"[{i}] " for i in range(len(commands))]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
+    lines: queue.Queue = queue.Queue()
+    outputs: list[list[str]] = [[] for _ in commands]
+    procs: list[subprocess.Popen] = []
+
+    def pump(i: int, stream) -> None:
+        for line in stream:
+            lines.put((i, line))
+        lines.put((i, None))
+
+    try:
+        for i, cmd in enumerate(commands):
+            p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=full_env,
+                                 start_new_session=True)
+            procs.append(p)
+            threading.Thread(target=pump, args=(i, p.stdout), daemon=True).start()
+        deadline, open_streams, timed_out = time.monotonic() + timeout, len(procs), False
+        while open_streams:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            try:
+                i, line = lines.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if any(p.poll() not in (None, 0) for p in procs):
+                    # one command failed; the others may wait for it forever: a short grace
+                    deadline = min(deadline, time.monotonic() + 2)
+                continue
+            if line is None:
+                open_streams -= 1
+            else:
+                outputs[i].append(line)
+                if echo:
+                    print(labels[i] + line, end="", flush=True)
+        for p in procs:
+            try:
+                p.wait(timeout=0 if timed_out else 5)
+            except subprocess.TimeoutExpired:
+                pass
+        codes = [p.poll() for p in procs]  # None: still running, stopped below
+    finally:
+        _stop(procs)
+    texts = ["".join(o) for o in outputs]
+    for cmd, code, text in zip(commands, codes, texts):
+        if code not in (None, 0):
+            raise subprocess.CalledProcessError(code, [str(c) for c in cmd], output=text)
+    if timed_out or None in codes:
+        raise subprocess.TimeoutExpired([str(c) for c in commands[0]], timeout,
+                                        output="".join(texts))
+    return texts
+
+
+def torchrun(script: str | Path, *script_args: str, nproc_per_node: int = 2, nnodes: int = 1,
+             timeout: float = 120.0, echo: bool = True) -> list[str]:
+    """Run ``script`` under torchrun from a notebook cell; raise on failure or timeout.
+
+    One node: ``python -m torch.distributed.run --standalone --nproc_per_node=N script``.
+    Several nodes are simulated on this machine: ``nnodes`` torchrun commands with
+    ``--nnodes=K --node_rank=i --master_addr=127.0.0.1 --master_port=P``, run side by side,
+    exactly what you would type on K machines (with the first one's address as master).
+
+    Returns:
+        The output of each torchrun command (one per node).
+    """
+    base = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}"]
+    if nnodes == 1:
+        commands = [base + ["--standalone", str(script), *script_args]]
+    else:
+        port = find_free_port()
+        commands = [base + [f"--nnodes={nnodes}", f"--node_rank={i}", "--master_addr=127.0.0.1",
+                            f"--master_port={port}", str(script), *script_args]
+                    for i in range(nnodes)]
+    if echo:
+        for c in commands:
+            print("$ " + " ".join(["torchrun", *map(str, c[3:])]))
+    labels = [f"[node{i}] " for i in range(nnodes)] if nnodes > 1 else [""]
+    return run_commands(commands, timeout, labels=labels, echo=echo)
+
+
+def mpirun(script: str | Path, *script_args: str, np: int = 2, timeout: float = 120.0,
+           echo: bool = True) -> str:
+    """Run ``python script`` under Open MPI's ``mpirun -np N`` from a notebook cell.
+
+    The script does not call MPI itself: mpirun starts the processes and sets
+    ``OMPI_COMM_WORLD_RANK`` / ``_SIZE`` / ``_LOCAL_RANK``, which ``init_distributed_mode``
+    reads to join a gloo group at ``MASTER_ADDR:MASTER_PORT`` (passed with ``-x``).
+    ``--oversubscribe`` lets N exceed the cores; as root, ``--allow-run-as-root`` is needed.
+
+    Returns:
+        mpirun's output. Raises ``FileNotFoundError`` when ``mpirun`` is not installed.
+    """
+    exe = shutil.which("mpirun")
+    if exe is None:
+        raise FileNotFoundError("mpirun is not installed (Debian/Ubuntu: apt-get install "
+                                "openmpi-bin; `make setup` does it where apt is usable).")
+    cmd = [exe, "-np", str(np), "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += ["-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={find_free_port()}",
+            "-x", "GLOO_SOCKET_IFNAME=lo", "-x", "PYTHONUNBUFFERED=1",
+            sys.executable, str(script), *script_args]
+    if echo:
+        print("$ " + " ".join(["mpirun", *cmd[1:]]).replace(sys.executable, "python"))
+    return run_commands([cmd], timeout, echo=echo)[0]

@@ -1,0 +1,303 @@
+"""Start worker processes from a notebook: ``launch(fn, world_size, *args)``.
+
+PyTorch counterpart: ``torch.multiprocessing.spawn`` (and accelerate's ``notebook_launcher``),
+made bounded and loud: a rank that raises, dies or hangs makes ``launch`` raise, and no worker
+process outlives the call. Read more: https://pytorch.org/docs/stable/multiprocessing.html and
+notebook 06. ``course_lib.dist`` re-exports every public name here.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from multiprocessing.connection import wait as wait_for_any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .devices import cpu_cores, num_gpus
+
+__all__ = ["LaunchTimeout", "WorkerError", "find_free_port", "launch"]
+
+
+class WorkerError(RuntimeError):
+    """A worker of ``launch`` raised (or died); the message holds its traceback."""
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank
+
+
+class LaunchTimeout(TimeoutError):
+    """``launch`` reached its ``timeout`` before every worker had returned."""
+
+
+def find_free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for tcp:// and env:// rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_importable(fn: Callable) -> None:
+    """Raise a clear error when worker processes could not import ``fn`` by its name."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if module is None or qualname is None:  # a callable object, a functools.partial: pickle says
+        return
+    where = f"{module}.{qualname}"
+    hint = ("Worker processes are fresh interpreters: they import fn by module and name. Put the "
+            "function in a .py file (for example a module in course_lib, or one written with "
+            "%%writefile next to the notebook) and import it from there.")
+    main = sys.modules.get("__main__")
+    if module == "__main__" and not getattr(main, "__file__", None):
+        raise ValueError(f"launch expects an importable function, got {where}, defined in a "
+                         f"notebook cell or an interactive session. {hint}")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(f"launch expects a module-level function, got {where} (a lambda or a "
+                         f"function defined inside another function). {hint}")
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"launch cannot import fn as {where} ({e}). {hint}") from e
+    if obj is not fn:
+        raise ValueError(f"{where} names a different object than the fn given to launch "
+                         f"(was it redefined?). {hint}")
+
+
+def _pick_backend(world_size: int) -> str:
+    """NCCL when every rank gets a GPU of its own, gloo otherwise."""
+    if dist.is_nccl_available() and num_gpus() >= world_size:
+        return "nccl"
+    return "gloo"
+
+
+def _worker(rank: int, world_size: int, backend: str, init_method: str, timeout_s: float,
+            env: dict[str, str], payload: bytes, conn) -> None:
+    """Entry point of each process started by ``launch``; reports through ``conn``."""
+    os.setpgrp()  # our own process group: launch can kill us and anything we started at once
+    _die_with_parent()
+    try:
+        os.environ.update(env)
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(world_size), COURSE_LAUNCH="1")
+        torch.set_num_threads(max(1, cpu_cores() // world_size))
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        fn, args = pickle.loads(payload)
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        # Every rank fully connected before any may return and exit: without this, a rank whose
+        # fn makes no collective can leave while a peer is still connecting to it.
+        dist.barrier()
+        result = fn(*args)
+        reply = ("ok", pickle.dumps(result))
+    except BaseException as e:  # noqa: B036 - everything goes back to the parent, loudly
+        reply = ("error", f"{type(e).__name__}: {e}", traceback.format_exc())
+    try:
+        conn.send(reply)
+    except Exception as e:  # the result would not pickle, or the parent is gone
+        conn.send(("error", f"could not send the result back: {type(e).__name__}: {e}",
+                   traceback.format_exc()))
+    finally:
+        conn.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when its parent exits (no orphans)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: launch's own kill still applies
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a member that is not a zombie."""
+    if os.path.isdir("/proc"):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # it exited while we looked
+                continue
+            if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:  # state, ..., pgrp
+                return True
+        return False
+    try:  # no /proc: ask the kernel (zombies count as alive here)
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _wait_groups_gone(pgids: Sequence[int], timeout: float = 10.0) -> None:
+    """Block until every process in these groups has died (a SIGKILL is not instantaneous:
+    the process must be scheduled to die, which takes a while on a loaded machine)."""
+    end = time.monotonic() + timeout
+    for pgid in pgids:
+        while _group_alive(pgid) and time.monotonic() < end:
+            time.sleep(0.02)
+
+
+def _kill(procs) -> None:
+    """SIGKILL each live worker and its process group, reap it, and wait until all are gone."""
+    pids = [p.pid for p in procs if p.pid is not None]
+    for pid in pids:
+        for kill in (os.killpg, os.kill):  # the group (anything the worker started), then it
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for p in procs:
+        if p.pid is not None:
+            p.join(timeout=10)
+    _wait_groups_gone(pids)
+
+
+_PRELOADED = False
+
+
+def _context(start_method: str):
+    """A torch.multiprocessing context; the forkserver imports torch once, not per worker."""
+    global _PRELOADED
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver" and not _PRELOADED:
+        # Workers re-import the main module of a script (or of `python -m pkg.mod`) before they
+        # run: import it (for -m, its top-level package: importing pkg.mod itself would make
+        # runpy warn) in the server once, with torch, and forking a worker costs little.
+        main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        preload = ["__main__", "torch", "torch.distributed", __name__]
+        ctx.set_forkserver_preload(preload + ([main_spec.name.partition(".")[0]] if main_spec
+                                              else []))
+        _PRELOADED = True
+    return ctx
+
+
+def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
+           timeout: float = 300.0, init_method: str = "file",
+           start_method: str = "forkserver") -> list:
+    """Run ``fn(*args)`` in ``world_size`` new processes joined in one process group.
+
+    Each worker gets ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` in its environment, an
+    initialised default group (ask ``dist.get_rank()``), ``cores // world_size`` torch threads
+    (at least 1) and ``GLOO_SOCKET_IFNAME=lo``. The group is torn down after ``fn`` returns.
+
+    Failure is bounded and loud: when a rank raises or dies, the others are killed at once and
+    ``WorkerError`` carries that rank's traceback; when ``timeout`` seconds pass first, every
+    worker is killed and ``LaunchTimeout`` is raised. No worker outlives the call.
+
+    Args:
+        fn: a module-level function that worker processes can import (not one defined in a
+            notebook cell: workers are fresh interpreters that import ``fn`` by name).
+        world_size: number of processes (>= 1).
+        *args: passed to ``fn`` in every rank (must pickle).
+        backend: "gloo" or "nccl"; default NCCL when every rank can have its own GPU, else gloo.
+        timeout: seconds for the whole launch; also each collective's timeout in the workers.
+        init_method: "file" (a rendezvous file in a fresh temporary directory: no port to
+            collide with), "tcp" (``tcp://127.0.0.1:PORT``) or "env" (``env://`` reading
+            ``MASTER_ADDR`` / ``MASTER_PORT``, which launch sets to a free port).
+        start_method: "forkserver" (default: a server process imports torch once and forks
+            each worker from it, so a launch takes a fraction of a second instead of
+            seconds) or "spawn" (a fresh interpreter per worker). Both need ``fn`` importable.
+
+    Returns:
+        ``fn``'s return values, ordered by rank.
+    """
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"launch expects an integer world_size >= 1, got {world_size!r}.")
+    if timeout <= 0:
+        raise ValueError(f"launch expects a positive timeout in seconds, got {timeout!r}.")
+    if init_method not in {"file", "tcp", "env"}:
+        raise ValueError(f"init_method must be 'file', 'tcp' or 'env', got {init_method!r}.")
+    backend = backend or _pick_backend(world_size)
+    if backend == "nccl" and num_gpus() < world_size:
+        raise ValueError(f"backend='nccl' needs one GPU per rank: {world_size} ranks, "
+                         f"{num_gpus()} GPU(s). Use backend='gloo' or fewer ranks.")
+    _check_importable(fn)
+    try:
+        payload = pickle.dumps((fn, args))
+    except Exception as e:
+        raise ValueError(f"launch could not pickle fn and its arguments for the workers: "
+                         f"{type(e).__name__}: {e}") from e
+
+    env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    tmpdir = tempfile.mkdtemp(prefix="course_launch_")
+    if init_method == "file":
+        url = f"file://{tmpdir}/rendezvous"
+    elif init_method == "tcp":
+        url = f"tcp://127.0.0.1:{find_free_port()}"
+    else:
+        url = "env://"
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()))
+
+    ctx = _context(start_method)
+    deadline = time.monotonic() + timeout
+    procs, conns = [], []
+    try:
+        for rank in range(world_size):
+            recv_end, send_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker, name=f"launch-rank{rank}", daemon=True,
+                            args=(rank, world_size, backend, url, timeout, env, payload, send_end))
+            p.start()
+            send_end.close()  # the child holds the other copy; EOF tells us it is gone
+            procs.append(p)
+            conns.append(recv_end)
+        return _collect(procs, conns, deadline, timeout)
+    finally:
+        # Every worker's group, also a finished worker's: something it started may live on.
+        _kill([p for p in procs if p.is_alive() or (p.pid is not None and _group_alive(p.pid))])
+        for p in procs:
+            p.join(timeout=1)
+        for c in conns:
+            c.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _collect(procs, conns, deadline: float, timeout: float) -> list:
+    """Wait for one reply per rank; raise on the first error, a silent death, or the deadline."""
+    results: dict[int, object] = {}
+    pending = {c: rank for rank, c in enumerate(conns)}
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            missing = sorted(pending.values())
+            raise LaunchTimeout(f"launch timed out after {timeout:g} s: rank(s) {missing} had "
+                                "not returned (a hang in a collective, or a slow fn?). Every "
+                                "worker was killed; raise timeout= if the work needs longer.")
+        for c in wait_for_any(list(pending), timeout=left):
+            rank = pending.pop(c)
+            try:
+                reply = c.recv()
+            except EOFError:
+                procs[rank].join(timeout=5)
+                code = procs[rank].exitcode
+                how = (f"was killed by signal {-code}" if code is not None and code < 0
+                       else f"exited with code {code}")
+                raise WorkerError(f"rank {rank} {how} without reporting a result "
+                                  "(see its stderr above).", rank) from None
+            if reply[0] == "error":
+                _, what, tb = reply
+                raise WorkerError(f"rank {rank} raised {what}\n\nTraceback in rank {rank}:\n{tb}",
+                                  rank)
+            results[rank] = pickle.loads(reply[1])
+    for p in procs:  # every worker replied: give each a moment to tear its group down
+        p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+    return [results[r] for r in range(len(procs))]
