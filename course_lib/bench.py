@@ -112,6 +112,7 @@ BENCHMARKS: dict[str, str] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark named by ``argv[0]``: ``python -m course_lib.bench NAME``; 0 if it ran."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help", "--list"}:
         print("usage: python -m course_lib.bench NAME [options]\nbenchmarks: "

@@ -88,6 +88,7 @@ def measure(world_size: int, sizes: list[int], repeat: int = 10, warmup: int = 2
 
 
 def main(argv: list[str]) -> int:
+    """``python -m course_lib.bench allreduce``: print the JSON table; 0 on success."""
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench allreduce",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-sizes", default="2,4", help="comma-separated (default 2,4)")

@@ -60,6 +60,7 @@ def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: i
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m course_lib.bench dataloader``: print the JSON comparison; 0 on success."""
     ap = argparse.ArgumentParser(prog="python -m course_lib.bench dataloader")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=256)

@@ -54,3 +54,59 @@ def test_notebooks_have_a_kernelspec_and_start_with_the_hardware():
         assert meta["metadata"]["kernelspec"]["name"] == "python3", nb.name
         first_code = next(c for c in meta["cells"] if c["cell_type"] == "code")
         assert "hardware_summary()" in "".join(first_code["source"]), nb.name
+
+
+def _notebooks():
+    import json
+
+    return [(p.name, json.loads(p.read_text()))
+            for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
+
+
+def test_every_public_name_exists_is_documented_and_listed_in_the_readme():
+    import importlib
+    import inspect
+    import pkgutil
+
+    import course_lib
+
+    readme = (ROOT / "README.md").read_text()
+    for info in pkgutil.iter_modules(course_lib.__path__):
+        module = importlib.import_module(f"course_lib.{info.name}")
+        if info.ispkg:
+            continue
+        assert module.__doc__, f"course_lib.{info.name} has no module docstring"
+        names = getattr(module, "__all__", None)
+        assert names is not None, f"course_lib.{info.name} has no __all__"
+        for name in names:
+            obj = getattr(module, name)  # AttributeError: __all__ names a missing object
+            if inspect.isfunction(obj) or inspect.isclass(obj):
+                assert inspect.getdoc(obj), f"course_lib.{info.name}.{name} has no docstring"
+        assert f"course_lib.{info.name}" in readme, f"README lists no course_lib.{info.name}"
+
+
+def test_dist_reexports_what_its_parts_define():
+    from course_lib import collectives, dist, run, spawn
+
+    for part in (collectives, run, spawn):
+        for name in part.__all__:
+            assert getattr(dist, name) is getattr(part, name), name
+
+
+def test_every_notebook_ends_with_exercises_checked_by_course_lib():
+    for name, nb in _notebooks():
+        text = "".join("".join(c["source"]) for c in nb["cells"])
+        assert "## Exercises" in text, name
+        tail = "".join("".join(c["source"]) for c in nb["cells"][-5:])
+        assert "checks.check_" in tail, f"{name}: the exercises use no course_lib.checks checker"
+
+
+def test_committed_notebooks_carry_the_outputs_of_a_full_run():
+    for name, nb in _notebooks():
+        code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+        counts = [c["execution_count"] for c in code]
+        assert None not in counts, f"{name}: a code cell was never executed"
+        assert counts == list(range(1, len(code) + 1)), f"{name}: not one run top to bottom"
+        for c in code:
+            for out in c["outputs"]:
+                assert out["output_type"] != "error", f"{name}: a stored error output"
