@@ -46,6 +46,7 @@ __all__ = [
     "DataParallel",
     "gather",
     "parallel_apply",
+    "recalibrate_batch_norm",
     "replicate",
     "scatter_inputs",
     "step_breakdown",
@@ -399,6 +400,40 @@ def train_module(net: nn.Module, train_iter: Iterable, test_iter: Iterable, *, n
     net.train()
     live.close()
     return history
+
+
+def recalibrate_batch_norm(net: nn.Module, batches: Iterable, device: Device | None = None
+                           ) -> nn.Module:
+    """Recompute every batch-norm layer's running statistics with the current weights.
+
+    During training the running mean and variance follow the weights with momentum 0.1, so
+    after few steps they still describe earlier weights, and ``eval()`` mode suffers. This runs
+    the model over ``batches`` in train mode without gradients, with ``momentum=None`` (the
+    cumulative average over the batches), then restores each layer's momentum. Parameters do
+    not change. Known as "precise BN" (Wu and Johnson, 2021, "Rethinking batch in BatchNorm").
+
+    Args:
+        net: the model (changed in place and returned, left in train mode).
+        batches: ``(X, y)`` batches, typically training data.
+        device: where to move each X (None: leave it where it is).
+
+    Returns:
+        ``net``.
+    """
+    norms = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative average: every batch weighs the same
+    net.train()
+    try:
+        with torch.no_grad():
+            for X, _ in batches:
+                net(X if device is None else X.to(device))
+    finally:
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+    return net
 
 
 def step_breakdown(module: nn.Module, X: torch.Tensor, y: torch.Tensor,

@@ -287,3 +287,22 @@ def test_step_breakdown_phases_and_gradients():
     F.cross_entropy(ref(X), y).backward()
     for g, g_ref in zip(grads(net), grads(ref)):
         assert_close(g, g_ref)
+
+
+def test_recalibrate_batch_norm_gives_the_average_of_the_batch_statistics():
+    from course_lib.data_parallel import recalibrate_batch_norm
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.BatchNorm2d(3))
+    batches = [(torch.randn(8, 1, 6, 6) * 2 + 1, None) for _ in range(4)]
+    weights_before = [p.detach().clone() for p in net.parameters()]
+    recalibrate_batch_norm(net, batches)
+    with torch.no_grad():  # the oracle: each batch's statistics of the conv output, averaged
+        feats = [net[0](X) for X, _ in batches]
+    mean = torch.stack([f.mean(dim=(0, 2, 3)) for f in feats]).mean(0)
+    var = torch.stack([f.var(dim=(0, 2, 3), unbiased=True) for f in feats]).mean(0)
+    torch.testing.assert_close(net[1].running_mean, mean)
+    torch.testing.assert_close(net[1].running_var, var)
+    assert net[1].momentum == 0.1 and int(net[1].num_batches_tracked) == 4
+    for p, q in zip(net.parameters(), weights_before):
+        torch.testing.assert_close(p, q)
