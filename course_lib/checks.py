@@ -38,6 +38,9 @@ class ExerciseResult:
         mark = {True: "correct", False: "not yet right", None: "not answered yet"}[self.ok]
         return f"[{self.name}] {mark}: {self.message}"
 
+    def _ipython_display_(self) -> None:
+        """Show nothing as a cell's last value: the check printed its verdict when it ran."""
+
 
 def _verdict(name: str, ok: bool | None, message: str, strict: bool) -> ExerciseResult:
     result = ExerciseResult(name, ok, message)

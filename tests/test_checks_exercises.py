@@ -142,3 +142,9 @@ def test_check_elements_sent():
     assert checks.elements_sent(10**6, 4) == 2 * 3 / 4 * 10**6
     verdicts(checks.check_elements_sent, None, checks.elements_sent,
              lambda n, p, rank=0: round(2 * (p - 1) / p * n))
+
+
+def test_a_verdict_prints_once_and_displays_nothing_as_a_cells_last_value(capsys):
+    result = checks.check_answer("x", 2, 2)
+    assert capsys.readouterr().out == "[x] correct: well done.\n"
+    assert result._ipython_display_() is None and capsys.readouterr().out == ""
