@@ -19,6 +19,7 @@ lab: setup
 
 test: setup
 	$(VENV)/bin/ruff check course_lib tests
+	$(VENV)/bin/lint-imports
 	$(TESTENV) $(PY) -m pytest tests notebooks $(NBVAL)
 
 unit: setup
@@ -41,6 +42,7 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check course_lib tests
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -5,6 +5,7 @@ PyTorch counterpart: ``torch.cuda.device_count`` and ``torch.device``; d2l's ``t
 """
 from __future__ import annotations
 
+import operator
 import os
 import platform
 import warnings
@@ -12,6 +13,8 @@ import warnings
 import torch
 
 __all__ = [
+    "Device",
+    "as_device",
     "cpu_cores",
     "devices",
     "hardware_summary",
@@ -20,6 +23,17 @@ __all__ = [
     "try_all_gpus",
     "try_gpu",
 ]
+
+
+#: What the course accepts as a device: ``torch.device("cuda:1")``, ``"cpu"``, or a GPU index.
+Device = torch.device | str | int
+
+
+def as_device(d: Device) -> torch.device:
+    """``torch.device(d)``, where an int is a GPU index (``nn.DataParallel(device_ids=[0, 1])``)."""
+    if isinstance(d, int) and not isinstance(d, bool):
+        return torch.device("cuda", d)
+    return torch.device(d)
 
 
 def num_gpus() -> int:
@@ -42,7 +56,7 @@ def try_all_gpus() -> list[torch.device]:
     return gpus if gpus else [torch.device("cpu")]
 
 
-def devices(n: int) -> list[torch.device]:
+def devices(n: int, *, warn: bool = True) -> list[torch.device]:
     """Exactly ``n`` devices: the real GPUs first, then repeats of what exists.
 
     With fewer than ``n`` GPUs, the list repeats devices (on a CPU-only machine: ``n`` times the
@@ -50,15 +64,21 @@ def devices(n: int) -> list[torch.device]:
 
     Args:
         n: how many devices the lesson wants (>= 1).
+        warn: warn when devices repeat (a lesson shows the warning once, then passes False).
 
     Returns:
         A list of ``n`` ``torch.device`` objects.
     """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    try:
+        count = operator.index(n)  # any integer type (numpy's too), never a float or a bool
+    except TypeError:
+        count = None
+    if count is None or isinstance(n, bool) or count < 1:
         raise ValueError(f"devices(n) expects an integer n >= 1, got {n!r}.")
+    n = count
     real = try_all_gpus()
     out = [real[i % len(real)] for i in range(n)]
-    if n > num_gpus():
+    if warn and n > num_gpus():
         what = f"{num_gpus()} GPU(s)" if num_gpus() else "no GPU"
         warnings.warn(
             f"Asked for {n} devices but this machine has {what}; returning {n} devices that "

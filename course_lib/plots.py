@@ -5,9 +5,11 @@ display handle instead of clearing the cell's output, so outputs do not pile up 
 """
 from __future__ import annotations
 
+import inspect
+
 import matplotlib.pyplot as plt
 
-__all__ = ["TrainingPlot", "plot_history", "draw_parallelism"]
+__all__ = ["TrainingPlot", "draw_parallelism", "draw_ring", "plot_history", "show"]
 
 
 def _in_notebook() -> bool:
@@ -155,3 +157,44 @@ def draw_parallelism(num_devices: int = 2) -> plt.Figure:
         ax.axis("off")
     fig.tight_layout()
     return fig
+
+
+def draw_ring(tables: list[tuple[str, list[list[str]]]], n: int) -> plt.Figure:
+    """One panel per step of a ring allreduce over n devices (lesson 02).
+
+    ``tables`` holds ``(title, table)`` pairs: the start, the n-1 reduce-scatter steps, then the
+    n-1 all-gather steps; ``table[i][c]`` names the devices whose values chunk c on device i has
+    summed so far ("-" for none). Rows are devices, columns chunks; darker means more summed.
+    """
+    fig, axes = plt.subplots(2, n, figsize=(2.4 * n, 5.4))
+    panels = [axes[0][j] for j in range(n)] + [axes[1][j] for j in range(1, n)]
+    axes[1][0].axis("off")
+    for ax, (title, table) in zip(panels, tables):
+        counts = [[0 if c == "-" else len(c) for c in row] for row in table]
+        ax.imshow(counts, cmap="Blues", vmin=0, vmax=n + 1)
+        for i in range(n):
+            for c in range(n):
+                ax.text(c, i, table[i][c], ha="center", va="center", fontsize=8,
+                        color="white" if counts[i][c] == n else "black")
+        ax.set_xticks(range(n), [f"chunk {c}" for c in range(n)], fontsize=7)
+        ax.set_yticks(range(n), [f"dev {i}" for i in range(n)], fontsize=7)
+        ax.set_title(title.replace(": ", "\n").replace(", 2", ",\n2"), fontsize=7)
+    fig.suptitle(f"ring allreduce over {n} devices: which devices each chunk has summed",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def show(obj) -> None:
+    """Display the source of a function or class in a notebook: the library is the lesson's code.
+
+    Outside a notebook the source is printed.
+    """
+    source = inspect.getsource(obj)
+    if _in_notebook():
+        from IPython.display import Code, display
+
+        display(Code(source, language="python"))
+    else:
+        print(source)
+

@@ -1,36 +1,47 @@
-"""Training and evaluation loops, from scratch: one device (notebook 01), then several
-devices in one process (notebook 04).
+"""Training and evaluation loops: ONE epoch loop (``run_epoch``) and ONE fit loop (``fit``) that
+every lesson's training uses, with the step that differs handed in as a function.
+
+- ``train_single`` (lesson 01): a functional net, from-scratch SGD, one device.
+- ``train`` with ``train_batch`` (lesson 04): several devices in one process, gradients
+  allreduced by hand.
+- ``train_module`` (lesson 05): an ``nn.Module`` (plain, the course's ``DataParallel`` or
+  torch's) with ``torch.optim.SGD``.
 
 PyTorch counterpart: the usual ``for X, y in loader: loss.backward(); opt.step()`` loop; for
-several devices, what ``nn.DataParallel`` does inside (scatter, replicate, ``parallel_apply``
-with one thread per device, reduce). Source: d2l's "Multiple GPUs" chapter (``train_batch``).
+several devices, what ``nn.DataParallel`` does inside. Source: d2l's "Multiple GPUs" chapters.
 """
 from __future__ import annotations
 
-import contextlib
-import threading
+import functools
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from .bench import Timer
-from .comm import allreduce, replicate, scatter, split_batch
-from .devices import cpu_cores
-from .lenet import lenet, sgd
+from .devices import Device, as_device
+from .models.lenet import lenet, sgd
+from .parallel.comm import allreduce, replicate_params, scatter, split_batch
+from .parallel.parallel_apply import parallel_apply
 from .plots import TrainingPlot
+from .timing import Timer
 
 __all__ = [
     "accuracy",
     "evaluate_accuracy",
-    "run_on_devices",
+    "fit",
+    "recalibrate_batch_norm",
+    "run_epoch",
     "train",
     "train_batch",
     "train_epoch",
+    "train_module",
     "train_single",
 ]
 
-Device = torch.device | str
+#: A training step: ``step(X, y) -> (mean loss over the batch, number correct)``, both 0-d
+#: tensors on one device; it changes the parameters (that is the step).
+Step = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def accuracy(y_hat: torch.Tensor, y: torch.Tensor) -> int:
@@ -55,7 +66,8 @@ def evaluate_accuracy(net: Callable[[torch.Tensor], torch.Tensor]
             devices: each batch is then scattered over them, shard i is evaluated by ``net[i]``
             on ``device[i]`` and the correct counts (ints) are summed, so the result is exactly
             the one-device accuracy.
-        parallel: with a list of devices, run the shards in threads (see ``run_on_devices``).
+        parallel: with a list of devices, run the shards in threads (``parallel_apply``;
+            default: only for distinct GPUs).
     """
     if isinstance(device, (list, tuple)):
         return _evaluate_sharded(net, data_iter, [torch.device(d) for d in device], parallel)
@@ -68,6 +80,10 @@ def evaluate_accuracy(net: Callable[[torch.Tensor], torch.Tensor]
     return correct / total
 
 
+def _count_correct(net: Callable, X: torch.Tensor, y: torch.Tensor) -> int:
+    return accuracy(net(X), y)
+
+
 def _evaluate_sharded(net, data_iter: Iterable, devices: list[torch.device],
                       parallel: bool | None) -> float:
     """``evaluate_accuracy`` over several devices: scatter each batch, sum exact counts."""
@@ -78,34 +94,93 @@ def _evaluate_sharded(net, data_iter: Iterable, devices: list[torch.device],
     correct, total = 0, 0
     for X, y in data_iter:
         X_shards, y_shards = scatter(X, devices), scatter(y, devices)  # a short batch may use
-        counts = run_on_devices(                                      # fewer devices
-            lambda i, Xs=X_shards, ys=y_shards: accuracy(nets[i](Xs[i]), ys[i]),
-            devices[:len(X_shards)], parallel=parallel)
+        k = len(X_shards)                                             # fewer devices
+        counts = parallel_apply([_count_correct] * k,
+                                [(nets[i], X_shards[i], y_shards[i]) for i in range(k)],
+                                devices=devices[:k], threads=_threads(devices[:k], parallel))
         correct += sum(counts)                                        # ints: exact
         total += y.numel()
     return correct / total
 
 
+def run_epoch(step: Step, data_iter: Iterable) -> tuple[float, float]:
+    """The one epoch loop: ``step(X, y)`` on every batch; returns (mean loss, accuracy).
+
+    Loss and correct counts are summed on the step's device and read once at the end: no
+    synchronization per batch (``float()`` of a GPU tensor would wait for the GPU every step).
+    """
+    loss_sum, correct, total = None, None, 0
+    for X, y in data_iter:
+        loss, right = step(X, y)                     # 0-d tensors on the step's device
+        n = y.shape[0]
+        loss_sum = loss.detach() * n if loss_sum is None else loss_sum + loss.detach() * n
+        correct = right if correct is None else correct + right
+        total += n
+    if total == 0:
+        raise ValueError("run_epoch got no batches: the data iterator is empty (a batch size "
+                         "larger than the data with drop_last, or an exhausted iterator?).")
+    return float(loss_sum) / total, int(correct) / total
+
+
+def fit(step: Step, data_iter: Iterable, evaluate: Callable[[], float], *, num_epochs: int,
+        plot: bool | None = None, title: str | None = None,
+        on_epoch: Callable[[int], None] | None = None) -> dict:
+    """The one fit loop: ``num_epochs`` of ``run_epoch``, each timed, then ``evaluate()``.
+
+    Args:
+        step: the training step (see ``run_epoch``).
+        data_iter: iterable of ``(X, y)`` batches, iterated once per epoch.
+        evaluate: returns the test accuracy after an epoch (not timed).
+        num_epochs: epochs.
+        plot: draw the live plot (default: inside a notebook only).
+        on_epoch: called with the epoch number before it starts (e.g. to set train mode).
+
+    Returns:
+        ``{"train_loss": [...], "train_acc": [...], "test_acc": [...], "epoch_time": [...]}``;
+        ``epoch_time`` counts training only (every GPU synchronized), not the evaluation.
+    """
+    live = TrainingPlot(title=title, live=plot)
+    history = {"train_loss": [], "train_acc": [], "test_acc": [], "epoch_time": []}
+    try:
+        for epoch in range(1, num_epochs + 1):
+            if on_epoch is not None:
+                on_epoch(epoch)
+            with Timer() as timer:                   # synchronizes every GPU
+                train_loss, train_acc = run_epoch(step, data_iter)
+            test_acc = evaluate()
+            for key, v in zip(history, (train_loss, train_acc, test_acc, timer.elapsed)):
+                history[key].append(v)
+            live.update(epoch, train_loss=train_loss, train_acc=train_acc, test_acc=test_acc)
+    finally:
+        live.close()
+    return history
+
+
+# --- one device, functional net (lesson 01) ------------------------------------------------
+
+def _sgd_step(params: list[torch.Tensor], lr: float, device: torch.device | None,
+              net: Callable, X: torch.Tensor, y: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One minibatch SGD step of ``net(X, params)`` on one device."""
+    if device is not None:
+        X, y = X.to(device), y.to(device)
+    y_hat = net(X, params)                           # (B, 10)
+    loss = F.cross_entropy(y_hat, y)                 # mean over the batch
+    loss.backward()
+    sgd(params, lr)
+    return loss.detach(), (y_hat.detach().argmax(dim=1) == y).sum()
+
+
 def train_epoch(params: list[torch.Tensor], train_iter: Iterable, lr: float,
-                device: torch.device | str | None = None,
+                device: Device | None = None,
                 net: Callable = lenet) -> tuple[float, float]:
     """One pass of minibatch SGD over ``train_iter``; returns (mean loss, train accuracy)."""
-    loss_sum, correct, total = torch.zeros((), device=params[0].device), 0, 0
-    for X, y in train_iter:
-        if device is not None:
-            X, y = X.to(device), y.to(device)
-        y_hat = net(X, params)                  # (B, 10)
-        loss = F.cross_entropy(y_hat, y)        # mean over the batch
-        loss.backward()
-        sgd(params, lr)
-        loss_sum += loss.detach() * y.numel()   # stays on the device: no sync per step
-        correct += accuracy(y_hat.detach(), y)
-        total += y.numel()
-    return float(loss_sum) / total, correct / total
+    device = None if device is None else as_device(device)
+    return run_epoch(functools.partial(_sgd_step, params, lr, device, net), train_iter)
 
 
 def train_single(params: list[torch.Tensor], train_iter: Iterable, test_iter: Iterable, *,
-                 num_epochs: int, lr: float, device: torch.device | str | None = None,
+                 num_epochs: int, lr: float, device: Device | None = None,
                  net: Callable = lenet, plot: bool | None = None,
                  title: str | None = None) -> dict:
     """Train ``net(X, params)`` with SGD on one device: the baseline every lesson compares with.
@@ -114,93 +189,27 @@ def train_single(params: list[torch.Tensor], train_iter: Iterable, test_iter: It
         params: parameter tensors on ``device``, requiring grad (updated in place).
         train_iter, test_iter: iterables of ``(X, y)`` batches.
         num_epochs, lr: epochs and learning rate.
-        device: where the batches are moved (None: leave them where they are).
+        device: where the batches are moved (None: where ``params`` live).
         net: ``net(X, params) -> logits``; LeNet by default.
         plot: draw the live plot (default: inside a notebook only).
 
     Returns:
-        ``{"train_loss": [...], "train_acc": [...], "test_acc": [...], "epoch_time": [...]}``;
-        ``epoch_time`` counts training only, not the evaluation.
+        The history of ``fit``.
     """
-    device = torch.device(device) if device is not None else params[0].device
-    live = TrainingPlot(title=title, live=plot)
-    history = {"train_loss": [], "train_acc": [], "test_acc": [], "epoch_time": []}
-    for epoch in range(1, num_epochs + 1):
-        timer = Timer(device)
-        with timer:
-            train_loss, train_acc = train_epoch(params, train_iter, lr, device, net)
-        test_acc = evaluate_accuracy(lambda X: net(X, params), test_iter, device)
-        for k, v in zip(history, (train_loss, train_acc, test_acc, timer.elapsed)):
-            history[k].append(v)
-        live.update(epoch, train_loss=train_loss, train_acc=train_acc, test_acc=test_acc)
-    live.close()
-    return history
+    device = as_device(device) if device is not None else params[0].device
+    step = functools.partial(_sgd_step, params, lr, device, net)
+    return fit(step, train_iter, lambda: evaluate_accuracy(_bind(net, params), test_iter, device),
+               num_epochs=num_epochs, plot=plot, title=title)
 
 
-# --- several devices in one process (notebook 04) ---------------------------------------------
+# --- several devices in one process (lesson 04) ---------------------------------------------
 
-def _separate(devices: Sequence[torch.device]) -> bool:
-    """True when the devices are distinct GPUs: real hardware that can work at the same time."""
+def _threads(devices: Sequence[torch.device], parallel: bool | None) -> bool:
+    """Threads when asked; by default only for distinct GPUs (hardware that works at once)."""
+    if parallel is not None:
+        return parallel
     return len(devices) > 1 and len(set(devices)) == len(devices) and all(
         d.type == "cuda" for d in devices)
-
-
-def run_on_devices(fn: Callable[[int], object], devices: Sequence[Device], *,
-                   parallel: bool | None = None) -> list:
-    """``[fn(0), ..., fn(k-1)]`` for k = ``len(devices)``, one call per device.
-
-    With ``parallel``, each call runs in its own thread, as ``nn.parallel.parallel_apply`` does
-    for ``nn.DataParallel``: PyTorch releases the GIL inside its kernels, so the devices work at
-    the same time. A thread for a GPU makes that GPU current; a thread for a CPU "device" limits
-    itself to ``cores // k`` intra-op threads (one worker per core, not k teams fighting over
-    the same cores). The first exception raised in a thread is re-raised here.
-
-    Args:
-        fn: called with the device index i.
-        devices: the devices (only their number and types matter here).
-        parallel: True: threads; False: a plain loop; None (default): threads only when the
-            devices are distinct GPUs. On a CPU, measure before choosing (notebook 04).
-    """
-    devices = [torch.device(d) for d in devices]
-    if parallel is None:
-        parallel = _separate(devices)
-    if not parallel or len(devices) <= 1:
-        return [fn(i) for i in range(len(devices))]
-
-    results: list = [None] * len(devices)
-    errors: list[BaseException | None] = [None] * len(devices)
-    grad_enabled = torch.is_grad_enabled()      # grad mode is per thread: pass it on
-    cpu_threads = max(1, cpu_cores() // len(devices))
-
-    def worker(i: int) -> None:
-        try:
-            with torch.set_grad_enabled(grad_enabled), _on(devices[i], cpu_threads):
-                results[i] = fn(i)
-        except BaseException as e:  # noqa: B036 - handed to the caller below
-            errors[i] = e
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(devices))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
-
-
-@contextlib.contextmanager
-def _on(device: torch.device, cpu_threads: int):
-    """Inside a worker thread: make a GPU current, or cap a CPU worker's intra-op threads."""
-    if device.type == "cuda":
-        with torch.cuda.device(device):
-            yield
-    elif device.type == "cpu":
-        torch.set_num_threads(cpu_threads)      # per thread: the caller's setting is untouched
-        yield
-    else:
-        yield
 
 
 def train_batch(X: torch.Tensor, y: torch.Tensor, device_params: Sequence[list[torch.Tensor]],
@@ -218,11 +227,12 @@ def train_batch(X: torch.Tensor, y: torch.Tensor, device_params: Sequence[list[t
 
     Args:
         X, y: the whole minibatch (any device) and its labels.
-        device_params: one list of parameters per device (``replicate(params, devices)``).
+        device_params: one list of parameters per device (``replicate_params(params, devices)``).
         devices: where each replica lives.
         lr: learning rate.
         net: ``net(X, params) -> logits``; LeNet by default.
-        parallel: run the per-device work in threads (see ``run_on_devices``).
+        parallel: run the per-device work in threads (``parallel_apply``; default: only for
+            distinct GPUs, as on a CPU the threads only share the same cores).
 
     Returns:
         ``(loss, correct)`` as 0-d tensors on ``devices[0]`` (no synchronization here): the mean
@@ -232,7 +242,7 @@ def train_batch(X: torch.Tensor, y: torch.Tensor, device_params: Sequence[list[t
     devices = [torch.device(d) for d in devices]
     if len(device_params) != len(devices):
         raise ValueError(f"train_batch got {len(device_params)} parameter replicas for "
-                         f"{len(devices)} devices; use replicate(params, devices).")
+                         f"{len(devices)} devices; use replicate_params(params, devices).")
     B = X.shape[0]
     X_shards, y_shards = split_batch(X, y, devices)          # shard i: (B_i, ...) on devices[i]
     k = len(X_shards)                                         # torch.chunk may use fewer devices
@@ -247,7 +257,8 @@ def train_batch(X: torch.Tensor, y: torch.Tensor, device_params: Sequence[list[t
         correct = (y_hat.argmax(dim=1) == y_shards[i]).sum()
         return loss.detach(), correct
 
-    out = run_on_devices(forward_backward, devices[:k], parallel=parallel)
+    out = parallel_apply([forward_backward] * k, list(range(k)), devices=devices[:k],
+                         threads=_threads(devices[:k], parallel))
     for params in device_params:                              # a device without a shard
         for p in params:                                      # contributes a zero gradient
             if p.grad is None:
@@ -278,35 +289,24 @@ def train(params: list[torch.Tensor], train_iter: Iterable, test_iter: Iterable,
         devices: the devices to train on (e.g. ``course_lib.devices.devices(2)``).
         num_epochs, lr: epochs and learning rate (for the whole batch).
         net: ``net(X, params) -> logits``; LeNet by default.
-        parallel: threads per device (see ``run_on_devices``; default: only for distinct GPUs).
+        parallel: threads per device (``parallel_apply``; default: only for distinct GPUs).
         plot: draw the live plot (default: inside a notebook only).
 
     Returns:
-        ``{"train_loss", "train_acc", "test_acc", "epoch_time"}`` lists, one value per epoch,
-        as in ``train_single``; ``epoch_time`` counts training only.
+        The history of ``fit``.
     """
-    devices = [torch.device(d) for d in devices]
-    device_params = replicate(params, devices)
-    live = TrainingPlot(title=title, live=plot)
-    history = {"train_loss": [], "train_acc": [], "test_acc": [], "epoch_time": []}
-    for epoch in range(1, num_epochs + 1):
-        timer = Timer()                                       # synchronizes every GPU
-        loss_sum = torch.zeros((), device=devices[0])
-        correct, total = torch.zeros((), device=devices[0], dtype=torch.long), 0
-        with timer:
-            for X, y in train_iter:
-                loss, c = train_batch(X, y, device_params, devices, lr, net=net,
-                                      parallel=parallel)
-                loss_sum += loss * y.shape[0]
-                correct += c
-                total += y.shape[0]
+    devices = [as_device(d) for d in devices]
+    device_params = replicate_params(params, devices)
+
+    def step(X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, correct = train_batch(X, y, device_params, devices, lr, net=net, parallel=parallel)
+        return loss, correct
+
+    def evaluate() -> float:
         nets = [_bind(net, p) for p in device_params]
-        test_acc = evaluate_accuracy(nets, test_iter, devices, parallel=parallel)
-        values = (float(loss_sum) / total, int(correct) / total, test_acc, timer.elapsed)
-        for key, v in zip(history, values):
-            history[key].append(v)
-        live.update(epoch, train_loss=values[0], train_acc=values[1], test_acc=test_acc)
-    live.close()
+        return evaluate_accuracy(nets, test_iter, devices, parallel=parallel)
+
+    history = fit(step, train_iter, evaluate, num_epochs=num_epochs, plot=plot, title=title)
     with torch.no_grad():
         for p, q in zip(params, device_params[0]):
             p.copy_(q.to(p.device))
@@ -315,4 +315,99 @@ def train(params: list[torch.Tensor], train_iter: Iterable, test_iter: Iterable,
 
 def _bind(net: Callable, params: list[torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
     """``X -> net(X, params)`` for one replica."""
-    return lambda X: net(X, params)
+    return functools.partial(_apply, net, params)
+
+
+def _apply(net: Callable, params: list[torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+    return net(X, params)
+
+
+# --- an nn.Module (lesson 05) ------------------------------------------------------------------
+
+def train_module(net: nn.Module, train_iter: Iterable, test_iter: Iterable, *, num_epochs: int,
+                 lr: float, device: Device | None = None, plot: bool | None = None,
+                 title: str | None = None) -> dict:
+    """Train an ``nn.Module`` (plain, ``DataParallel`` or ``nn.DataParallel``) with SGD.
+
+    The module-based twin of ``train_single``: cross-entropy, ``torch.optim.SGD``, train mode
+    during each epoch and the test accuracy in ``eval()`` mode after it; the net is left in
+    train mode.
+
+    Args:
+        net: the network; its parameters are updated in place.
+        train_iter, test_iter: iterables of ``(X, y)`` batches.
+        num_epochs, lr: epochs and learning rate.
+        device: where batches are moved (for a data-parallel net: ``device_ids[0]``); None:
+            where the net's first parameter lives.
+        plot: draw the live plot (default: inside a notebook only).
+
+    Returns:
+        The history of ``fit``.
+    """
+    device = as_device(device) if device is not None else next(net.parameters()).device
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+
+    def step(X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        X, y = X.to(device), y.to(device)
+        opt.zero_grad(set_to_none=True)
+        y_hat = net(X)                               # (B, 10) on device
+        loss = F.cross_entropy(y_hat, y)             # mean over the whole batch
+        loss.backward()
+        opt.step()
+        return loss.detach(), (y_hat.detach().argmax(dim=1) == y).sum()
+
+    def evaluate() -> float:
+        net.eval()
+        try:
+            return evaluate_accuracy(net, test_iter, device)
+        finally:
+            net.train()
+
+    return fit(step, train_iter, evaluate, num_epochs=num_epochs, plot=plot, title=title,
+               on_epoch=lambda epoch: net.train())
+
+
+def recalibrate_batch_norm(net: nn.Module, batches: Iterable, device: Device | None = None
+                           ) -> nn.Module:
+    """Recompute every batch-norm layer's running statistics with the current weights.
+
+    During training the running mean and variance follow the weights with momentum 0.1, so
+    after few steps they still describe earlier weights, and ``eval()`` mode suffers. This runs
+    the model over ``batches`` in train mode without gradients, with ``momentum=None`` (the
+    cumulative average over the batches), then restores each layer's momentum. Parameters do
+    not change. Known as "precise BN" (Wu and Johnson, 2021, "Rethinking batch in BatchNorm").
+
+    Args:
+        net: the model (its running statistics change; returned in the mode it came in).
+        batches: ``(X, y)`` batches, typically training data.
+        device: where to move each X (None: leave it where it is).
+
+    Returns:
+        ``net``.
+    """
+    norms = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in norms]
+    was_training = net.training
+    saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
+             for m in norms if m.track_running_stats]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative average: every batch weighs the same
+    net.train()
+    done = False
+    try:
+        with torch.no_grad():
+            for X, _ in batches:
+                net(X if device is None else X.to(device))
+        done = True
+    finally:
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+        net.train(was_training)
+        if not done:  # interrupted: put the previous statistics back, not half-computed ones
+            tracked = [m for m in norms if m.track_running_stats]
+            for m, (mean, var, count) in zip(tracked, saved):
+                m.running_mean.copy_(mean)
+                m.running_var.copy_(var)
+                m.num_batches_tracked.copy_(count)
+    return net

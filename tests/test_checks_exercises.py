@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from course_lib import checks
-from course_lib.comm import allreduce, ring_allreduce, ring_chunk_bounds, scatter
-from course_lib.data_parallel import DataParallel
 from course_lib.devices import devices
-from course_lib.lenet import LeNet
+from course_lib.distributed.collectives import ring_chunk_bounds
+from course_lib.models.lenet import LeNet
+from course_lib.parallel import DataParallel
+from course_lib.parallel.comm import allreduce, ring_allreduce, scatter
 
 
 def verdicts(check, unanswered, right, wrong):

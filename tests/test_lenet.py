@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from course_lib.lenet import LENET_SHAPES, LeNet, init_lenet_params, lenet, sgd
+from course_lib.models.lenet import LENET_SHAPES, LeNet, init_lenet_params, lenet, sgd
 
 
 def test_init_shapes_and_values():

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from course_lib.resnet import Residual, resnet18
+from course_lib.models.resnet import Residual, resnet18
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from course_lib.comm import get_params, replicate
+from course_lib.parallel import parallel_apply
+from course_lib.parallel.comm import get_params, replicate_params
 from course_lib.devices import devices as make_devices
-from course_lib.lenet import init_lenet_params, lenet, sgd
+from course_lib.models.lenet import init_lenet_params, lenet, sgd
 from course_lib.train import (
     evaluate_accuracy,
-    run_on_devices,
     train,
     train_batch,
     train_single,
@@ -54,7 +54,7 @@ def test_train_batch_equals_one_device_step(k, B):
     params = lenet_params()
     X, y = batch(B, seed=k, dtype=torch.float64)
     ref, ref_loss, ref_correct = one_device_step(params, X, y, lr=0.5)
-    device_params = replicate(params, devs(k))
+    device_params = replicate_params(params, devs(k))
     loss, correct = train_batch(X, y, device_params, devs(k), lr=0.5)
     assert_close(loss.cpu(), ref_loss)
     assert int(correct) == ref_correct
@@ -67,7 +67,7 @@ def test_train_batch_float32_with_default_tolerances():
     params = init_lenet_params(0.1, seed=1)
     X, y = batch(10, seed=3)
     ref, _, _ = one_device_step(params, X, y, lr=0.9)
-    device_params = replicate(params, devs(3))           # uneven: 4, 4, 2
+    device_params = replicate_params(params, devs(3))           # uneven: 4, 4, 2
     train_batch(X, y, device_params, devs(3), lr=0.9)
     for p, q in zip(device_params[2], ref):
         assert_close(p.detach(), q.detach())
@@ -87,7 +87,7 @@ def test_train_batch_hypothesis(k, extra, steps, seed):
     params = [torch.randn(6, 10, generator=gen, dtype=torch.float64).requires_grad_(),
               torch.zeros(10, dtype=torch.float64, requires_grad=True)]
     ref = get_params(params, "cpu")
-    device_params = replicate(params, devs(k))
+    device_params = replicate_params(params, devs(k))
     for _ in range(steps):
         X = torch.randn(k + extra, 6, generator=gen, dtype=torch.float64)
         y = torch.randint(0, 10, (k + extra,), generator=gen)
@@ -103,7 +103,7 @@ def test_train_batch_threads_give_the_same_step(k):
     params = lenet_params()
     X, y = batch(11, seed=5, dtype=torch.float64)
     ref, _, _ = one_device_step(params, X, y, lr=0.5)
-    device_params = replicate(params, devs(k))
+    device_params = replicate_params(params, devs(k))
     train_batch(X, y, device_params, devs(k), lr=0.5, parallel=True)
     for replica in device_params:
         for p, q in zip(replica, ref):
@@ -114,35 +114,9 @@ def test_train_batch_errors():
     params = init_lenet_params(seed=0)
     X, y = batch(3)
     with pytest.raises(ValueError, match="batch size of at least 4"):
-        train_batch(X, y, replicate(params, devs(4)), devs(4), lr=0.1)
+        train_batch(X, y, replicate_params(params, devs(4)), devs(4), lr=0.1)
     with pytest.raises(ValueError, match="2 parameter replicas for 3 devices"):
-        train_batch(X, y, replicate(params, devs(2)), devs(3), lr=0.1)
-
-
-def test_run_on_devices_passes_exceptions_on():
-    def boom(i):
-        if i == 1:
-            raise RuntimeError("device 1 failed")
-        return i
-
-    assert run_on_devices(lambda i: i * i, devs(3), parallel=True) == [0, 1, 4]
-    with pytest.raises(RuntimeError, match="device 1 failed"):
-        run_on_devices(boom, devs(3), parallel=True)
-
-
-def test_run_on_devices_keeps_grad_mode_and_caller_threads():
-    threads = torch.get_num_threads()
-    with torch.no_grad():
-        modes = run_on_devices(lambda i: torch.is_grad_enabled(), devs(2), parallel=True)
-    assert modes == [False, False]
-    assert torch.get_num_threads() == threads
-
-
-def test_default_is_sequential_on_repeated_devices():
-    import threading
-
-    names = run_on_devices(lambda i: threading.current_thread().name, devs(2))
-    assert names == [threading.main_thread().name] * 2
+        train_batch(X, y, replicate_params(params, devs(2)), devs(3), lr=0.1)
 
 
 # --- evaluation -------------------------------------------------------------------------------
@@ -152,7 +126,7 @@ def test_sharded_evaluation_is_exact(k):
     params = init_lenet_params(0.1, seed=2)
     batches = [batch(B, seed=B) for B in (11, 3, 1)]   # short batches use fewer devices
     one = evaluate_accuracy(lambda X: lenet(X, params), batches)
-    reps = replicate(params, devs(k))
+    reps = replicate_params(params, devs(k))
     nets = [functools.partial(lenet, params=p) for p in reps]
     assert evaluate_accuracy(nets, batches, devs(k)) == one
     assert evaluate_accuracy(lambda X: lenet(X, params), batches, devs(k)) == one

@@ -16,7 +16,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from course_lib.dist import cleanup, init_distributed_mode, is_main_process, ring_allreduce
+from course_lib.distributed import cleanup, init_distributed_mode, is_main_process, ring_allreduce
 
 
 def main() -> None:

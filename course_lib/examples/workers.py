@@ -1,4 +1,4 @@
-"""Worker functions that notebook 06 hands to ``course_lib.dist.launch``.
+"""Worker functions that notebook 06 hands to ``course_lib.distributed.launch``.
 
 ``launch`` starts fresh processes that import the function by module and name, so workers live
 in a file like this one, never in a notebook cell. Each runs in every rank, after the process
@@ -12,17 +12,17 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_lib.dist import reduce_value, ring_all_gather, ring_allreduce, tree_broadcast
+from course_lib.distributed import (
+    current_device,
+    reduce_value,
+    ring_all_gather,
+    ring_allreduce,
+    ring_allreduce_pipelined,
+    tree_broadcast,
+)
 
 __all__ = ["collectives", "compare_by_hand", "fail_on_rank", "hang_on_rank", "point_to_point",
            "whoami"]
-
-
-def _device() -> torch.device:
-    """Where this rank's tensors live: its GPU under NCCL, else the CPU (gloo)."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def whoami() -> dict:
@@ -35,7 +35,7 @@ def whoami() -> dict:
 
 def point_to_point() -> list[int]:
     """Rank 0 sends a tensor to rank 1 (blocking), then rank 1 replies with isend/irecv."""
-    rank, dev = dist.get_rank(), _device()
+    rank, dev = dist.get_rank(), current_device()
     x = torch.zeros(3, dtype=torch.int64, device=dev)
     if rank == 0:
         dist.send(torch.tensor([1, 2, 3], device=dev), dst=1)  # blocks until rank 1 has it
@@ -49,7 +49,7 @@ def point_to_point() -> list[int]:
 
 def collectives() -> dict[str, list]:
     """Every collective on small integer tensors; rank r starts from ``[r + 1, r + 1]``."""
-    rank, world, dev = dist.get_rank(), dist.get_world_size(), _device()
+    rank, world, dev = dist.get_rank(), dist.get_world_size(), current_device()
     i64 = {"dtype": torch.int64, "device": dev}
     mine = lambda: torch.full((2,), rank + 1, **i64)  # (2,) on every rank
     out: dict[str, list] = {"start": mine().tolist()}
@@ -95,12 +95,16 @@ def compare_by_hand(numel: int, seed: int = 0) -> dict[str, bool]:
     """The hand-written collectives give what torch's give, on random tensors of ``numel``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(seed + rank)
-    x = torch.randn(numel, generator=g).to(_device())  # (numel,) different on every rank
+    x = torch.randn(numel, generator=g).to(current_device())  # (numel,) different on every rank
 
     mine, ref = x.clone(), x.clone()
     ring_allreduce(mine)
     dist.all_reduce(ref)
     same = {"ring_allreduce": torch.allclose(mine, ref, rtol=1e-5, atol=1e-5)}
+
+    mine = x.clone()
+    ring_allreduce_pipelined(mine, segments=3)
+    same["ring_allreduce_pipelined"] = torch.allclose(mine, ref, rtol=1e-5, atol=1e-5)
 
     mine, ref = x.clone(), x.clone()
     tree_broadcast(mine, src=world - 1)

@@ -1,4 +1,4 @@
-"""Oracle tests for course_lib.comm: plain sums, torch.chunk and torch.cat are the oracles."""
+"""Oracle tests for course_lib.parallel.comm: plain sums, torch.chunk and torch.cat are the oracles."""
 import warnings
 
 import pytest
@@ -7,14 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from course_lib.comm import (
+from course_lib.parallel.comm import (
     allreduce,
     broadcast,
     check_allreduce,
     gather,
     get_params,
     ps_allreduce,
-    replicate,
+    replicate_params,
     ring_allreduce,
     ring_chunk_bounds,
     scatter,
@@ -54,7 +54,7 @@ def check_sum(fn, tensors):
         assert_close(t.cpu(), expected)
 
 
-# --- replicate ---------------------------------------------------------------------------------
+# --- replicate_params ------------------------------------------------------------------------------
 
 def test_get_params_copies_and_requires_grad():
     params = [torch.randn(3, 2, requires_grad=True), torch.zeros(4, requires_grad=True)]
@@ -67,7 +67,7 @@ def test_get_params_copies_and_requires_grad():
 
 def test_replicate_gives_independent_copies():
     params = [torch.ones(3, requires_grad=True)]
-    reps = replicate(params, devs(3))
+    reps = replicate_params(params, devs(3))
     assert len(reps) == 3
     with torch.no_grad():
         reps[0][0] += 1
@@ -166,7 +166,7 @@ def test_rebinding_bug_fails_the_check_the_real_one_passes(n):
 
 
 def test_allreduce_on_gradients_in_place():
-    reps = replicate([torch.ones(3, requires_grad=True)], devs(2))
+    reps = replicate_params([torch.ones(3, requires_grad=True)], devs(2))
     for k, (p,) in enumerate(reps):
         (p * (k + 1)).sum().backward()
     allreduce([p.grad for (p,) in reps])

@@ -3,7 +3,8 @@
 PyTorch counterpart: ``torch.multiprocessing.spawn`` (and accelerate's ``notebook_launcher``),
 made bounded and loud: a rank that raises, dies or hangs makes ``launch`` raise, and no worker
 process outlives the call. Read more: https://pytorch.org/docs/stable/multiprocessing.html and
-notebook 06. ``course_lib.dist`` re-exports every public name here.
+notebook 06. ``run_worker`` is what each worker process runs: the canonical worker of a
+multi-process program (join the group, work, report, leave), worth reading on its own.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for_any
 
@@ -25,9 +26,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .devices import cpu_cores, num_gpus
+from ..devices import cpu_cores
+from .env import choose_backend
+from .processes import stop_process_groups
 
-__all__ = ["LaunchTimeout", "WorkerError", "find_free_port", "launch"]
+__all__ = ["LaunchTimeout", "WorkerError", "find_free_port", "launch", "run_worker"]
 
 
 class WorkerError(RuntimeError):
@@ -77,16 +80,13 @@ def _check_importable(fn: Callable) -> None:
                          f"(was it redefined?). {hint}")
 
 
-def _pick_backend(world_size: int) -> str:
-    """NCCL when every rank gets a GPU of its own, gloo otherwise."""
-    if dist.is_nccl_available() and num_gpus() >= world_size:
-        return "nccl"
-    return "gloo"
+def run_worker(rank: int, world_size: int, backend: str, init_method: str, timeout_s: float,
+               env: dict[str, str], payload: bytes, conn) -> None:
+    """What each process started by ``launch`` runs: join the group, call fn, report, leave.
 
-
-def _worker(rank: int, world_size: int, backend: str, init_method: str, timeout_s: float,
-            env: dict[str, str], payload: bytes, conn) -> None:
-    """Entry point of each process started by ``launch``; reports through ``conn``."""
+    The reply goes back through ``conn``: ``("ok", pickled result)`` or ``("error", message,
+    traceback)``. Any exception, ``SystemExit`` included, becomes a reply, never a silent exit.
+    """
     os.setpgrp()  # our own process group: launch can kill us and anything we started at once
     _die_with_parent()
     try:
@@ -127,51 +127,6 @@ def _die_with_parent() -> None:
         pass
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` still has a member that is not a zombie."""
-    if os.path.isdir("/proc"):
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:  # it exited while we looked
-                continue
-            if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:  # state, ..., pgrp
-                return True
-        return False
-    try:  # no /proc: ask the kernel (zombies count as alive here)
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _wait_groups_gone(pgids: Sequence[int], timeout: float = 10.0) -> None:
-    """Block until every process in these groups has died (a SIGKILL is not instantaneous:
-    the process must be scheduled to die, which takes a while on a loaded machine)."""
-    end = time.monotonic() + timeout
-    for pgid in pgids:
-        while _group_alive(pgid) and time.monotonic() < end:
-            time.sleep(0.02)
-
-
-def _kill(procs) -> None:
-    """SIGKILL each live worker and its process group, reap it, and wait until all are gone."""
-    pids = [p.pid for p in procs if p.pid is not None]
-    for pid in pids:
-        for kill in (os.killpg, os.kill):  # the group (anything the worker started), then it
-            try:
-                kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    for p in procs:
-        if p.pid is not None:
-            p.join(timeout=10)
-    _wait_groups_gone(pids)
-
-
 _PRELOADED = False
 
 
@@ -209,7 +164,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
             notebook cell: workers are fresh interpreters that import ``fn`` by name).
         world_size: number of processes (>= 1).
         *args: passed to ``fn`` in every rank (must pickle).
-        backend: "gloo" or "nccl"; default NCCL when every rank can have its own GPU, else gloo.
+        backend: "gloo" or "nccl"; default ``choose_backend(world_size)``: NCCL when every
+            rank can have its own GPU, else gloo.
         timeout: seconds for the whole launch; also each collective's timeout in the workers.
         init_method: "file" (a rendezvous file in a fresh temporary directory: no port to
             collide with), "tcp" (``tcp://127.0.0.1:PORT``) or "env" (``env://`` reading
@@ -227,10 +183,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
         raise ValueError(f"launch expects a positive timeout in seconds, got {timeout!r}.")
     if init_method not in {"file", "tcp", "env"}:
         raise ValueError(f"init_method must be 'file', 'tcp' or 'env', got {init_method!r}.")
-    backend = backend or _pick_backend(world_size)
-    if backend == "nccl" and num_gpus() < world_size:
-        raise ValueError(f"backend='nccl' needs one GPU per rank: {world_size} ranks, "
-                         f"{num_gpus()} GPU(s). Use backend='gloo' or fewer ranks.")
+    backend = choose_backend(world_size, backend=backend).backend
     _check_importable(fn)
     try:
         payload = pickle.dumps((fn, args))
@@ -254,7 +207,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
     try:
         for rank in range(world_size):
             recv_end, send_end = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, name=f"launch-rank{rank}", daemon=True,
+            p = ctx.Process(target=run_worker, name=f"launch-rank{rank}", daemon=True,
                             args=(rank, world_size, backend, url, timeout, env, payload, send_end))
             p.start()
             send_end.close()  # the child holds the other copy; EOF tells us it is gone
@@ -263,8 +216,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
         return _collect(procs, conns, deadline, timeout)
     finally:
         # Every worker's group, also a finished worker's: something it started may live on.
-        _kill([p for p in procs if p.is_alive() or (p.pid is not None and _group_alive(p.pid))])
-        for p in procs:
+        stop_process_groups([p.pid for p in procs if p.pid is not None])
+        for p in procs:  # reap
             p.join(timeout=1)
         for c in conns:
             c.close()

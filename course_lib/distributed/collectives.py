@@ -3,16 +3,37 @@
 PyTorch counterparts: ``dist.all_reduce``, ``dist.broadcast``, ``dist.all_gather`` (which gloo
 and NCCL implement with the same ring and tree schedules). Read more:
 https://pytorch.org/docs/stable/distributed.html#point-to-point-communication and notebook 06.
-``course_lib.dist`` re-exports every public name here.
+
+``ring_allreduce`` is the textbook schedule, short enough to read in a minute; notebook 06 shows
+it. ``ring_allreduce_pipelined`` is the same ring with each chunk cut into segments that are
+passed on as soon as they arrive, as gloo's and NCCL's rings do: the benchmarks use it.
+``ring_chunk_bounds`` is the one chunking of every ring in the course (lesson 02's ring over
+devices, these rings over ranks, and the checkers), so "chunk c" means the same range everywhere.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_all_gather", "ring_allreduce", "tree_broadcast"]
+__all__ = ["ring_all_gather", "ring_allreduce", "ring_allreduce_pipelined", "ring_chunk_bounds",
+           "tree_broadcast"]
 
 
+def ring_chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of the n ring chunks of a flat tensor of ``numel`` elements.
+
+    Sizes differ by at most one (the first ``numel % n`` chunks get one more element); with
+    fewer elements than ring members some chunks are empty, and the ring still works.
+    """
+    if n < 1:
+        raise ValueError(f"ring_chunk_bounds needs n >= 1 ring members, got {n}.")
+    base, extra = divmod(numel, n)
+    bounds, start = [], 0
+    for c in range(n):
+        end = start + base + (1 if c < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
 
 def _peers(group) -> tuple[int, int, int, int]:
     """(rank, world_size, global rank of the right neighbour, of the left) on the ring."""
@@ -32,27 +53,42 @@ def _exchange(send: torch.Tensor, right: int, recv: torch.Tensor, left: int, gro
         op.wait()
 
 
-#: One receive buffer per (dtype, device), grown on demand: a fresh 32 MB buffer per call costs
-#: thousands of page faults (about a tenth of a 64 MB allreduce on loopback).
-_SCRATCH: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-
-
-def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A reusable buffer of at least ``numel`` elements (its first ``numel`` are returned)."""
-    buf = _SCRATCH.get((dtype, device))
-    if buf is None or buf.numel() < numel:
-        buf = _SCRATCH[(dtype, device)] = torch.empty(numel, dtype=dtype, device=device)
-    return buf[:numel]
-
-
 #: Pipelining: each chunk travels in segments of about this size (at most MAX_SEGMENTS of them),
 #: so one segment is passed on while the next is still arriving, as in gloo's and NCCL's rings.
 SEGMENT_BYTES = 2 * 2**20
 MAX_SEGMENTS = 8
 
 
-def ring_allreduce(tensor: torch.Tensor, group=None, segments: int | None = None) -> torch.Tensor:
-    """Sum ``tensor`` over all ranks in place, by a ring of sends and receives.
+def ring_allreduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks in place, by a ring of sends and receives (textbook).
+
+    The flat tensor is cut into ``p = world_size`` chunks. Reduce-scatter, ``p - 1`` steps: in
+    step s every rank sends chunk ``rank - s`` to its right neighbour and adds the chunk
+    ``rank - s - 1`` that arrives from its left one; afterwards rank r holds the full sum of
+    chunk ``r + 1``. All-gather, ``p - 1`` steps: the finished chunks travel round the ring and
+    overwrite the stale copies. Each rank sends ``2 (p - 1)`` chunks of ``1 / p`` of the tensor.
+    Counterpart: ``dist.all_reduce`` (same result, up to the order of the additions).
+    """
+    rank, world, right, left = _peers(group)
+    if world == 1:
+        return tensor
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+    chunks = [flat[a:b] for a, b in ring_chunk_bounds(flat.numel(), world)]  # views
+    incoming = torch.empty_like(chunks[0])                  # the largest chunk; this call's own
+    for s in range(world - 1):                              # reduce-scatter
+        send, mine = chunks[(rank - s) % world], chunks[(rank - s - 1) % world]
+        _exchange(send, right, incoming[:mine.numel()], left, group)
+        mine.add_(incoming[:mine.numel()])
+    for s in range(world - 1):                              # all-gather
+        _exchange(chunks[(rank + 1 - s) % world], right, chunks[(rank - s) % world], left, group)
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view_as(tensor))
+    return tensor
+
+
+def ring_allreduce_pipelined(tensor: torch.Tensor, group=None,
+                             segments: int | None = None) -> torch.Tensor:
+    """``ring_allreduce`` with pipelined segments: the fast version, for the benchmarks.
 
     The flat tensor is cut into ``p = world_size`` chunks. In step s (of ``2 (p - 1)``) every
     rank sends chunk ``rank - s`` to its right neighbour and receives chunk ``rank - s - 1`` from
@@ -73,18 +109,19 @@ def ring_allreduce(tensor: torch.Tensor, group=None, segments: int | None = None
     Returns:
         ``tensor``, for convenience.
     """
+    if segments is not None and (not isinstance(segments, int) or segments < 1):
+        raise ValueError(f"ring_allreduce_pipelined expects segments >= 1 (or None for the "
+                         f"default), got {segments!r}; segments=1 is the textbook schedule.")
     rank, world, right, left = _peers(group)
     if world == 1:
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-    n = flat.numel()
-    bounds = [i * n // world for i in range(world + 1)]  # chunk sizes differ by at most one
-    chunks = [flat[bounds[i]:bounds[i + 1]] for i in range(world)]  # views, no copies
-    largest = -(-n // world)
+    chunks = [flat[a:b] for a, b in ring_chunk_bounds(flat.numel(), world)]  # views, no copies
+    largest = chunks[0].numel()
     if segments is None:
         segments = max(1, min(MAX_SEGMENTS, largest * flat.element_size() // SEGMENT_BYTES))
-    spare = _scratch(2 * largest, flat.dtype, flat.device)  # reduce-scatter receives alternate
-    spare = (spare[:largest], spare[largest:])  # between these two halves
+    spare = torch.empty(2 * largest, dtype=flat.dtype, device=flat.device)  # this call's own:
+    spare = (spare[:largest], spare[largest:])  # reduce-scatter receives alternate between halves
 
     def pieces(t: torch.Tensor) -> list[torch.Tensor]:
         m = t.numel()

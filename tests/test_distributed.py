@@ -1,4 +1,4 @@
-"""course_lib.dist: hand-written collectives against torch's, launchers, failure guarantees.
+"""course_lib.distributed: hand-written collectives against torch's, launchers, failure guarantees.
 
 Workers handed to ``launch`` are module-level functions here: worker processes import them by
 name (this file's directory is on ``sys.path``, which multiprocessing passes on).
@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib import dist as D
-from course_lib import spawn
-from course_lib.bench_allreduce import bus_bandwidth, parse_size
-from course_lib.bench_allreduce import main as bench_main
+from course_lib import distributed as D
+from course_lib.bench.allreduce import bus_bandwidth, parse_size
+from course_lib.bench.allreduce import main as bench_main
+from course_lib.devices import cpu_cores
 from course_lib.examples import workers as W
 
 HELLO = D.example_path("hello_dist.py")
@@ -86,19 +86,21 @@ def ring_vs_all_reduce(sizes: list[int]) -> list[str]:
                   torch.randn(n, 3, generator=g).t()):  # (3, n), not contiguous
             ref = x.clone()
             dist.all_reduce(ref)
-            for segments in (None, 1, 3):  # default, textbook, pipelined in 3 pieces per chunk
+            for segments in ("textbook", None, 1, 3):  # pipelined: default, 1 or 3 pieces
                 mine = x.clone()
-                out = D.ring_allreduce(mine, segments=segments)
+                out = (D.ring_allreduce(mine) if segments == "textbook" else
+                       D.ring_allreduce_pipelined(mine, segments=segments))
                 if out is not mine or not torch.allclose(mine, ref, rtol=1e-6, atol=1e-6):
                     bad.append(f"rank {rank}/{world}: n={n} {x.dtype} {tuple(x.shape)} "
                                f"segments={segments}")
     if world == 4:  # a sub-group of three ranks: the ring uses group ranks, sends to global ones
         group = dist.new_group([1, 2, 3])
         if rank in (1, 2, 3):
-            mine = torch.arange(5, dtype=torch.int64) * rank
-            D.ring_allreduce(mine, group=group)
-            if mine.tolist() != [0, 6, 12, 18, 24]:
-                bad.append(f"rank {rank}: sub-group result {mine.tolist()}")
+            for ring in (D.ring_allreduce, D.ring_allreduce_pipelined):
+                mine = torch.arange(5, dtype=torch.int64) * rank
+                ring(mine, group=group)
+                if mine.tolist() != [0, 6, 12, 18, 24]:
+                    bad.append(f"rank {rank}: {ring.__name__} sub-group result {mine.tolist()}")
     return bad
 
 
@@ -173,8 +175,8 @@ def test_ring_allreduce_equals_all_reduce(world_size):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_hand_broadcast_and_all_gather_equal_torch(world_size):
     for result in D.launch(W.compare_by_hand, world_size, 9, timeout=120):
-        assert result == {"ring_allreduce": True, "tree_broadcast": True,
-                          "ring_all_gather": True}
+        assert result == {"ring_allreduce": True, "ring_allreduce_pipelined": True,
+                          "tree_broadcast": True, "ring_all_gather": True}
 
 
 def test_every_collective_on_small_tensors():
@@ -200,8 +202,8 @@ def test_launch_returns_by_rank(init_method):
     infos = D.launch(W.whoami, 2, init_method=init_method, timeout=60)
     assert [i["rank"] for i in infos] == [0, 1]
     assert {i["world_size"] for i in infos} == {2}
-    assert {i["backend"] for i in infos} == {spawn._pick_backend(2)}
-    assert all(i["threads"] == max(1, D.cpu_cores() // 2) for i in infos)
+    assert {i["backend"] for i in infos} == {D.choose_backend(2).backend}
+    assert all(i["threads"] == max(1, cpu_cores() // 2) for i in infos)
     assert infos[0]["pid"] != infos[1]["pid"] != os.getpid()
 
 
@@ -372,3 +374,70 @@ def test_benchmark_prints_json(capsys):
     report = json.loads(capsys.readouterr().out)
     assert [r["bytes"] for r in report["results"]] == [4096, 65536]
     assert all(r["ring_s"] > 0 and r["all_reduce_s"] > 0 for r in report["results"])
+
+
+# --- the backend is chosen once for the job (layout issue, bug 1) -------------------------------
+
+def _init_with_fake_gpus(monkeypatch, gpus: int, env: dict[str, str]):
+    """init_distributed_mode with ``gpus`` fake GPUs and the launcher's variables ``env``;
+    returns (backend, device) it would have joined with (no group is really formed)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    joined = {}
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda backend, **kw: joined.update(backend=backend))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID",
+                "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_PER_TASK",
+                "OMPI_COMM_WORLD_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(key, "0")  # registered, so the test restores it afterwards
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    threads = torch.get_num_threads()
+    try:
+        info = D.init_distributed_mode(verbose=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert joined["backend"] == info.backend
+    return info.backend, info.device
+
+
+def test_one_gpu_two_torchrun_processes_both_take_gloo(monkeypatch):
+    """torchrun --nproc_per_node=2 on a machine with one GPU: the old per-rank rule gave rank 0
+    NCCL and rank 1 gloo, and the group could never form."""
+    chosen = [_init_with_fake_gpus(monkeypatch, 1, {"RANK": str(r), "WORLD_SIZE": "2",
+                                                     "LOCAL_RANK": str(r),
+                                                     "LOCAL_WORLD_SIZE": "2",
+                                                     "MASTER_ADDR": "127.0.0.1",
+                                                     "MASTER_PORT": "29500"})
+              for r in (0, 1)]
+    assert chosen == [("gloo", torch.device("cpu"))] * 2
+
+
+def test_a_gpu_each_takes_nccl_on_its_local_rank(monkeypatch):
+    chosen = [_init_with_fake_gpus(monkeypatch, 2, {"RANK": str(r), "WORLD_SIZE": "2",
+                                                     "LOCAL_RANK": str(r),
+                                                     "LOCAL_WORLD_SIZE": "2",
+                                                     "MASTER_ADDR": "127.0.0.1",
+                                                     "MASTER_PORT": "29500"})
+              for r in (0, 1)]
+    assert chosen == [("nccl", torch.device("cuda", 0)), ("nccl", torch.device("cuda", 1))]
+
+
+def test_slurm_with_one_gpu_per_task_gives_local_rank_1_its_gpu(monkeypatch):
+    """srun --ntasks-per-node=2 --gpus-per-task=1: each task sees only its own GPU (as cuda:0)."""
+    chosen = [_init_with_fake_gpus(monkeypatch, 1, {
+        "SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
+        "SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_PER_TASK": "1",
+        "CUDA_VISIBLE_DEVICES": str(r), "SLURM_STEP_NODELIST": "node[01]"}) for r in (0, 1)]
+    assert chosen == [("nccl", torch.device("cuda", 0))] * 2
+
+
+def test_choose_backend_says_why_and_refuses_nccl_without_a_gpu_each():
+    assert D.choose_backend(2, gpus=0).backend == "gloo"
+    assert "no GPU" in D.choose_backend(2, gpus=0).reason
+    assert "not one each" in D.choose_backend(2, gpus=1).reason
+    with pytest.raises(ValueError, match="needs a GPU per process: 2 process"):
+        D.choose_backend(2, gpus=1, backend="nccl")

@@ -4,14 +4,12 @@ PyTorch counterpart: ``torchrun`` (``python -m torch.distributed.run``); Open MP
 Each helper streams the script's output into the cell, fails the cell on a non-zero exit and
 kills every process it started on a timeout (``!torchrun ...`` in a cell would do none of these).
 Read more: https://pytorch.org/docs/stable/elastic/run.html and notebook 06.
-``course_lib.dist`` re-exports every public name here.
 """
 from __future__ import annotations
 
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -19,12 +17,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .spawn import _group_alive, _wait_groups_gone, find_free_port
+from .launch import find_free_port
+from .processes import stop_process_groups
 
 __all__ = ["EXAMPLES", "example_path", "mpirun", "run_commands", "torchrun"]
 
 #: Where the runnable example scripts live (``course_lib/examples/``).
-EXAMPLES = Path(__file__).resolve().parent / "examples"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 
@@ -38,30 +37,9 @@ def example_path(name: str) -> Path:
 
 
 def _stop(procs: Sequence[subprocess.Popen]) -> None:
-    """SIGTERM each command's whole process group, then SIGKILL what is left of it.
-
-    The group is signalled even when its leader has already exited: a command's children
-    (``sleep 300 &`` in a shell script, torchrun's workers) may outlive it.
-    """
-    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        live = [p for p in procs if _group_alive(p.pid)]
-        if not live:
-            break
-        for p in live:
-            try:
-                os.killpg(p.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        end = time.monotonic() + grace
-        for p in live:
-            try:
-                p.wait(timeout=max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        if sig == signal.SIGTERM:
-            _wait_groups_gone([p.pid for p in live], timeout=max(0.0, end - time.monotonic()))
-    _wait_groups_gone([p.pid for p in procs])
-    for p in procs:  # reap the leaders
+    """SIGTERM each command's whole process group, SIGKILL what is left, reap the leaders."""
+    stop_process_groups([p.pid for p in procs], term_grace=3.0)
+    for p in procs:
         try:
             p.wait(timeout=1)
         except subprocess.TimeoutExpired:

@@ -1,4 +1,4 @@
-"""Communication between devices inside one process: replicate, allreduce, broadcast, scatter.
+"""Communication between devices inside one process: replicate_params, allreduce, scatter.
 
 PyTorch counterpart: ``torch.nn.parallel.comm`` (``broadcast``, ``reduce_add``, ``scatter``,
 ``gather``) and ``torch.nn.parallel.scatter``; the collectives of ``torch.distributed`` are the
@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ..distributed.collectives import ring_chunk_bounds
+
 __all__ = [
     "allreduce",
     "broadcast",
@@ -23,9 +25,8 @@ __all__ = [
     "gather",
     "get_params",
     "ps_allreduce",
-    "replicate",
+    "replicate_params",
     "ring_allreduce",
-    "ring_chunk_bounds",
     "scatter",
     "split_batch",
 ]
@@ -44,10 +45,10 @@ def get_params(params: Sequence[torch.Tensor], device: Device) -> list[torch.Ten
     return [p.detach().to(device, copy=True).requires_grad_() for p in params]
 
 
-def replicate(params: Sequence[torch.Tensor],
-              devices: Sequence[Device]) -> list[list[torch.Tensor]]:
-    """One independent copy of ``params`` per device: ``replicate(params, devices)[i]`` is on
-    ``devices[i]``."""
+def replicate_params(params: Sequence[torch.Tensor],
+                     devices: Sequence[Device]) -> list[list[torch.Tensor]]:
+    """One independent copy of ``params`` per device: ``replicate_params(params, devices)[i]``
+    is on ``devices[i]``. (``course_lib.parallel.replicate`` copies a module instead.)"""
     return [get_params(params, d) for d in devices]
 
 
@@ -168,21 +169,6 @@ def ps_allreduce(tensors: Sequence[torch.Tensor], server: Device = "cpu") -> Non
         t.copy_(total)                                        # pull: n copies back
 
 
-def ring_chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of the n ring chunks of a flat tensor of ``numel`` elements.
-
-    Sizes differ by at most one (the first ``numel % n`` chunks get one more element); with
-    fewer elements than devices some chunks are empty, and the ring still works.
-    """
-    base, extra = divmod(numel, n)
-    bounds, start = [], 0
-    for c in range(n):
-        end = start + base + (1 if c < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
-
-
 @torch.no_grad()
 def ring_allreduce(tensors: Sequence[torch.Tensor], trace: list | None = None) -> None:
     """The ring allreduce, in place: reduce-scatter then all-gather over the ring 0 -> 1 -> ...
@@ -208,7 +194,7 @@ def ring_allreduce(tensors: Sequence[torch.Tensor], trace: list | None = None) -
     ptrs = [t.data_ptr() for t in tensors if t.numel() > 0]
     if len(set(ptrs)) < len(ptrs):
         raise ValueError("ring_allreduce needs one buffer per device, but some of the tensors "
-                         "share memory; pass copies (e.g. from broadcast or replicate).")
+                         "share memory; pass copies (e.g. from broadcast or replicate_params).")
     # Work on flat views; a non-contiguous tensor gets a contiguous copy, written back at the end.
     flats = [t.view(-1) if t.is_contiguous() else t.reshape(-1).clone() for t in tensors]
     bounds = ring_chunk_bounds(flats[0].numel(), n)

@@ -10,18 +10,12 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.testing import assert_close
 
-from course_lib.data_parallel import (
-    DataParallel,
-    gather,
-    parallel_apply,
-    replicate,
-    scatter_inputs,
-    step_breakdown,
-    train_module,
-)
+from course_lib.bench import step_breakdown
 from course_lib.devices import num_gpus
-from course_lib.lenet import LeNet
-from course_lib.resnet import resnet18
+from course_lib.models.lenet import LeNet
+from course_lib.models.resnet import resnet18
+from course_lib.parallel import DataParallel, gather, parallel_apply, replicate, scatter_kwargs
+from course_lib.train import train_module
 
 
 def cpus(k: int) -> list[torch.device]:
@@ -167,7 +161,7 @@ def test_matches_torch_data_parallel_on_two_gpus():
     assert_close(bn[1].running_mean, bn_ref[1].running_mean)
 
 
-# --- parallel_apply, scatter_inputs, gather ------------------------------------------------------
+# --- parallel_apply, scatter_kwargs, gather ------------------------------------------------------
 
 def test_parallel_apply_one_thread_per_replica_and_grad_mode():
     seen = []
@@ -193,18 +187,18 @@ def test_parallel_apply_reraises_with_replica_named():
     with pytest.raises(KeyError, match="boom") as info:
         parallel_apply([lambda x: x, bad], [torch.ones(1), torch.ones(1)])
     assert any("replica 1" in n for n in info.value.__notes__)
-    with pytest.raises(ValueError, match="2 replicas but 1 inputs"):
+    with pytest.raises(ValueError, match="2 modules but 1 inputs"):
         parallel_apply([bad, bad], [torch.ones(1)])
 
 
-def test_scatter_inputs_splits_tensors_and_repeats_the_rest():
+def test_scatter_kwargs_splits_tensors_and_repeats_the_rest():
     X = torch.arange(5.0)
-    ins, kws = scatter_inputs((X, "tag"), {"mask": torch.arange(5), "p": 0.5}, cpus(2))
+    ins, kws = scatter_kwargs((X, "tag"), {"mask": torch.arange(5), "p": 0.5}, cpus(2))
     assert [tuple(a.shape) for a, _ in ins] == [(3,), (2,)]
     assert [t for _, t in ins] == ["tag", "tag"]
     assert [kw["mask"].tolist() for kw in kws] == [[0, 1, 2], [3, 4]]
     assert [kw["p"] for kw in kws] == [0.5, 0.5]
-    ins, _ = scatter_inputs((torch.ones(2, 1),), {}, cpus(3))   # fewer examples than devices
+    ins, _ = scatter_kwargs((torch.ones(2, 1),), {}, cpus(3))   # fewer examples than devices
     assert len(ins) == 2
 
 
@@ -290,7 +284,7 @@ def test_step_breakdown_phases_and_gradients():
 
 
 def test_recalibrate_batch_norm_gives_the_average_of_the_batch_statistics():
-    from course_lib.data_parallel import recalibrate_batch_norm
+    from course_lib.train import recalibrate_batch_norm
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.BatchNorm2d(3))

@@ -1,20 +1,14 @@
-"""torch.distributed boilerplate in one place: who am I, and how do the processes start?
+"""torch.distributed boilerplate in one place: who am I, which backend, which device?
 
-PyTorch counterparts: ``torch.distributed.init_process_group`` joins the processes that
+PyTorch counterpart: ``torch.distributed.init_process_group`` joins the processes that
 ``torchrun`` (``torch.distributed.run``) or ``torch.multiprocessing.spawn`` started; read more at
 https://pytorch.org/docs/stable/distributed.html and in notebook 06.
 
-- ``init_distributed_mode()``: the one place that reads torchrun's, Open MPI's or Slurm's
-  environment variables (the set-up block at the top of nanoGPT's ``train.py``, as a function),
-  with ``is_main_process``, ``reduce_value`` and ``cleanup``. Defined here.
-- ``launch(fn, world_size, *args)``: the notebook's launcher (like accelerate's
-  ``notebook_launcher``), bounded, loud on failure, leaving no process behind: ``course_lib.spawn``.
-- ``ring_allreduce``, ``tree_broadcast``, ``ring_all_gather``: collectives written by hand from
-  ``isend`` / ``irecv``: ``course_lib.collectives``.
-- ``torchrun(...)`` and ``mpirun(...)``: run a script under a launcher from a notebook cell, show
-  its output, fail the cell on a non-zero exit, kill everything on a timeout: ``course_lib.run``.
-
-Every name above is importable from ``course_lib.dist``, the module homework should use.
+``init_distributed_mode()`` is the one place that reads torchrun's, Open MPI's or Slurm's
+environment variables (the set-up block at the top of nanoGPT's ``train.py``, as a function);
+``choose_backend`` is the one place that decides gloo or NCCL and each rank's device, once for the
+whole job; ``is_main_process``, ``reduce_value`` and ``cleanup`` are the small helpers every
+training script needs.
 """
 from __future__ import annotations
 
@@ -26,30 +20,18 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .collectives import ring_all_gather, ring_allreduce, tree_broadcast
-from .devices import cpu_cores, num_gpus
-from .run import EXAMPLES, example_path, mpirun, run_commands, torchrun
-from .spawn import LaunchTimeout, WorkerError, find_free_port, launch
+from ..devices import cpu_cores, num_gpus
 
 __all__ = [
+    "BackendChoice",
     "DistInfo",
-    "EXAMPLES",
-    "LaunchTimeout",
-    "WorkerError",
+    "choose_backend",
     "cleanup",
-    "example_path",
-    "find_free_port",
+    "current_device",
     "first_host",
     "init_distributed_mode",
     "is_main_process",
-    "launch",
-    "mpirun",
     "reduce_value",
-    "ring_all_gather",
-    "ring_allreduce",
-    "run_commands",
-    "torchrun",
-    "tree_broadcast",
 ]
 
 
@@ -66,7 +48,7 @@ class DistInfo:
     local_rank: int
     backend: str | None
     device: torch.device
-    launcher: str  # "torchrun", "mpirun", "slurm", "launch" (course_lib.dist.launch) or "none"
+    launcher: str  # "torchrun", "mpirun", "slurm", "launch" (distributed.launch) or "none"
 
     @property
     def distributed(self) -> bool:
@@ -113,6 +95,69 @@ def _local_world_size(env, world_size: int) -> int:
     return world_size
 
 
+@dataclass(frozen=True)
+class BackendChoice:
+    """The job-wide decision of ``choose_backend``: a backend, and each rank's device."""
+
+    backend: str
+    gpu_per_rank: bool  # every local rank has a GPU of its own (else every rank uses the CPU)
+    reason: str
+
+    def device(self, local_rank: int) -> torch.device:
+        """The device of the rank with this local rank (``cuda:{local_rank % GPUs}`` or cpu)."""
+        if not self.gpu_per_rank:
+            return torch.device("cpu")
+        return torch.device("cuda", local_rank % max(1, num_gpus()))
+
+
+def choose_backend(local_world_size: int, *, gpus: int | None = None,
+                   gpus_per_task: bool = False, backend: str | None = None) -> BackendChoice:
+    """Decide gloo or NCCL once for the whole job, from facts every rank shares.
+
+    Every local rank gets a GPU of its own (NCCL), or none does (gloo on the CPU): a per-rank
+    decision ("does my local rank have a GPU?") would let rank 0 pick NCCL and rank 1 gloo on a
+    machine with one GPU and two processes, and the group could never form.
+
+    Args:
+        local_world_size: processes on this machine.
+        gpus: GPUs this process sees (default ``num_gpus()``).
+        gpus_per_task: the launcher gave each process its own GPUs through
+            ``CUDA_VISIBLE_DEVICES`` (Slurm's ``--gpus-per-task``): every process sees only its
+            own, so ``gpus >= 1`` is enough.
+        backend: force "gloo" or "nccl" (NCCL is refused when the GPUs do not go round).
+
+    Returns:
+        A ``BackendChoice``; ``.device(local_rank)`` gives each rank's device.
+    """
+    if not isinstance(local_world_size, int) or local_world_size < 1:
+        raise ValueError(f"choose_backend expects local_world_size >= 1, got "
+                         f"{local_world_size!r}.")
+    gpus = num_gpus() if gpus is None else gpus
+    enough = gpus >= 1 if gpus_per_task else gpus >= local_world_size
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}.")
+    if backend == "nccl" and not enough:
+        raise ValueError(f"backend='nccl' needs a GPU per process: {local_world_size} "
+                         f"process(es) on this machine, {gpus} GPU(s). Use backend='gloo' or "
+                         "fewer processes per machine.")
+    if backend == "gloo" or (backend is None and not (enough and dist.is_nccl_available())):
+        why = ("gloo was asked for" if backend == "gloo" else
+               "no GPU" if gpus == 0 else
+               f"{gpus} GPU(s) for {local_world_size} process(es) on this machine: not one each"
+               if not enough else "NCCL is not compiled into this torch")
+        return BackendChoice("gloo", False, f"gloo on the CPU ({why})")
+    how = "one GPU per task from the launcher" if gpus_per_task else \
+        f"{gpus} GPU(s) for {local_world_size} process(es)"
+    return BackendChoice("nccl", True, f"nccl, one GPU per rank ({how})")
+
+
+def current_device() -> torch.device:
+    """This rank's device inside a process group: its current GPU under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def init_distributed_mode(backend: str | None = None, timeout: float = 300.0,
                           verbose: bool = True) -> DistInfo:
     """Join the process group described by the environment, or run as one process.
@@ -122,9 +167,10 @@ def init_distributed_mode(backend: str | None = None, timeout: float = 300.0,
     ``_LOCAL_RANK``; Slurm's ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` with the
     first host of ``SLURM_STEP_NODELIST`` (or ``SLURM_JOB_NODELIST`` / ``SLURM_NODELIST``) as
     master. Under mpirun and Slurm, ``MASTER_PORT`` defaults to 29500 and under mpirun
-    ``MASTER_ADDR`` to 127.0.0.1 (pass ``-x MASTER_ADDR=host`` for several nodes). Each process
-    uses GPU ``local_rank`` with NCCL when it has one, else the CPU with gloo and
-    ``cores // processes-on-this-node`` threads.
+    ``MASTER_ADDR`` to 127.0.0.1 (pass ``-x MASTER_ADDR=host`` for several nodes). The backend
+    is chosen once for the job by ``choose_backend``: NCCL with GPU ``local_rank`` when every
+    process on the machine has a GPU of its own, else gloo on the CPU with
+    ``cores // processes-on-this-node`` threads for every rank.
 
     Args:
         backend: force "gloo" or "nccl" (default: as above).
@@ -140,8 +186,7 @@ def init_distributed_mode(backend: str | None = None, timeout: float = 300.0,
     if dist.is_initialized():  # inside launch's workers, or called twice: use the group as it is
         rank, world_size = dist.get_rank(), dist.get_world_size()
         local_rank = int(env.get("LOCAL_RANK", rank))
-        backend = dist.get_backend()
-        device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+        backend, device = dist.get_backend(), current_device()
         launcher = "launch" if env.get("COURSE_LAUNCH") or not found else found[0]
         return DistInfo(rank, world_size, local_rank, backend, device, launcher)
     if found is None:
@@ -160,19 +205,19 @@ def init_distributed_mode(backend: str | None = None, timeout: float = 300.0,
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", "29500")
         env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
-    use_gpu = num_gpus() > local_rank
-    backend = backend or ("nccl" if use_gpu and dist.is_nccl_available() else "gloo")
-    if use_gpu:
-        device = torch.device("cuda", local_rank)
+    local_world_size = _local_world_size(env, world_size)
+    choice = choose_backend(local_world_size, backend=backend,
+                            gpus_per_task=launcher == "slurm" and "SLURM_GPUS_PER_TASK" in env)
+    backend, device = choice.backend, choice.device(local_rank)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        device = torch.device("cpu")
-        torch.set_num_threads(max(1, cpu_cores() // _local_world_size(env, world_size)))
+        torch.set_num_threads(max(1, cpu_cores() // local_world_size))
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
     if verbose:
         print(f"init_distributed_mode: {launcher}, rank {rank}/{world_size} (local rank "
-              f"{local_rank}), {backend} on {device}, master {env['MASTER_ADDR']}:"
+              f"{local_rank}), {choice.reason}, {device}, master {env['MASTER_ADDR']}:"
               f"{env['MASTER_PORT']}", flush=True)
     return DistInfo(rank, world_size, local_rank, backend, device, launcher)
 
@@ -198,9 +243,7 @@ def reduce_value(value, average: bool = True):
     if is_tensor:
         t = value.detach().clone()
     else:
-        on_gpu = dist.get_backend() == "nccl"
-        t = torch.tensor(float(value), dtype=torch.float64,
-                         device=torch.cuda.current_device() if on_gpu else "cpu")
+        t = torch.tensor(float(value), dtype=torch.float64, device=current_device())
     dist.all_reduce(t)
     if average:
         t = (t if t.is_floating_point() else t.double()) / dist.get_world_size()

@@ -15,11 +15,11 @@ from itertools import islice
 
 import torch
 
-from .bench import Timer
-from .data import load_fashion_mnist
-from .devices import hardware_summary, try_gpu
-from .lenet import init_lenet_params
-from .train import train_epoch
+from ..data import load_fashion_mnist
+from ..devices import hardware_summary, try_gpu
+from ..models.lenet import init_lenet_params
+from ..timing import Timer
+from ..train import train_epoch
 
 __all__ = ["compare_input_pipelines", "main"]
 

@@ -1,14 +1,12 @@
 """Timing that tells the truth: synchronize before reading the clock, warm up, report medians.
 
-PyTorch counterpart: ``torch.utils.benchmark.Timer`` (which also synchronizes CUDA).
-Command line: ``python -m course_lib.bench NAME`` runs a registered benchmark and prints JSON
-(``python -m course_lib.bench --list`` names them).
+PyTorch counterpart: ``torch.utils.benchmark.Timer`` (which also synchronizes CUDA). Lesson 00.
+A foundation, below the training loops that time their epochs with it; the benchmarks built on
+it are in ``course_lib.bench`` (``python -m course_lib.bench NAME``).
 """
 from __future__ import annotations
 
-import importlib
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -17,7 +15,7 @@ import torch
 
 from .devices import synchronize
 
-__all__ = ["BENCHMARKS", "BenchResult", "Timer", "benchmark", "main"]
+__all__ = ["BenchResult", "Timer", "benchmark"]
 
 
 class Timer:
@@ -102,29 +100,3 @@ def benchmark(fn: Callable[[], object], *, warmup: int = 2, repeat: int = 5,
     q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0], ts[0], ts[0]]
     return BenchResult(median=statistics.median(ts), min=ts[0], max=ts[-1],
                        iqr=q[2] - q[0], times=timer.times)
-
-
-#: name -> "module:function" of a benchmark that takes argv and prints JSON.
-BENCHMARKS: dict[str, str] = {
-    "dataloader": "course_lib.bench_data:main",
-    "allreduce": "course_lib.bench_allreduce:main",
-}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark named by ``argv[0]``: ``python -m course_lib.bench NAME``; 0 if it ran."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in {"-h", "--help", "--list"}:
-        print("usage: python -m course_lib.bench NAME [options]\nbenchmarks: "
-              + ", ".join(sorted(BENCHMARKS)))
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in BENCHMARKS:
-        print(f"unknown benchmark {name!r}; expected one of {sorted(BENCHMARKS)}", file=sys.stderr)
-        return 2
-    module, func = BENCHMARKS[name].split(":")
-    return getattr(importlib.import_module(module), func)(rest) or 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Benchmark: the hand-written ring allreduce against ``dist.all_reduce``, across message sizes.
+"""Benchmark: the (pipelined) ring allreduce by hand against ``dist.all_reduce``, by message size.
 
 ``python -m course_lib.bench allreduce [--world-sizes 2,4] [--sizes 4K,...,64M] [--repeat N]``
 prints JSON: for each world size and message size, the median time of both, their bus
@@ -17,8 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from .devices import hardware_summary
-from .dist import launch, ring_allreduce
+from ..devices import hardware_summary
+from ..distributed import current_device, launch, ring_allreduce_pipelined
 
 __all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "bus_bandwidth", "main", "measure", "parse_size"]
 
@@ -43,9 +43,8 @@ def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> float:
 
 def _time_allreduce_worker(sizes: list[int], repeat: int, warmup: int) -> tuple | None:
     """Runs in every rank of ``launch``; rank 0 returns (backend, {bytes: {op name: [s]}})."""
-    device = torch.device("cuda", torch.cuda.current_device()) \
-        if dist.get_backend() == "nccl" else torch.device("cpu")
-    ops = {"ring": ring_allreduce, "all_reduce": dist.all_reduce}
+    device = current_device()
+    ops = {"ring": ring_allreduce_pipelined, "all_reduce": dist.all_reduce}
     times: dict[int, dict[str, list[float]]] = {}
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)  # (n,) fp32

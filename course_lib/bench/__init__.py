@@ -1,0 +1,41 @@
+"""The course's benchmarks: each prints JSON, with the hardware it ran on.
+
+Command line: ``python -m course_lib.bench NAME [options]`` (``--list`` names them):
+
+- ``dataloader`` (``course_lib.bench.dataloader``): LeNet's epoch through the in-memory path
+  against a plain DataLoader (lesson 01).
+- ``allreduce`` (``course_lib.bench.allreduce``): the hand-written ring against
+  ``dist.all_reduce`` over message sizes (lesson 06).
+
+``step_breakdown`` (``course_lib.bench.breakdown``) times the phases of a ``DataParallel`` step
+(lesson 05). The timer itself is ``course_lib.timing.Timer``.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+from .breakdown import step_breakdown
+
+__all__ = ["BENCHMARKS", "main", "step_breakdown"]
+
+#: name -> "module:function" of a benchmark that takes argv and prints JSON.
+BENCHMARKS: dict[str, str] = {
+    "dataloader": "course_lib.bench.dataloader:main",
+    "allreduce": "course_lib.bench.allreduce:main",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark named by ``argv[0]``: ``python -m course_lib.bench NAME``; 0 if it ran."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help", "--list"}:
+        print("usage: python -m course_lib.bench NAME [options]\nbenchmarks: "
+              + ", ".join(sorted(BENCHMARKS)))
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHMARKS:
+        print(f"unknown benchmark {name!r}; expected one of {sorted(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    module, func = BENCHMARKS[name].split(":")
+    return getattr(importlib.import_module(module), func)(rest) or 0

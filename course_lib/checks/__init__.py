@@ -1,0 +1,30 @@
+"""Checkers for exercises and homework: tell the learner whether an answer is right, and why not.
+
+Every checker takes the learner's answer (a value or a function), compares it with the course's
+own computation (the oracle), prints a one-line verdict and returns an ``ExerciseResult`` (truthy
+when right). An answer left as ``None`` is reported as "not answered yet" instead of failing, so
+notebooks that ship with open exercises still run top to bottom. Pass ``strict=True`` to raise
+``AssertionError`` on a wrong answer (what an autograder wants).
+
+One module per lesson (``lesson00`` ... ``lesson06``); every checker is importable from here:
+``from course_lib import checks; checks.check_allreduce_fn(my_allreduce)``.
+"""
+from ._core import ExerciseResult, check_answer, check_function, verdict
+from .lesson00 import check_try_all_gpus
+from .lesson01 import check_accuracy_fn, check_sgd_fn
+from .lesson02 import check_allreduce_fn, check_ring_sends, ring_sends
+from .lesson03 import check_balanced_sizes, check_devices_used
+from .lesson04 import check_lr_for_shard_means, check_scaled_batch
+from .lesson05 import check_bn_examples_seen, check_module_calls
+from .lesson06 import check_elements_sent, check_tree_rounds, elements_sent, tree_rounds
+
+__all__ = [
+    "ExerciseResult", "check_answer", "check_function", "verdict",
+    "check_try_all_gpus",                                     # lesson 00
+    "check_accuracy_fn", "check_sgd_fn",                      # 01
+    "check_allreduce_fn", "check_ring_sends", "ring_sends",   # 02
+    "check_balanced_sizes", "check_devices_used",             # 03
+    "check_lr_for_shard_means", "check_scaled_batch",         # 04
+    "check_bn_examples_seen", "check_module_calls",           # 05
+    "check_tree_rounds", "tree_rounds", "check_elements_sent", "elements_sent",  # 06
+]

@@ -1,0 +1,94 @@
+"""The checking machinery every lesson's checkers share: verdicts, values, functions.
+
+Every checker takes the learner's answer (a value or a function), compares it with the course's
+own computation (the oracle), prints a one-line verdict and returns True or False. An answer left
+as ``None`` is reported as "not answered yet" instead of failing, so notebooks that ship with open
+exercises still run top to bottom. Pass ``strict=True`` to raise ``AssertionError`` on a wrong
+answer (what an autograder wants).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["ExerciseResult", "check_answer", "check_function", "verdict"]
+
+
+class ExerciseResult:
+    """The verdict of a check: truthy when correct; its repr is the message."""
+
+    def __init__(self, name: str, ok: bool | None, message: str):
+        self.name, self.ok, self.message = name, ok, message
+
+    def __bool__(self) -> bool:
+        return bool(self.ok)
+
+    def __repr__(self) -> str:
+        mark = {True: "correct", False: "not yet right", None: "not answered yet"}[self.ok]
+        return f"[{self.name}] {mark}: {self.message}"
+
+    def _ipython_display_(self) -> None:
+        """Show nothing as a cell's last value: the check printed its verdict when it ran."""
+
+
+def verdict(name: str, ok: bool | None, message: str, strict: bool) -> ExerciseResult:
+    """Print the one-line verdict of exercise ``name`` and return it (raise if ``strict``)."""
+    result = ExerciseResult(name, ok, message)
+    print(repr(result))
+    if strict and not ok:
+        raise AssertionError(repr(result))
+    return result
+
+
+def check_answer(name: str, answer: Any, expected: Any, *, hint: str = "",
+                 strict: bool = False) -> ExerciseResult:
+    """Compare a value (number, list, tensor) with the expected one."""
+    if answer is None:
+        return verdict(name, None, "replace None with your answer and run the cell again.", strict)
+    try:
+        if isinstance(expected, torch.Tensor) or isinstance(answer, torch.Tensor):
+            torch.testing.assert_close(torch.as_tensor(answer), torch.as_tensor(expected),
+                                       check_dtype=False)
+            ok = True
+        elif isinstance(expected, float):
+            ok = abs(float(answer) - expected) <= 1e-6 * max(1.0, abs(expected))
+        else:
+            ok = answer == expected
+    except (AssertionError, TypeError, ValueError, RuntimeError):
+        ok = False
+    message = "well done." if ok else f"got {answer!r}. {hint}".strip()
+    return verdict(name, ok, message, strict)
+
+
+def check_function(name: str, fn: Callable | None, oracle: Callable,
+                   cases: list[tuple], *, hint: str = "", strict: bool = False) -> ExerciseResult:
+    """Call ``fn(*case)`` and ``oracle(*case)`` on each case; the results must match."""
+    if fn is None:
+        return verdict(name, None, "define your function and pass it here.", strict)
+    for case in cases:
+        want = oracle(*case)
+        try:
+            got = fn(*case)
+        except Exception as exc:  # the learner's code raised: show what and on which input
+            return verdict(name, False, f"raised {type(exc).__name__}: {exc} on input "
+                            f"{_short(case)}. {hint}".strip(), strict)
+        try:
+            if isinstance(want, torch.Tensor):
+                torch.testing.assert_close(got, want)
+            elif isinstance(want, (list, tuple)) and want and isinstance(want[0], torch.Tensor):
+                if len(got) != len(want):
+                    raise AssertionError(f"expected {len(want)} tensors, got {len(got)}")
+                for g, w in zip(got, want):
+                    torch.testing.assert_close(g, w)
+            elif got != want:
+                raise AssertionError(f"expected {want!r}, got {got!r}")
+        except (AssertionError, TypeError) as exc:
+            return verdict(name, False, f"on input {_short(case)}: {exc}. {hint}".strip(), strict)
+    return verdict(name, True, f"matches the course's answer on {len(cases)} inputs.", strict)
+
+
+def _short(case: tuple) -> str:
+    parts = [f"tensor{tuple(c.shape)}" if isinstance(c, torch.Tensor) else repr(c) for c in case]
+    return "(" + ", ".join(parts) + ")"

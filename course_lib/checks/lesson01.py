@@ -1,0 +1,52 @@
+"""Checkers for the exercises of lesson 01 (functional LeNet)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ._core import ExerciseResult, check_function, verdict
+
+__all__ = ["check_accuracy_fn", "check_sgd_fn"]
+
+def check_accuracy_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise 01: ``fn(y_hat, y)`` returns the number of correct predictions."""
+    from ..train import accuracy
+
+    g = torch.Generator().manual_seed(0)
+    cases = [(torch.randn(n, 10, generator=g), torch.randint(0, 10, (n,), generator=g))
+             for n in (1, 7, 256)]
+    return check_function("accuracy", fn, lambda a, b: accuracy(a, b), cases,
+                          hint="argmax over the class dimension, compare with y, count.",
+                          strict=strict)
+
+
+def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise 01: ``fn(params, lr)`` updates in place like ``course_lib.lenet.sgd``."""
+    from ..models.lenet import sgd
+
+    if fn is None:
+        return verdict("sgd", None, "define your function and pass it here.", strict)
+    g = torch.Generator().manual_seed(1)
+    params = [torch.randn(3, 4, generator=g).requires_grad_(), torch.randn(4, generator=g)
+              .requires_grad_()]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+    mine = [p.detach().clone().requires_grad_() for p in params]
+    for p, q in zip(mine, params):
+        p.grad = q.grad.clone()
+    sgd(params, 0.1)
+    with torch.enable_grad():
+        try:
+            fn(mine, 0.1)
+        except Exception as exc:
+            return verdict("sgd", False, f"raised {type(exc).__name__}: {exc}", strict)
+    for p, q in zip(mine, params):
+        if not torch.allclose(p.detach(), q.detach()):
+            return verdict("sgd", False, "the parameters after your step differ from "
+                            "p - lr * p.grad (did you update in place under torch.no_grad()?)",
+                            strict)
+    if any(p.grad is not None and torch.count_nonzero(p.grad) for p in mine):
+        return verdict("sgd", False, "the step is right but the gradients were not zeroed.",
+                        strict)
+    return verdict("sgd", True, "same parameters as the course's sgd, gradients zeroed.", strict)

@@ -1,0 +1,80 @@
+"""Stopping what a launcher started: whole process groups, bounded in time, nothing left behind.
+
+PyTorch counterpart: the teardown inside ``torch.distributed.elastic.multiprocessing`` (torchrun's
+``PContext.close``). Both of the course's launchers use this one function: ``launch`` for its
+worker processes and ``run_commands`` (``torchrun``, ``mpirun``) for the commands it started.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Sequence
+
+__all__ = ["group_alive", "stop_process_groups"]
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a member that is not a zombie."""
+    if os.path.isdir("/proc"):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # it exited while we looked
+                continue
+            if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:  # state, ..., pgrp
+                return True
+        return False
+    try:  # no /proc: ask the kernel (zombies count as alive here)
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    """Signal the group led by ``pid`` (anything it started), then ``pid`` itself."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _wait_gone(pgids: Sequence[int], timeout: float) -> bool:
+    """Block until every process in these groups has died; False if the time ran out.
+
+    A SIGKILL is not instantaneous: the process must be scheduled to die, which takes a while
+    on a loaded machine.
+    """
+    end = time.monotonic() + timeout
+    for pgid in pgids:
+        while group_alive(pgid):
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+    return True
+
+
+def stop_process_groups(leaders: Sequence[int], *, term_grace: float = 0.0,
+                        kill_wait: float = 10.0) -> None:
+    """Stop every process group led by one of ``leaders`` (each started in its own group).
+
+    With ``term_grace > 0``, SIGTERM first and wait up to that many seconds for the groups to
+    exit on their own; then SIGKILL whatever is left and wait (at most ``kill_wait`` s) until
+    it is gone. A group is signalled even when its leader has already exited: a command's
+    children (``sleep 300 &`` in a shell script, torchrun's workers) may outlive it. The
+    callers reap their own children (``Popen.wait``, ``Process.join``).
+    """
+    live = [pid for pid in leaders if group_alive(pid)]
+    if live and term_grace > 0:
+        for pid in live:
+            _signal(pid, signal.SIGTERM)
+        _wait_gone(live, term_grace)
+        live = [pid for pid in live if group_alive(pid)]
+    for pid in live:
+        _signal(pid, signal.SIGKILL)
+    _wait_gone(live, kill_wait)

@@ -1,0 +1,47 @@
+"""One process, several devices: ``course_lib.parallel`` mirrors ``torch.nn.parallel``.
+
+Where each idea lives (the same files as in ``torch/nn/parallel/``):
+
+- ``comm``: tensors between devices (lessons 02-03): ``get_params``, ``replicate_params``,
+  ``broadcast``, ``scatter``, ``gather``, ``split_batch``, and three allreduces (``allreduce``,
+  ``ring_allreduce``, ``ps_allreduce``) over a list of tensors, one per device.
+- ``replicate``, ``scatter_gather``, ``parallel_apply``, ``data_parallel``: the four parts of
+  ``DataParallel`` and the class itself (lesson 05).
+
+Names that look alike differ in meaning, and the path says which: ``replicate_params`` copies a
+list of tensors, ``replicate`` a module (as torch's); ``comm.gather`` joins tensors,
+``scatter_gather.gather`` a module's outputs; ``comm.ring_allreduce`` sums a list of tensors in
+one process, ``course_lib.distributed.ring_allreduce`` one tensor per rank across processes.
+"""
+from .comm import (
+    allreduce,
+    broadcast,
+    check_allreduce,
+    get_params,
+    ps_allreduce,
+    replicate_params,
+    ring_allreduce,
+    scatter,
+    split_batch,
+)
+from .data_parallel import DataParallel
+from .parallel_apply import parallel_apply
+from .replicate import replicate
+from .scatter_gather import gather, scatter_kwargs
+
+__all__ = [
+    "DataParallel",
+    "allreduce",
+    "broadcast",
+    "check_allreduce",
+    "gather",
+    "get_params",
+    "parallel_apply",
+    "ps_allreduce",
+    "replicate",
+    "replicate_params",
+    "ring_allreduce",
+    "scatter",
+    "scatter_kwargs",
+    "split_batch",
+]

@@ -1,0 +1,84 @@
+"""Split the arguments of a forward call over devices, and join the outputs again.
+
+PyTorch counterpart: ``torch.nn.parallel.scatter_gather`` (``scatter_kwargs``, ``gather``);
+read ``torch/nn/parallel/scatter_gather.py``. The tensor-level pieces (``scatter`` of one tensor,
+``gather`` of a list of tensors) are in ``course_lib.parallel.comm``, as torch keeps them in
+``torch.nn.parallel.comm``. Lesson 05.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..devices import Device, as_device
+from .comm import gather as gather_tensors
+from .comm import scatter
+
+__all__ = ["gather", "scatter_kwargs"]
+
+
+def _scatter_obj(obj: Any, devices: list[torch.device]) -> list[Any]:
+    """Tensors are split along dim 0; tuples, lists and dicts are split element by element;
+    anything else is given to every device. Like torch's ``scatter_gather.scatter``."""
+    if isinstance(obj, torch.Tensor):
+        return scatter(obj, devices)
+    if isinstance(obj, (tuple, list)) and obj:
+        return [type(obj)(parts) for parts in zip(*[_scatter_obj(x, devices) for x in obj])]
+    if isinstance(obj, dict) and obj:
+        keys = list(obj)
+        return [dict(zip(keys, parts))
+                for parts in zip(*[_scatter_obj(obj[k], devices) for k in keys])]
+    return [obj] * len(devices)
+
+
+def scatter_kwargs(inputs: tuple, kwargs: dict[str, Any],
+                   devices: Sequence[Device]) -> tuple[list[tuple], list[dict[str, Any]]]:
+    """Split the positional and keyword arguments of a forward call over ``devices``.
+
+    Every tensor is split along dim 0 (``course_lib.comm.scatter``: sizes of ``torch.chunk``,
+    so a small batch may use fewer devices); other values go to every device unchanged.
+
+    Returns:
+        ``(inputs_per_device, kwargs_per_device)``, of equal length k <= ``len(devices)``.
+    """
+    devices = [as_device(d) for d in devices]
+    if not inputs and not kwargs:             # nothing to split: one call on devices[0]
+        return [()], [{}]
+    ins = _scatter_obj(tuple(inputs), devices) if inputs else []
+    kws = _scatter_obj(dict(kwargs), devices) if kwargs else []
+    k = min(len(ins) if inputs else len(devices), len(kws) if kwargs else len(devices))
+    ins = list(ins[:k]) if inputs else [()] * k
+    kws = list(kws[:k]) if kwargs else [{}] * k
+    return ins, kws
+
+
+def gather(outputs: Sequence[Any], device: Device) -> Any:
+    """Concatenate the replicas' outputs along dim 0 on ``device`` (differentiable).
+
+    Tensors are concatenated (``course_lib.comm.gather``); tuples, lists and dicts of tensors
+    element by element; ``None`` stays ``None``.
+
+    Raises:
+        ValueError: for 0-d tensors (e.g. a loss computed inside ``forward``): there is no batch
+            dimension to join along. Return per-example values and reduce after the gather.
+    """
+    device = as_device(device)
+    if not outputs:
+        raise ValueError("gather needs the outputs of at least one replica, got none.")
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        if first.dim() == 0:
+            raise ValueError("gather joins outputs along dim 0 but got 0-d tensors; return a "
+                             "tensor with a batch dimension (e.g. reduction='none') and reduce "
+                             "after the gather.")
+        return gather_tensors(list(outputs), device)
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        return type(first)((k, gather([o[k] for o in outputs], device)) for k in first)
+    if isinstance(first, (tuple, list)):
+        return type(first)(gather(parts, device) for parts in zip(*outputs))
+    raise TypeError(f"gather expects tensors or tuples/lists/dicts of tensors, got "
+                    f"{type(first).__name__}.")
