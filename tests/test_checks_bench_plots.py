@@ -11,8 +11,8 @@ matplotlib.use("agg")
 from course_lib import checks  # noqa: E402
 from course_lib.bench import main  # noqa: E402
 from course_lib.config import choose, quick_mode  # noqa: E402
-from course_lib.timing import Timer, benchmark  # noqa: E402
 from course_lib.plots import TrainingPlot, draw_parallelism, plot_history  # noqa: E402
+from course_lib.timing import Timer, benchmark  # noqa: E402
 from course_lib.train import accuracy  # noqa: E402
 
 

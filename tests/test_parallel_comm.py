@@ -1,4 +1,4 @@
-"""Oracle tests for course_lib.parallel.comm: plain sums, torch.chunk and torch.cat are the oracles."""
+"""Oracle tests for course_lib.parallel.comm: plain sums, torch.chunk and torch.cat are oracles."""
 import warnings
 
 import pytest
@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
+from course_lib.devices import devices as make_devices
 from course_lib.parallel.comm import (
     allreduce,
     broadcast,
@@ -20,7 +21,6 @@ from course_lib.parallel.comm import (
     scatter,
     split_batch,
 )
-from course_lib.devices import devices as make_devices
 
 ALLREDUCES = [allreduce, ring_allreduce, ps_allreduce]
 
@@ -54,7 +54,7 @@ def check_sum(fn, tensors):
         assert_close(t.cpu(), expected)
 
 
-# --- replicate_params ------------------------------------------------------------------------------
+# --- replicate_params --------------------------------------------------------------------------
 
 def test_get_params_copies_and_requires_grad():
     params = [torch.randn(3, 2, requires_grad=True), torch.zeros(4, requires_grad=True)]

@@ -9,10 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from course_lib.parallel import parallel_apply
-from course_lib.parallel.comm import get_params, replicate_params
 from course_lib.devices import devices as make_devices
 from course_lib.models.lenet import init_lenet_params, lenet, sgd
+from course_lib.parallel.comm import get_params, replicate_params
 from course_lib.train import (
     evaluate_accuracy,
     train,
