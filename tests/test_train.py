@@ -153,3 +153,25 @@ def test_train_matches_train_single_on_fixed_batches():
         assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5)
     assert_close(torch.tensor(h2["train_loss"]), torch.tensor(h1["train_loss"]))
     assert h2["test_acc"] == h1["test_acc"]
+
+
+def test_recalibrate_batch_norm_restores_mode_momentum_and_statistics_when_interrupted():
+    from torch import nn
+
+    from course_lib.train import recalibrate_batch_norm
+
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)).eval()
+    bn = net[1]
+    bn.running_mean.fill_(0.5)
+    before = bn.running_mean.clone()
+
+    def batches():
+        yield torch.rand(4, 1, 8, 8), None
+        raise KeyboardInterrupt  # the learner stops the cell half-way
+
+    with pytest.raises(KeyboardInterrupt):
+        recalibrate_batch_norm(net, batches())
+    assert not net.training and bn.momentum == 0.1
+    assert torch.equal(bn.running_mean, before)      # not half-computed statistics
+    recalibrate_batch_norm(net, [(torch.rand(4, 1, 8, 8), None)])
+    assert not net.training and not torch.equal(bn.running_mean, before)

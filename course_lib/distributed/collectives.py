@@ -172,6 +172,9 @@ def tree_broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tens
     sends from ``src``. Counterpart: ``dist.broadcast``.
     """
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if not isinstance(src, int) or not 0 <= src < world:
+        raise ValueError(f"tree_broadcast expects src in 0..{world - 1} (a rank of the group), "
+                         f"got {src!r}; dist.broadcast refuses it too.")
     glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
     me = (rank - src) % world  # position in the tree, with src at the root
     step = 1

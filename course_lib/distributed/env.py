@@ -73,16 +73,49 @@ def first_host(nodelist: str) -> str:
     return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], entry)
 
 
+#: Each launcher's variables: (name, rank, world size, local rank).
+_LAUNCHERS = (
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    ("mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+)
+
+
+def _integer(env, key: str, default: int | None = None) -> int:
+    """The integer in ``env[key]``; an error that names the variable when it is not one."""
+    text = env.get(key)
+    if text is None:
+        if default is None:
+            raise ValueError(f"init_distributed_mode: {key} is not set.")
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"init_distributed_mode: {key}={text!r} is not an integer; the "
+                         "launcher sets it to a number (unset it to run as one process).") from None
+
+
 def _from_environment(env) -> tuple[str, int, int, int] | None:
-    """(launcher, rank, world_size, local_rank) from torchrun, Open MPI or Slurm variables."""
-    if "RANK" in env and "WORLD_SIZE" in env:  # torchrun (also launch's workers)
-        return "torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0))
-    if "OMPI_COMM_WORLD_RANK" in env:  # before Slurm: mpirun inside an allocation sets both
-        return ("mpirun", int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
-                int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)))
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        return ("slurm", int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
-                int(env.get("SLURM_LOCALID", 0)))
+    """(launcher, rank, world_size, local_rank) from torchrun, Open MPI or Slurm variables.
+
+    Validated up front, naming the variable: a rank without a world size, a value that is not
+    an integer, a rank outside ``0 .. world_size - 1``.
+    """
+    for launcher, rank_key, size_key, local_key in _LAUNCHERS:
+        if rank_key not in env:
+            continue
+        if size_key not in env:
+            if launcher == "slurm":  # SLURM_PROCID alone: a Slurm job, but not a task of a step
+                continue
+            raise ValueError(f"init_distributed_mode: {rank_key} is set but {size_key} is not; "
+                             f"a {launcher} job sets both. Set {size_key} to the number of "
+                             f"processes, or unset {rank_key} to run as one process.")
+        rank, world_size = _integer(env, rank_key), _integer(env, size_key)
+        local_rank = _integer(env, local_key, default=0)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"init_distributed_mode: {rank_key}={rank} with {size_key}="
+                             f"{world_size}; expected 0 <= {rank_key} < {size_key}.")
+        return launcher, rank, world_size, local_rank
     return None
 
 

@@ -119,13 +119,36 @@ def split_batch(X: torch.Tensor, y: torch.Tensor,
 
 # --- allreduce, three ways ------------------------------------------------------------------
 
-def _check_same_shape(tensors: Sequence[torch.Tensor], who: str) -> None:
+def _span(t: torch.Tensor) -> tuple[int, int, int]:
+    """(storage address, first byte, one past the last byte) that ``t`` can touch."""
+    start = t.storage_offset()
+    extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    size = t.element_size()
+    return t.untyped_storage().data_ptr(), start * size, (start + extent) * size
+
+
+def _check_replicas(tensors: Sequence[torch.Tensor], who: str) -> None:
+    """One tensor per device: same shape and dtype, and no two sharing memory."""
     if len(tensors) == 0:
         raise ValueError(f"{who} needs at least one tensor, got an empty list.")
     shapes = [tuple(t.shape) for t in tensors]
     if len(set(shapes)) > 1:
         raise ValueError(f"{who} needs tensors of one shape, one per device; got shapes "
                          f"{shapes}.")
+    dtypes = [t.dtype for t in tensors]
+    if len(set(dtypes)) > 1:
+        raise ValueError(f"{who} needs tensors of one dtype (the sum would be kept in the first "
+                         f"one's); got {[str(d).replace('torch.', '') for d in dtypes]}. Convert "
+                         "them first, e.g. t.float().")
+    spans = [_span(t) for t in tensors if t.numel() > 0]
+    for i in range(len(spans)):
+        for j in range(i + 1, len(spans)):
+            (a, a0, a1), (b, b0, b1) = spans[i], spans[j]
+            if a == b and a0 < b1 and b0 < a1:
+                raise ValueError(
+                    f"{who} needs one buffer per device, but tensors {i} and {j} share memory "
+                    "(the same tensor twice, or overlapping views of one): every update would "
+                    "count twice. Pass copies, e.g. from replicate_params or broadcast.")
 
 
 @torch.no_grad()
@@ -137,9 +160,9 @@ def allreduce(tensors: Sequence[torch.Tensor]) -> None:
     about 2(n-1) full tensors through the first device.
 
     Raises:
-        ValueError: when the tensors do not all have the same shape.
+        ValueError: when the tensors differ in shape or dtype, or share memory.
     """
-    _check_same_shape(tensors, "allreduce")
+    _check_replicas(tensors, "allreduce")
     total = tensors[0].clone()                               # a new buffer on devices[0]
     for t in tensors[1:]:
         total += t.to(total.device)                           # reduce: n-1 copies in
@@ -158,9 +181,9 @@ def ps_allreduce(tensors: Sequence[torch.Tensor], server: Device = "cpu") -> Non
     the two allreduce algorithms.
 
     Raises:
-        ValueError: when the tensors do not all have the same shape.
+        ValueError: when the tensors differ in shape or dtype, or share memory.
     """
-    _check_same_shape(tensors, "ps_allreduce")
+    _check_replicas(tensors, "ps_allreduce")
     pushed = [t.to(server, copy=True) for t in tensors]      # push: n copies to the server
     total = pushed[0]
     for p in pushed[1:]:
@@ -187,14 +210,10 @@ def ring_allreduce(tensors: Sequence[torch.Tensor], trace: list | None = None) -
             each tensor after the step]}`` (for drawing the ring; costs a copy per step).
 
     Raises:
-        ValueError: when the shapes differ or two tensors share memory.
+        ValueError: when the shapes or dtypes differ or two tensors share memory.
     """
-    _check_same_shape(tensors, "ring_allreduce")
+    _check_replicas(tensors, "ring_allreduce")
     n = len(tensors)
-    ptrs = [t.data_ptr() for t in tensors if t.numel() > 0]
-    if len(set(ptrs)) < len(ptrs):
-        raise ValueError("ring_allreduce needs one buffer per device, but some of the tensors "
-                         "share memory; pass copies (e.g. from broadcast or replicate_params).")
     # Work on flat views; a non-contiguous tensor gets a contiguous copy, written back at the end.
     flats = [t.view(-1) if t.is_contiguous() else t.reshape(-1).clone() for t in tensors]
     bounds = ring_chunk_bounds(flats[0].numel(), n)

@@ -33,6 +33,16 @@ def _scatter_obj(obj: Any, devices: list[torch.device]) -> list[Any]:
     return [obj] * len(devices)
 
 
+def _batch_tensors(inputs: tuple, kwargs: dict[str, Any]):
+    """(name, tensor) for every top-level tensor argument with a batch dimension."""
+    for i, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor) and x.dim() > 0:
+            yield f"argument {i}", x
+    for k, x in kwargs.items():
+        if isinstance(x, torch.Tensor) and x.dim() > 0:
+            yield f"{k}=", x
+
+
 def scatter_kwargs(inputs: tuple, kwargs: dict[str, Any],
                    devices: Sequence[Device]) -> tuple[list[tuple], list[dict[str, Any]]]:
     """Split the positional and keyword arguments of a forward call over ``devices``.
@@ -44,6 +54,11 @@ def scatter_kwargs(inputs: tuple, kwargs: dict[str, Any],
         ``(inputs_per_device, kwargs_per_device)``, of equal length k <= ``len(devices)``.
     """
     devices = [as_device(d) for d in devices]
+    sizes = {name: t.shape[0] for name, t in _batch_tensors(inputs, kwargs)}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"scatter_kwargs splits every tensor argument along dim 0, but their "
+                         f"batch sizes differ: {sizes}. Pass tensors with the same batch size "
+                         "(or non-tensor values, which are given to every device).")
     if not inputs and not kwargs:             # nothing to split: one call on devices[0]
         return [()], [{}]
     ins = _scatter_obj(tuple(inputs), devices) if inputs else []

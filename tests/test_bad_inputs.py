@@ -1,0 +1,116 @@
+"""The catalogue of what a learner can get wrong, and how each now ends.
+
+One test per case: a clear error (its type and the key words of its message: what was expected,
+what was found, what to do) instead of a silently wrong result. Each failed before its fix.
+"""
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import distributed as D
+from course_lib.devices import devices
+from course_lib.models.lenet import init_lenet_params
+from course_lib.parallel import DataParallel, allreduce, ps_allreduce, ring_allreduce
+from course_lib.parallel.scatter_gather import scatter_kwargs
+from course_lib.train import train_batch
+
+
+def cpus(k):
+    return devices(k, warn=False)
+
+
+# --- silently wrong before --------------------------------------------------------------------
+
+def test_positional_and_keyword_tensors_of_different_batch_sizes_are_refused():
+    """8 inputs gave 4 output rows: the shorter tensor decided how many shards there were."""
+    with pytest.raises(ValueError, match=r"batch sizes differ: \{'argument 0': 8, 'mask=': 4\}"):
+        scatter_kwargs((torch.zeros(8, 3),), {"mask": torch.zeros(4)}, cpus(2))
+
+    class TwoInputs(torch.nn.Module):
+        def forward(self, x, mask):
+            return x * mask.sum()
+
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        DataParallel(TwoInputs(), cpus(2))(torch.zeros(8, 3), mask=torch.zeros(4))
+
+
+@pytest.mark.parametrize("reduce", [allreduce, ring_allreduce, ps_allreduce])
+def test_an_allreduce_refuses_tensors_that_share_memory(reduce):
+    """train_batch(X, y, [p, p], ...) (replicate forgotten) took a step k times too large."""
+    t = torch.ones(6)
+    with pytest.raises(ValueError, match="share memory"):
+        reduce([t, t])
+    with pytest.raises(ValueError, match="tensors 0 and 1 share memory"):
+        reduce([t[:4], t[2:]])  # overlapping views of one tensor
+    reduce([t[:3], t[3:]])  # disjoint views are two buffers: fine
+    assert t.tolist() == [2.0] * 6
+
+
+def test_train_batch_with_one_params_list_for_every_device_is_refused():
+    params = init_lenet_params(seed=0)
+    X, y = torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 2, 3])
+    with pytest.raises(ValueError, match="share memory"):
+        train_batch(X, y, [params, params], cpus(2), lr=0.1)
+
+
+@pytest.mark.parametrize("reduce", [allreduce, ring_allreduce, ps_allreduce])
+def test_an_allreduce_refuses_mixed_dtypes(reduce):
+    with pytest.raises(ValueError, match=r"one dtype.*\['float32', 'float64'\]"):
+        reduce([torch.ones(3), torch.ones(3, dtype=torch.float64)])
+
+
+def test_devices_accepts_any_integer_type_and_refuses_floats():
+    assert len(devices(np.int64(2), warn=False)) == 2
+    with pytest.raises(ValueError, match="integer n >= 1, got 2.0"):
+        devices(2.0)
+
+
+# --- the launcher's variables, validated up front ---------------------------------------------
+
+def _clear(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
+                "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"RANK": "1"}, "RANK is set but WORLD_SIZE is not"),
+    ({"OMPI_COMM_WORLD_RANK": "0"}, "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE"),
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an integer"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 with WORLD_SIZE=2; expected 0 <= RANK"),
+])
+def test_init_distributed_mode_names_the_bad_variable(monkeypatch, env, words):
+    _clear(monkeypatch)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=words):
+        D.init_distributed_mode(verbose=False)
+    assert not dist.is_initialized()
+
+
+# --- hand-written collectives: arguments checked in every rank ---------------------------------
+
+def bad_collective_arguments() -> dict[str, str]:
+    """Runs in each rank: the error each bad argument gives."""
+    out = {}
+    for name, call in {
+        "segments=0": lambda: D.ring_allreduce_pipelined(torch.ones(4), segments=0),
+        "segments=-1": lambda: D.ring_allreduce_pipelined(torch.ones(4), segments=-1),
+        "src=world_size": lambda: D.tree_broadcast(torch.ones(4), src=dist.get_world_size()),
+        "src=-1": lambda: D.tree_broadcast(torch.ones(4), src=-1),
+    }.items():
+        try:
+            call()
+            out[name] = "no error"
+        except ValueError as e:
+            out[name] = str(e)
+    return out
+
+
+def test_bad_ring_segments_and_broadcast_source_are_refused():
+    for errors in D.launch(bad_collective_arguments, 2, timeout=60):
+        assert "segments >= 1" in errors["segments=0"] and "got 0" in errors["segments=0"]
+        assert "got -1" in errors["segments=-1"]
+        assert "src in 0..1" in errors["src=world_size"] and "got 2" in errors["src=world_size"]
+        assert "got -1" in errors["src=-1"]
