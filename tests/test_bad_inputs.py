@@ -114,3 +114,122 @@ def test_bad_ring_segments_and_broadcast_source_are_refused():
         assert "got -1" in errors["segments=-1"]
         assert "src in 0..1" in errors["src=world_size"] and "got 2" in errors["src=world_size"]
         assert "got -1" in errors["src=-1"]
+
+
+# --- checkers: bounded, and a verdict for every kind of wrong answer ----------------------------
+
+def test_a_checker_reports_a_function_that_never_returns(monkeypatch, capsys):
+    import time
+
+    from course_lib import checks
+    from course_lib.checks import _core
+
+    monkeypatch.setattr(_core, "TIME_LIMIT", 0.5)
+
+    def forever(y_hat, y):
+        while True:
+            time.sleep(0.01)
+
+    start = time.monotonic()
+    result = checks.check_accuracy_fn(forever)
+    assert not result and time.monotonic() - start < 5
+    assert "did not return within 0.5 s" in capsys.readouterr().out
+
+
+def test_a_checker_reports_exit_and_wrong_types_instead_of_raising(capsys):
+    import sys
+
+    from course_lib import checks
+
+    assert not checks.check_accuracy_fn(lambda y_hat, y: sys.exit(3))
+    assert "SystemExit(3)" in capsys.readouterr().out
+    assert not checks.check_balanced_sizes(lambda B, n: "abc")
+    assert not checks.check_ring_sends("abc")
+    assert "expected a list of 4 integers" in capsys.readouterr().out
+
+
+def test_check_function_accepts_a_tensor_when_the_oracle_returns_a_list(capsys):
+    from course_lib import checks
+
+    ok = checks.check_function("as tensor", lambda n: torch.arange(n),
+                               lambda n: list(range(n)), [(3,), (5,)])
+    assert ok
+
+
+# --- no process outlives its launcher -------------------------------------------------------------
+
+def sleep_after_writing_pid(folder: str) -> None:
+    """A worker that records its pid and then takes far longer than the test waits."""
+    import os
+    import time
+    from pathlib import Path
+
+    Path(folder, "launch_dir").write_text(os.environ["COURSE_LAUNCH_DIR"])
+    Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    time.sleep(300)
+
+
+def _alive(pid: int) -> bool:
+    from course_lib.distributed.processes import pid_alive
+
+    return pid_alive(pid)
+
+
+def test_workers_die_within_seconds_when_the_launching_process_is_killed(tmp_path):
+    """Under the forkserver a worker's parent is the forkserver, so PDEATHSIG alone left the
+    workers running after kill -9 of the script that called launch (and its temp folder)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    code = ("import sys; sys.path.insert(0, 'tests'); import test_bad_inputs as t; "
+            "from course_lib.distributed import launch; "
+            f"launch(t.sleep_after_writing_pid, 2, {str(tmp_path)!r}, timeout=600)")
+    launcher = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
+                                env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+        assert len(pids) == 2, "the workers did not start"
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "a worker outlived its launcher"
+        launch_dir = Path((tmp_path / "launch_dir").read_text())
+        assert launch_dir.parent == Path(tempfile.gettempdir())
+        deadline = time.monotonic() + 5
+        while launch_dir.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not launch_dir.exists(), "the launch's temporary folder was left behind"
+    finally:
+        launcher.kill()
+
+
+def test_run_commands_stops_processes_that_left_the_group_and_closes_its_pipes(tmp_path):
+    """torch elastic starts each worker in a session of its own: killing torchrun's process
+    group missed a worker slow to exit. Such processes are found by the tag in their
+    environment. And a failed call used to leave its pipe open."""
+    import os
+    import subprocess
+
+    pidfile = tmp_path / "escaped.pid"
+    # setsid: a new session, outside the command's process group, like elastic's workers
+    script = f"setsid bash -c 'trap \"\" TERM; sleep 300' & echo $! > {pidfile}; wait"
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(subprocess.TimeoutExpired):
+            D.run_commands([["bash", "-c", script]], timeout=2, echo=False)
+        escaped = int(pidfile.read_text())
+        assert not _alive(escaped), "a process that left the group survived run_commands"
+    for _ in range(3):
+        with pytest.raises(subprocess.CalledProcessError):
+            D.run_commands([["bash", "-c", "exit 3"]], timeout=10, echo=False)
+    assert len(os.listdir("/proc/self/fd")) <= fds + 1

@@ -265,14 +265,15 @@ def test_a_hanging_rank_times_out_and_nothing_survives(tmp_path):
 
 def test_a_hundred_launches_neither_collide_nor_leak():
     tmp = Path(tempfile.gettempdir())
-    before_dirs = set(tmp.glob("course_launch_*"))
+    mine = f"course_launch_{os.getpid()}_*"  # this process's launches only
+    before_dirs = set(tmp.glob(mine))
     D.launch(tiny, 1)  # the forkserver starts once; fds counted after it exists
     before_fds = len(os.listdir("/proc/self/fd"))
     for i in range(100):
         world_size = 1 + i % 2
         assert D.launch(tiny, world_size, timeout=60) == list(range(world_size))
     assert len(os.listdir("/proc/self/fd")) <= before_fds + 2
-    assert set(tmp.glob("course_launch_*")) == before_dirs
+    assert set(tmp.glob(mine)) == before_dirs
     assert not leftover_processes()
 
 

@@ -9,7 +9,15 @@ notebooks that ship with open exercises still run top to bottom. Pass ``strict=T
 One module per lesson (``lesson00`` ... ``lesson06``); every checker is importable from here:
 ``from course_lib import checks; checks.check_allreduce_fn(my_allreduce)``.
 """
-from ._core import ExerciseResult, check_answer, check_function, verdict
+from ._core import (
+    CheckTimeout,
+    ExerciseResult,
+    call_bounded,
+    check_answer,
+    check_function,
+    failure,
+    verdict,
+)
 from .lesson00 import check_try_all_gpus
 from .lesson01 import check_accuracy_fn, check_sgd_fn
 from .lesson02 import check_allreduce_fn, check_ring_sends, ring_sends
@@ -19,7 +27,8 @@ from .lesson05 import check_bn_examples_seen, check_module_calls
 from .lesson06 import check_elements_sent, check_tree_rounds, elements_sent, tree_rounds
 
 __all__ = [
-    "ExerciseResult", "check_answer", "check_function", "verdict",
+    "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
+    "failure", "verdict",
     "check_try_all_gpus",                                     # lesson 00
     "check_accuracy_fn", "check_sgd_fn",                      # 01
     "check_allreduce_fn", "check_ring_sends", "ring_sends",   # 02

@@ -8,12 +8,14 @@ answer (what an autograder wants).
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["ExerciseResult", "check_answer", "check_function", "verdict"]
+__all__ = ["CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
+           "failure", "verdict"]
 
 
 class ExerciseResult:
@@ -40,6 +42,66 @@ def verdict(name: str, ok: bool | None, message: str, strict: bool) -> ExerciseR
     if strict and not ok:
         raise AssertionError(repr(result))
     return result
+
+
+class CheckTimeout(Exception):
+    """The learner's function did not return within the checker's time bound."""
+
+
+#: Seconds a learner's function may take on one input before the checker gives up on it.
+TIME_LIMIT = 20.0
+
+
+def call_bounded(fn: Callable, *args: Any, timeout: float | None = None) -> Any:
+    """``fn(*args)`` in a worker thread joined with a deadline: a checker never hangs.
+
+    Returns what ``fn`` returned; re-raises what it raised (``SystemExit`` included, as an
+    ordinary exception the checker reports). Raises ``CheckTimeout`` after ``timeout`` seconds
+    (default ``TIME_LIMIT``):
+    the thread is a daemon and is abandoned, so the notebook stays usable (restart the kernel to
+    stop a function that loops forever).
+    """
+    timeout = TIME_LIMIT if timeout is None else timeout
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: B036 - handed to the caller below
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name="checked-function", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise CheckTimeout(f"did not return within {timeout:g} s (an endless loop, or a wait "
+                           "that never ends?)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def failure(exc: BaseException) -> str:
+    """How a learner's exception reads in a verdict."""
+    if isinstance(exc, CheckTimeout):
+        return str(exc)
+    if isinstance(exc, SystemExit):
+        return f"called exit() / raised SystemExit({exc.code!r}) instead of returning"
+    return f"raised {type(exc).__name__}: {exc}"
+
+
+def _same(got: Any, want: Any) -> None:
+    """Raise AssertionError (or TypeError) unless ``got`` matches the oracle's ``want``."""
+    if isinstance(want, torch.Tensor) or isinstance(got, torch.Tensor):
+        torch.testing.assert_close(torch.as_tensor(got), torch.as_tensor(want),
+                                   check_dtype=False)
+    elif isinstance(want, (list, tuple)) and want and isinstance(want[0], torch.Tensor):
+        if not isinstance(got, (list, tuple)) or len(got) != len(want):
+            raise AssertionError(f"expected a list of {len(want)} tensors, got {_short((got,))}")
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+    elif got != want:
+        raise AssertionError(f"expected {want!r}, got {got!r}")
 
 
 def check_answer(name: str, answer: Any, expected: Any, *, hint: str = "",
@@ -70,21 +132,15 @@ def check_function(name: str, fn: Callable | None, oracle: Callable,
     for case in cases:
         want = oracle(*case)
         try:
-            got = fn(*case)
-        except Exception as exc:  # the learner's code raised: show what and on which input
-            return verdict(name, False, f"raised {type(exc).__name__}: {exc} on input "
-                            f"{_short(case)}. {hint}".strip(), strict)
+            got = call_bounded(fn, *case)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+            return verdict(name, False, f"{failure(exc)} on input {_short(case)}. {hint}"
+                           .strip(), strict)
         try:
-            if isinstance(want, torch.Tensor):
-                torch.testing.assert_close(got, want)
-            elif isinstance(want, (list, tuple)) and want and isinstance(want[0], torch.Tensor):
-                if len(got) != len(want):
-                    raise AssertionError(f"expected {len(want)} tensors, got {len(got)}")
-                for g, w in zip(got, want):
-                    torch.testing.assert_close(g, w)
-            elif got != want:
-                raise AssertionError(f"expected {want!r}, got {got!r}")
-        except (AssertionError, TypeError) as exc:
+            _same(got, want)
+        except (AssertionError, TypeError, ValueError, RuntimeError) as exc:
             return verdict(name, False, f"on input {_short(case)}: {exc}. {hint}".strip(), strict)
     return verdict(name, True, f"matches the course's answer on {len(cases)} inputs.", strict)
 

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._core import ExerciseResult, check_function, verdict
+from ._core import ExerciseResult, call_bounded, check_function, failure, verdict
 
 __all__ = ["check_accuracy_fn", "check_sgd_fn"]
 
@@ -38,9 +38,11 @@ def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult
     sgd(params, 0.1)
     with torch.enable_grad():
         try:
-            fn(mine, 0.1)
-        except Exception as exc:
-            return verdict("sgd", False, f"raised {type(exc).__name__}: {exc}", strict)
+            call_bounded(fn, mine, 0.1)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - reported, never raised
+            return verdict("sgd", False, failure(exc), strict)
     for p, q in zip(mine, params):
         if not torch.allclose(p.detach(), q.detach()):
             return verdict("sgd", False, "the parameters after your step differ from "

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 from ..devices import devices
 from ..distributed.collectives import ring_chunk_bounds
-from ._core import ExerciseResult, check_answer, verdict
+from ._core import ExerciseResult, call_bounded, check_answer, failure, verdict
 
 __all__ = ["check_allreduce_fn", "check_ring_sends", "ring_sends"]
 
@@ -19,10 +19,11 @@ def check_allreduce_fn(fn: Callable | None, *, device_counts: tuple[int, ...] = 
         return verdict(name, None, "define your function and pass it here.", strict)
     for n in device_counts:
         try:
-            check_allreduce(fn, devices(n, warn=False))
-        except Exception as exc:  # the check's AssertionError, or the learner's code raising
-            return verdict(name, False, f"with {n} device(s): {type(exc).__name__}: {exc}",
-                            strict)
+            call_bounded(check_allreduce, fn, devices(n, warn=False))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - the check's AssertionError, or fn failing
+            return verdict(name, False, f"with {n} device(s): {failure(exc)}", strict)
     return verdict(name, True, f"every tensor holds the sum, for {list(device_counts)} "
                     "devices.", strict)
 
@@ -38,6 +39,11 @@ def check_ring_sends(sent: list[int] | None, n: int = 4, numel: int = 1000, *,
                      strict: bool = False) -> ExerciseResult:
     """Exercise 02: the elements each of ``n`` devices sends in a ring allreduce of ``numel``."""
     expected = ring_sends(numel, n)
-    return check_answer("ring traffic", None if sent is None else [int(s) for s in sent],
+    try:
+        sent = None if sent is None else [int(s) for s in sent]
+    except (TypeError, ValueError):
+        return verdict("ring traffic", False, f"expected a list of {n} integers, got {sent!r}.",
+                       strict)
+    return check_answer("ring traffic", sent,
                         expected, hint=f"each device sends 2 (n - 1) = {2 * (n - 1)} chunks of "
                         f"about numel / n = {numel / n:g} elements.", strict=strict)

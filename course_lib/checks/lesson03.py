@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._core import ExerciseResult, check_answer, verdict
+from ._core import ExerciseResult, call_bounded, check_answer, failure, verdict
 
 __all__ = ["check_balanced_sizes", "check_devices_used"]
 
@@ -15,10 +15,11 @@ def check_balanced_sizes(fn: Callable | None, *, strict: bool = False) -> Exerci
         return verdict("balanced_sizes", None, "define your function and pass it here.", strict)
     for B, n in [(5, 4), (9, 8), (17, 8), (256, 3), (7, 7), (8, 1), (250, 4)]:
         try:
-            sizes = [int(s) for s in fn(B, n)]
-        except Exception as exc:
-            return verdict("balanced_sizes", False, f"raised {type(exc).__name__}: {exc} on "
-                            f"B={B}, n={n}.", strict)
+            sizes = [int(s) for s in call_bounded(fn, B, n)]
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - reported, never raised
+            return verdict("balanced_sizes", False, f"{failure(exc)} on B={B}, n={n}.", strict)
         ok = len(sizes) == n and sum(sizes) == B and set(sizes) <= {B // n, B // n + 1}
         if not ok:
             return verdict("balanced_sizes", False, f"balanced_sizes({B}, {n}) = {sizes}: "

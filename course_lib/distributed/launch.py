@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -28,7 +29,7 @@ import torch.multiprocessing as mp
 
 from ..devices import cpu_cores
 from .env import choose_backend
-from .processes import stop_process_groups
+from .processes import pid_alive, stop_process_groups
 
 __all__ = ["LaunchTimeout", "WorkerError", "find_free_port", "launch", "run_worker"]
 
@@ -89,6 +90,7 @@ def run_worker(rank: int, world_size: int, backend: str, init_method: str, timeo
     """
     os.setpgrp()  # our own process group: launch can kill us and anything we started at once
     _die_with_parent()
+    _watch_launcher(int(env["COURSE_LAUNCHER_PID"]), env["COURSE_LAUNCH_DIR"], rank)
     try:
         os.environ.update(env)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -115,6 +117,23 @@ def run_worker(rank: int, world_size: int, backend: str, init_method: str, timeo
         conn.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _watch_launcher(launcher: int, folder: str, rank: int, every: float = 0.5) -> None:
+    """Die (with everything this worker started) within ``every`` s of the launcher's death.
+
+    ``PR_SET_PDEATHSIG`` is not enough: under the forkserver a worker's parent is the
+    forkserver, not the process that called ``launch``, so killing the launcher (kill -9, the
+    OOM killer) would leave the workers running. Rank 0 also removes the rendezvous folder.
+    """
+    def watch() -> None:
+        while pid_alive(launcher):
+            time.sleep(every)
+        if rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        os.killpg(0, signal.SIGKILL)  # our own group: this worker and its children
+
+    threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
 
 
 def _die_with_parent() -> None:
@@ -191,8 +210,9 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
         raise ValueError(f"launch could not pickle fn and its arguments for the workers: "
                          f"{type(e).__name__}: {e}") from e
 
-    env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-    tmpdir = tempfile.mkdtemp(prefix="course_launch_")
+    tmpdir = tempfile.mkdtemp(prefix=f"course_launch_{os.getpid()}_")  # whose it is, by pid
+    env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+           "COURSE_LAUNCHER_PID": str(os.getpid()), "COURSE_LAUNCH_DIR": tmpdir}
     if init_method == "file":
         url = f"file://{tmpdir}/rendezvous"
     elif init_method == "tcp":

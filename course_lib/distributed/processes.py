@@ -11,7 +11,8 @@ import signal
 import time
 from collections.abc import Sequence
 
-__all__ = ["group_alive", "stop_process_groups"]
+__all__ = ["group_alive", "kill_processes", "pid_alive", "stop_process_groups",
+           "tagged_processes"]
 
 
 def group_alive(pgid: int) -> bool:
@@ -78,3 +79,50 @@ def stop_process_groups(leaders: Sequence[int], *, term_grace: float = 0.0,
     for pid in live:
         _signal(pid, signal.SIGKILL)
     _wait_gone(live, kill_wait)
+
+
+def tagged_processes(key: str, value: str) -> list[int]:
+    """Pids of the live processes whose environment holds ``key=value`` (Linux; else ``[]``).
+
+    A launcher marks what it starts with such a tag, to find processes that left its process
+    group (torch elastic starts every worker in a new session).
+    """
+    if not os.path.isdir("/proc"):
+        return []
+    needle = f"{key}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux /proc; else ask the kernel)."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.kill(pid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def kill_processes(pids: Sequence[int], *, wait: float = 5.0) -> None:
+    """SIGKILL each process (and the group it leads, if any); wait until they are gone."""
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
+    end = time.monotonic() + wait
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < end:
+        time.sleep(0.02)
+

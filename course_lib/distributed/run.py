@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .launch import find_free_port
-from .processes import stop_process_groups
+from .processes import kill_processes, stop_process_groups, tagged_processes
 
 __all__ = ["EXAMPLES", "example_path", "mpirun", "run_commands", "torchrun"]
 
@@ -36,9 +36,22 @@ def example_path(name: str) -> Path:
     return path
 
 
-def _stop(procs: Sequence[subprocess.Popen]) -> None:
-    """SIGTERM each command's whole process group, SIGKILL what is left, reap the leaders."""
+def _shown(arg) -> str:
+    """A command-line argument as echoed: a path relative to where you are, not this machine's."""
+    text = str(arg)
+    if os.path.isabs(text) and os.path.exists(text) and text != sys.executable:
+        return os.path.relpath(text)
+    return text
+
+
+def _stop(procs: Sequence[subprocess.Popen], tag: str) -> None:
+    """SIGTERM each command's whole process group, SIGKILL what is left, reap the leaders.
+
+    Then the stragglers: torch elastic starts each worker in a session of its own, outside
+    torchrun's process group, so they are found by the tag in their environment.
+    """
     stop_process_groups([p.pid for p in procs], term_grace=3.0)
+    kill_processes(tagged_processes("COURSE_RUN_TAG", tag))
     for p in procs:
         try:
             p.wait(timeout=1)
@@ -61,7 +74,9 @@ def run_commands(commands: Sequence[Sequence[str]], timeout: float = 120.0, *,
     """
     if labels is None:
         labels = [""] if len(commands) == 1 else [f"[{i}] " for i in range(len(commands))]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"  # marks everything these commands start
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo", **(env or {}),
+                "COURSE_RUN_TAG": tag}
     lines: queue.Queue = queue.Queue()
     outputs: list[list[str]] = [[] for _ in commands]
     procs: list[subprocess.Popen] = []
@@ -104,7 +119,10 @@ def run_commands(commands: Sequence[Sequence[str]], timeout: float = 120.0, *,
                 pass
         codes = [p.poll() for p in procs]  # None: still running, stopped below
     finally:
-        _stop(procs)
+        _stop(procs, tag)
+        for p in procs:  # one pipe per command: closed whatever happened
+            if p.stdout is not None:
+                p.stdout.close()
     texts = ["".join(o) for o in outputs]
     for cmd, code, text in zip(commands, codes, texts):
         if code not in (None, 0):
@@ -137,7 +155,7 @@ def torchrun(script: str | Path, *script_args: str, nproc_per_node: int = 2, nno
                     for i in range(nnodes)]
     if echo:
         for c in commands:
-            print("$ " + " ".join(["torchrun", *map(str, c[3:])]))
+            print("$ " + " ".join(["torchrun", *map(_shown, c[3:])]))
     labels = [f"[node{i}] " for i in range(nnodes)] if nnodes > 1 else [""]
     return run_commands(commands, timeout, labels=labels, echo=echo)
 
@@ -165,5 +183,5 @@ def mpirun(script: str | Path, *script_args: str, np: int = 2, timeout: float = 
             "-x", "GLOO_SOCKET_IFNAME=lo", "-x", "PYTHONUNBUFFERED=1",
             sys.executable, str(script), *script_args]
     if echo:
-        print("$ " + " ".join(["mpirun", *cmd[1:]]).replace(sys.executable, "python"))
+        print("$ " + " ".join(["mpirun", *map(_shown, cmd[1:])]).replace(sys.executable, "python"))
     return run_commands([cmd], timeout, echo=echo)[0]
