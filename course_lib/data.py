@@ -11,6 +11,7 @@ only then torchvision's download.
 from __future__ import annotations
 
 import gzip
+import operator
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -93,11 +94,18 @@ def _prepare(files: dict[str, Path], source: Path, in_place: bool) -> Path:
             if dst.is_file() and dst.stat().st_size > 0:
                 continue
             tmp = dst.with_suffix(".part")
-            if src.suffix == ".gz":
-                with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
-                    shutil.copyfileobj(fin, fout)
-            else:
-                shutil.copyfile(src, tmp)
+            try:
+                if src.suffix == ".gz":
+                    with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
+                        shutil.copyfileobj(fin, fout)
+                else:
+                    shutil.copyfile(src, tmp)
+            except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+                tmp.unlink(missing_ok=True)
+                raise ValueError(f"Fashion-MNIST file {src} is corrupted or truncated "
+                                 f"({type(e).__name__}: {e}). Replace it with a good copy "
+                                 "(apt-get install --reinstall dataset-fashion-mnist, or "
+                                 "download it again).") from None
             tmp.replace(dst)  # atomic: a crash never leaves a half-written file under its name
         return root
     raise PermissionError(
@@ -134,10 +142,19 @@ def find_fashion_mnist(root: str | os.PathLike | None = None, *, download: bool 
     candidates.append(("the repository's data/ folder", REPO_DATA, True))
     candidates.append(("the Debian package dataset-fashion-mnist", DEBIAN_DIR, False))
     candidates.append(("the user cache", _CACHE_DATA, True))
-    for _, path, in_place in candidates:
+    for label, path, in_place in candidates:
         files = _raw_files_in(path)
         if files:
             return _prepare(files, path, in_place)
+        if label in ("the root argument", "$FASHION_MNIST_DIR"):  # named explicitly: no fallback
+            holds = sorted(p.name for p in path.iterdir())[:8] if path.is_dir() else None
+            what = ("does not exist" if holds is None else
+                    f"holds {holds}" if holds else "is empty")
+            raise FileNotFoundError(
+                f"Fashion-MNIST is not in {label} {path}: the folder {what}. Expected the four "
+                f"files {list(FILES)} (plain or .gz) there, in raw/ or in FashionMNIST/raw/. "
+                "Point it at the folder that holds them, or leave it unset to use the other "
+                "places (README: 'Where the data comes from').")
 
     looked = "\n".join(f"  - {label}: {path}" for label, path, _ in candidates)
     if download:
@@ -167,8 +184,28 @@ def _load_split(root: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(images uint8 (N, 28, 28), labels int64 (N,)) of one split, read once per process."""
     import torchvision
 
-    ds = torchvision.datasets.FashionMNIST(root=root, train=train, download=False)
+    try:
+        ds = torchvision.datasets.FashionMNIST(root=root, train=train, download=False)
+    except Exception as e:  # a truncated or corrupted prepared file
+        raw = Path(root) / "FashionMNIST" / "raw"
+        raise ValueError(f"could not read the Fashion-MNIST {'training' if train else 'test'} "
+                         f"files in {raw} ({type(e).__name__}: {e}). A file there is corrupted "
+                         f"or truncated: delete {raw} and run again to prepare a fresh copy."
+                         ) from None
     return ds.data, ds.targets
+
+
+def _check_sizes(batch_size, resize) -> tuple[int, int | None]:
+    """batch_size and resize as integers >= 1, checked at the call, not at the first batch."""
+    def integer(name, value):
+        try:
+            n = operator.index(value)
+        except TypeError:
+            n = None
+        if n is None or isinstance(value, bool) or n < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        return n
+    return integer("batch_size", batch_size), None if resize is None else integer("resize", resize)
 
 
 class TensorBatches:
@@ -185,31 +222,35 @@ class TensorBatches:
         device: where batches are produced (the data is moved there once).
         resize: if given, bilinear resize of each batch to (resize, resize).
         seed: seed of the shuffling generator (None: seeded from torch's global RNG).
+        drop_last: leave out a last batch smaller than ``batch_size`` (so that every batch
+            can be split over a fixed number of devices).
     """
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, batch_size: int, *, shuffle: bool,
                  device: torch.device | str | None = None, resize: int | None = None,
-                 seed: int | None = None):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+                 seed: int | None = None, drop_last: bool = False):
+        batch_size, resize = _check_sizes(batch_size, resize)
         if len(X) != len(y):
             raise ValueError(f"X has {len(X)} examples but y has {len(y)}; they must match.")
         device = torch.device(device) if device is not None else torch.device("cpu")
         self.X = (X if X.dim() == 4 else X.unsqueeze(1)).to(device)  # (N, 1, 28, 28) uint8
         self.y = y.to(device)  # (N,) int64
-        self.batch_size, self.shuffle = batch_size, shuffle
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.resize, self.device = resize, device
         self.generator = torch.Generator()
         self.generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ())))
 
     def __len__(self) -> int:
+        if self.drop_last:
+            return len(self.y) // self.batch_size
         return (len(self.y) + self.batch_size - 1) // self.batch_size
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = len(self.y)
         order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
         order = order.to(self.device)
-        for start in range(0, n, self.batch_size):
+        last = n - self.batch_size + 1 if self.drop_last else n
+        for start in range(0, max(0, last), self.batch_size):
             idx = order[start:start + self.batch_size]
             X = self.X[idx].float().div_(255)  # (B, 1, 28, 28) float in [0, 1]
             if self.resize is not None:
@@ -221,7 +262,8 @@ class TensorBatches:
 def load_fashion_mnist(batch_size: int, *, resize: int | None = None,
                        root: str | os.PathLike | None = None, fast: bool = True,
                        device: torch.device | str | None = None, quick: bool | None = None,
-                       num_workers: int = 0, seed: int | None = None, download: bool = True):
+                       num_workers: int = 0, seed: int | None = None, download: bool = True,
+                       drop_last: bool = False):
     """Fashion-MNIST as ``(train_iter, test_iter)`` of ``(X, y)`` batches.
 
     ``X`` is float in [0, 1] of shape (B, 1, 28, 28) (or (B, 1, resize, resize)); ``y`` int64.
@@ -237,8 +279,11 @@ def load_fashion_mnist(batch_size: int, *, resize: int | None = None,
         num_workers: DataLoader worker processes (only with ``fast=False``).
         seed: seed of the training-set shuffle (fast path only).
         download: let torchvision download when nothing is found locally.
+        drop_last: leave out a short last training batch (the test set keeps every example).
     """
     import torchvision
+
+    batch_size, resize = _check_sizes(batch_size, resize)
     from torch.utils import data
 
     data_root = str(find_fashion_mnist(root, download=download))
@@ -250,7 +295,7 @@ def load_fashion_mnist(batch_size: int, *, resize: int | None = None,
         X_tr, y_tr = _load_split(data_root, True)
         X_te, y_te = _load_split(data_root, False)
         train_iter = TensorBatches(X_tr[:n_train], y_tr[:n_train], batch_size, shuffle=True,
-                                   device=device, resize=resize, seed=seed)
+                                   device=device, resize=resize, seed=seed, drop_last=drop_last)
         test_iter = TensorBatches(X_te[:n_test], y_te[:n_test], batch_size, shuffle=False,
                                   device=device, resize=resize)
         return train_iter, test_iter
@@ -264,5 +309,6 @@ def load_fashion_mnist(batch_size: int, *, resize: int | None = None,
     if quick:
         train = data.Subset(train, range(QUICK_TRAIN_SIZE))
         test = data.Subset(test, range(QUICK_TEST_SIZE))
-    return (data.DataLoader(train, batch_size, shuffle=True, num_workers=num_workers),
+    return (data.DataLoader(train, batch_size, shuffle=True, num_workers=num_workers,
+                            drop_last=drop_last),
             data.DataLoader(test, batch_size, shuffle=False, num_workers=num_workers))

@@ -13,6 +13,7 @@ several devices, what ``nn.DataParallel`` does inside. Source: d2l's "Multiple G
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -29,6 +30,7 @@ from .timing import Timer
 __all__ = [
     "accuracy",
     "evaluate_accuracy",
+    "NonFiniteLoss",
     "fit",
     "recalibrate_batch_norm",
     "run_epoch",
@@ -77,6 +79,12 @@ def evaluate_accuracy(net: Callable[[torch.Tensor], torch.Tensor]
             X, y = X.to(device), y.to(device)
         correct += accuracy(net(X), y)
         total += y.numel()
+    return _ratio(correct, total)
+
+
+def _ratio(correct: int, total: int) -> float:
+    if total == 0:
+        raise ValueError("evaluate_accuracy got no examples: the data iterator is empty.")
     return correct / total
 
 
@@ -100,7 +108,7 @@ def _evaluate_sharded(net, data_iter: Iterable, devices: list[torch.device],
                                 devices=devices[:k], threads=_threads(devices[:k], parallel))
         correct += sum(counts)                                        # ints: exact
         total += y.numel()
-    return correct / total
+    return _ratio(correct, total)
 
 
 def run_epoch(step: Step, data_iter: Iterable) -> tuple[float, float]:
@@ -109,22 +117,37 @@ def run_epoch(step: Step, data_iter: Iterable) -> tuple[float, float]:
     Loss and correct counts are summed on the step's device and read once at the end: no
     synchronization per batch (``float()`` of a GPU tensor would wait for the GPU every step).
     """
-    loss_sum, correct, total = None, None, 0
+    loss_sum, correct, total, finite = None, None, 0, []
     for X, y in data_iter:
         loss, right = step(X, y)                     # 0-d tensors on the step's device
         n = y.shape[0]
         loss_sum = loss.detach() * n if loss_sum is None else loss_sum + loss.detach() * n
         correct = right if correct is None else correct + right
+        finite.append(torch.isfinite(loss.detach()))  # checked once, at the end: no sync here
         total += n
     if total == 0:
         raise ValueError("run_epoch got no batches: the data iterator is empty (a batch size "
                          "larger than the data with drop_last, or an exhausted iterator?).")
+    ok = torch.stack(finite)                         # (steps,) bool
+    if not bool(ok.all()):
+        raise NonFiniteLoss(int((~ok).nonzero()[0]), len(finite))
     return float(loss_sum) / total, int(correct) / total
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The training loss became inf or NaN: the weights are ruined, training cannot go on."""
+
+    def __init__(self, step: int, steps: int, detail: str = ""):
+        self.step, self.steps = step, steps
+        super().__init__(f"the loss was not finite (inf or nan) at step {step + 1} of {steps} of "
+                         f"the epoch{detail}. The weights are now ruined: lower the learning "
+                         "rate (or add warm-up) and train again from the start.")
 
 
 def fit(step: Step, data_iter: Iterable, evaluate: Callable[[], float], *, num_epochs: int,
         plot: bool | None = None, title: str | None = None,
-        on_epoch: Callable[[int], None] | None = None) -> dict:
+        on_epoch: Callable[[int], None] | None = None, lr: float | None = None,
+        on_nonfinite: str = "raise") -> dict:
     """The one fit loop: ``num_epochs`` of ``run_epoch``, each timed, then ``evaluate()``.
 
     Args:
@@ -134,19 +157,32 @@ def fit(step: Step, data_iter: Iterable, evaluate: Callable[[], float], *, num_e
         num_epochs: epochs.
         plot: draw the live plot (default: inside a notebook only).
         on_epoch: called with the epoch number before it starts (e.g. to set train mode).
+        lr: the learning rate, named in the message when the loss stops being finite.
+        on_nonfinite: "raise" (``NonFiniteLoss``) or "stop" (warn once, return the history of
+            the epochs before it) when the loss becomes inf or nan.
 
     Returns:
         ``{"train_loss": [...], "train_acc": [...], "test_acc": [...], "epoch_time": [...]}``;
         ``epoch_time`` counts training only (every GPU synchronized), not the evaluation.
     """
+    if on_nonfinite not in ("raise", "stop"):
+        raise ValueError(f"on_nonfinite must be 'raise' or 'stop', got {on_nonfinite!r}.")
     live = TrainingPlot(title=title, live=plot)
     history = {"train_loss": [], "train_acc": [], "test_acc": [], "epoch_time": []}
     try:
         for epoch in range(1, num_epochs + 1):
             if on_epoch is not None:
                 on_epoch(epoch)
-            with Timer() as timer:                   # synchronizes every GPU
-                train_loss, train_acc = run_epoch(step, data_iter)
+            try:
+                with Timer() as timer:               # synchronizes every GPU
+                    train_loss, train_acc = run_epoch(step, data_iter)
+            except NonFiniteLoss as e:
+                where = f" in epoch {epoch}" + ("" if lr is None else f" with lr={lr:g}")
+                error = NonFiniteLoss(e.step, e.steps, where)
+                if on_nonfinite == "raise":
+                    raise error from None
+                warnings.warn(f"training stopped: {error}", stacklevel=2)
+                break
             test_acc = evaluate()
             for key, v in zip(history, (train_loss, train_acc, test_acc, timer.elapsed)):
                 history[key].append(v)
@@ -199,7 +235,7 @@ def train_single(params: list[torch.Tensor], train_iter: Iterable, test_iter: It
     device = as_device(device) if device is not None else params[0].device
     step = functools.partial(_sgd_step, params, lr, device, net)
     return fit(step, train_iter, lambda: evaluate_accuracy(_bind(net, params), test_iter, device),
-               num_epochs=num_epochs, plot=plot, title=title)
+               num_epochs=num_epochs, plot=plot, title=title, lr=lr)
 
 
 # --- several devices in one process (lesson 04) ---------------------------------------------
@@ -306,7 +342,7 @@ def train(params: list[torch.Tensor], train_iter: Iterable, test_iter: Iterable,
         nets = [_bind(net, p) for p in device_params]
         return evaluate_accuracy(nets, test_iter, devices, parallel=parallel)
 
-    history = fit(step, train_iter, evaluate, num_epochs=num_epochs, plot=plot, title=title)
+    history = fit(step, train_iter, evaluate, num_epochs=num_epochs, plot=plot, title=title, lr=lr)
     with torch.no_grad():
         for p, q in zip(params, device_params[0]):
             p.copy_(q.to(p.device))
@@ -364,7 +400,7 @@ def train_module(net: nn.Module, train_iter: Iterable, test_iter: Iterable, *, n
             net.train()
 
     return fit(step, train_iter, evaluate, num_epochs=num_epochs, plot=plot, title=title,
-               on_epoch=lambda epoch: net.train())
+               on_epoch=lambda epoch: net.train(), lr=lr)
 
 
 def recalibrate_batch_norm(net: nn.Module, batches: Iterable, device: Device | None = None

@@ -233,3 +233,96 @@ def test_run_commands_stops_processes_that_left_the_group_and_closes_its_pipes(t
         with pytest.raises(subprocess.CalledProcessError):
             D.run_commands([["bash", "-c", "exit 3"]], timeout=10, echo=False)
     assert len(os.listdir("/proc/self/fd")) <= fds + 1
+
+
+# --- training that goes non-finite stops, naming the step and the learning rate -----------------
+
+def test_training_on_a_nonfinite_loss_stops_naming_step_and_lr():
+    """It used to carry on for every remaining epoch and report a test accuracy of 0.106."""
+    import warnings
+
+    from course_lib.train import NonFiniteLoss, train_single
+
+    g = torch.Generator().manual_seed(0)
+    good = [(torch.rand(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g))
+            for _ in range(3)]
+    bad = good[:1] + [(torch.full((16, 1, 28, 28), float("nan")), good[1][1])] + good[2:]
+    with pytest.raises(NonFiniteLoss, match=r"step 2 of 3 of the epoch in epoch 1 with lr=0.1"):
+        train_single(init_lenet_params(seed=0), bad, good, num_epochs=3, lr=0.1, plot=False)
+    with pytest.warns(UserWarning, match="training stopped: the loss was not finite"):
+        from course_lib.train import fit
+
+        history = fit(lambda X, y: (torch.tensor(float("nan")), torch.tensor(0)), good,
+                      lambda: 0.0, num_epochs=3, plot=False, on_nonfinite="stop")
+    assert history["train_loss"] == []
+    data = good
+    params = init_lenet_params(seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = train_single(params, data, data, num_epochs=1, lr=0.1, plot=False)
+    assert len(history["train_loss"]) == 1 and not caught
+
+
+# --- unclear errors made clear -----------------------------------------------------------------
+
+def test_data_loading_refuses_an_explicit_folder_without_the_data(tmp_path, monkeypatch):
+    from course_lib.data import find_fashion_mnist
+
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match=r"the root argument .* holds \['notes.txt'\]"):
+        find_fashion_mnist(tmp_path, download=False)
+    monkeypatch.setenv("FASHION_MNIST_DIR", str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match=r"\$FASHION_MNIST_DIR .* does not exist"):
+        find_fashion_mnist(download=False)
+
+
+def test_a_corrupted_gzip_file_is_named_and_leaves_no_part_file(tmp_path):
+    from course_lib.data import FILES, find_fashion_mnist
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in FILES:
+        (src / f"{name}.gz").write_bytes(b"this is not gzip")
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz is corrupted or truncated"):
+        find_fashion_mnist(src, download=False)
+    assert not list(tmp_path.rglob("*.part"))
+
+
+@pytest.mark.parametrize("kwargs, words", [({"batch_size": 2.5}, "batch_size must be an integer"),
+                                           ({"batch_size": 0}, "batch_size must be an integer"),
+                                           ({"batch_size": 8, "resize": 30.5}, "resize must be")])
+def test_batch_size_and_resize_are_checked_at_the_call(kwargs, words):
+    from course_lib.data import TensorBatches
+
+    with pytest.raises(ValueError, match=words):
+        TensorBatches(torch.zeros(4, 28, 28, dtype=torch.uint8), torch.zeros(4), shuffle=False,
+                      **kwargs)
+
+
+def test_drop_last_leaves_out_the_short_batch():
+    from course_lib.data import TensorBatches
+
+    batches = TensorBatches(torch.zeros(10, 28, 28, dtype=torch.uint8), torch.zeros(10), 4,
+                            shuffle=False, drop_last=True)
+    assert len(batches) == 2 and [len(y) for _, y in batches] == [4, 4]
+
+
+def test_lenet_names_the_expected_input_shape():
+    from course_lib.models.lenet import lenet
+
+    with pytest.raises(ValueError, match=r"\(B, 1, 28, 28\), got \(2, 1, 32, 32\)"):
+        lenet(torch.zeros(2, 1, 32, 32), init_lenet_params(seed=0))
+
+
+def test_an_empty_iterator_is_named_not_a_zero_division():
+    from course_lib.train import evaluate_accuracy, run_epoch
+
+    with pytest.raises(ValueError, match="iterator is empty"):
+        evaluate_accuracy(lambda X: X, [])
+    with pytest.raises(ValueError, match="iterator is empty"):
+        run_epoch(lambda X, y: (X, y), [])
+
+
+def test_data_parallel_with_gpu_ids_on_a_machine_without_them(no_gpus):
+    with pytest.raises(ValueError, match=r"naming GPU\(s\) \['cuda:0', 'cuda:1'\].*devices\(2\)"):
+        DataParallel(torch.nn.Linear(2, 2), [0, 1])

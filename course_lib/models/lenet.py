@@ -48,6 +48,10 @@ def lenet(X: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
     """Logits (B, 10) of LeNet for images X (B, 1, 28, 28) with the 8 tensors in ``params``."""
     if len(params) != 8:
         raise ValueError(f"lenet expects the 8 tensors of init_lenet_params(), got {len(params)}.")
+    if X.dim() != 4 or tuple(X.shape[1:]) != (1, 28, 28):
+        raise ValueError(f"lenet expects images of shape (B, 1, 28, 28), got {tuple(X.shape)}. "
+                         "Load Fashion-MNIST without resize= (the network's 800 = 50 x 4 x 4 "
+                         "inputs to the first linear layer fix the 28 x 28 size).")
     W1, b1, W2, b2, W3, b3, W4, b4 = params
     h = F.relu(F.conv2d(X, W1, b1))           # (B, 20, 26, 26)
     h = F.avg_pool2d(h, kernel_size=2)        # (B, 20, 13, 13)

@@ -112,8 +112,8 @@ def split_batch(X: torch.Tensor, y: torch.Tensor,
         raise ValueError(
             f"split_batch: a batch of {X.shape[0]} examples cannot be split over "
             f"{len(devices)} devices (each device needs at least one). Use a batch size of at "
-            f"least {len(devices)}, or fewer devices (e.g. drop_last=True in the DataLoader "
-            "avoids a short last batch).")
+            f"least {len(devices)} or fewer devices; drop_last=True in load_fashion_mnist (or "
+            "a DataLoader) leaves out a short last batch.")
     return scatter(X, devices), scatter(y, devices)
 
 

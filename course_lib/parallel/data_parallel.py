@@ -53,6 +53,14 @@ class DataParallel(nn.Module):
         if not self.device_ids:
             raise ValueError("DataParallel needs at least one device; got device_ids=[]. "
                              "Pass e.g. course_lib.devices.devices(2).")
+        missing = [d for d in self.device_ids if d.type == "cuda"
+                   and (d.index or 0) >= torch.cuda.device_count()]
+        if missing:
+            raise ValueError(
+                f"DataParallel got device_ids {list(device_ids)}, naming GPU(s) "
+                f"{[str(d) for d in missing]}, but this machine has {torch.cuda.device_count()} "
+                "GPU(s). On a CPU use logical devices: DataParallel(net, "
+                "course_lib.devices.devices(2)).")
         self.output_device = self.device_ids[0]
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
