@@ -6,6 +6,8 @@ Command line: ``python -m course_lib.bench NAME [options]`` (``--list`` names th
   against a plain DataLoader (lesson 01).
 - ``allreduce`` (``course_lib.bench.allreduce``): the hand-written ring against
   ``dist.all_reduce`` over message sizes (lesson 06).
+- ``ddp`` (``course_lib.bench.ddp``): step time of the course's DDP strategies against torch's
+  DDP, 2 ranks, LeNet and ResNet-18 (lesson 07).
 
 ``step_breakdown`` (``course_lib.bench.breakdown``) times the phases of a ``DataParallel`` step
 (lesson 05). The timer itself is ``course_lib.timing.Timer``.
@@ -23,6 +25,7 @@ __all__ = ["BENCHMARKS", "main", "step_breakdown"]
 BENCHMARKS: dict[str, str] = {
     "dataloader": "course_lib.bench.dataloader:main",
     "allreduce": "course_lib.bench.allreduce:main",
+    "ddp": "course_lib.bench.ddp:main",
 }
 
 

@@ -6,7 +6,7 @@ when right). An answer left as ``None`` is reported as "not answered yet" instea
 notebooks that ship with open exercises still run top to bottom. Pass ``strict=True`` to raise
 ``AssertionError`` on a wrong answer (what an autograder wants).
 
-One module per lesson (``lesson00`` ... ``lesson06``); every checker is importable from here:
+One module per lesson (``lesson00`` ... ``lesson07``); every checker is importable from here:
 ``from course_lib import checks; checks.check_allreduce_fn(my_allreduce)``.
 """
 from ._core import (
@@ -25,6 +25,7 @@ from .lesson03 import check_balanced_sizes, check_devices_used
 from .lesson04 import check_lr_for_shard_means, check_scaled_batch
 from .lesson05 import check_bn_examples_seen, check_module_calls
 from .lesson06 import check_elements_sent, check_tree_rounds, elements_sent, tree_rounds
+from .lesson07 import check_average_gradients
 
 __all__ = [
     "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
@@ -36,4 +37,5 @@ __all__ = [
     "check_lr_for_shard_means", "check_scaled_batch",         # 04
     "check_bn_examples_seen", "check_module_calls",           # 05
     "check_tree_rounds", "tree_rounds", "check_elements_sent", "elements_sent",  # 06
+    "check_average_gradients",                                # 07
 ]

@@ -7,6 +7,9 @@ Where each idea lives (the same files as in ``torch/nn/parallel/``):
   ``ring_allreduce``, ``ps_allreduce``) over a list of tensors, one per device.
 - ``replicate``, ``scatter_gather``, ``parallel_apply``, ``data_parallel``: the four parts of
   ``DataParallel`` and the class itself (lesson 05).
+- ``ddp``: ``DistributedDataParallel`` from scratch, one process per device, with its buckets
+  and communication hooks (lesson 07); it is built on ``course_lib.distributed``'s processes,
+  as torch's DDP is on ``torch.distributed``.
 
 Names that look alike differ in meaning, and the path says which: ``replicate_params`` copies a
 list of tensors, ``replicate`` a module (as torch's); ``comm.gather`` joins tensors,
@@ -25,12 +28,14 @@ from .comm import (
     split_batch,
 )
 from .data_parallel import DataParallel
+from .ddp import DistributedDataParallel
 from .parallel_apply import parallel_apply
 from .replicate import replicate
 from .scatter_gather import gather, scatter_kwargs
 
 __all__ = [
     "DataParallel",
+    "DistributedDataParallel",
     "allreduce",
     "broadcast",
     "check_allreduce",

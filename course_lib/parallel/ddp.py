@@ -20,7 +20,8 @@ one) and hands each bucket to a communication hook ``hook(state, bucket) -> Futu
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import accumulate
 from typing import Any
@@ -193,8 +194,8 @@ class Bucket:
         i = self._slot[id(param)]
         if self.ready[i]:
             raise RuntimeError(f"Bucket {self._index}: the gradient of {self.names[i]} arrived "
-                               "twice in one synchronised backward. Expected one backward per "
-                               "forward; wrap extra backward passes in ddp.no_sync().")
+                               "twice in one backward; expected each gradient once per "
+                               "synchronised backward.")
         if param.grad is None:
             self._views[i].zero_()
         else:
@@ -217,7 +218,7 @@ class Bucket:
                                f"{self._index} got {found}.")
         self.result = result
 
-    def copy_back(self, skip: set[int] = frozenset()) -> None:
+    def copy_back(self, skip: Collection[int] = ()) -> None:
         """Write the averaged gradients into each ``param.grad`` (not those whose id is in skip)."""
         for p, average in zip(self._params, self._shaped(self.result)):  # (*p.shape)
             if id(p) in skip:
@@ -479,8 +480,8 @@ class DistributedDataParallel(nn.Module):
         self._comm_hook_registered = False
         self._expect_hooks = False     # a synchronised forward ran: its backward averages
         self._callback_queued = False  # the end-of-backward callback of this backward
-        self._hook_handles = [p.register_post_accumulate_grad_hook(self._grad_ready)
-                              for _, p in named]
+        hook = _weak_grad_hook(self)
+        self._hook_handles = [p.register_post_accumulate_grad_hook(hook) for _, p in named]
 
     def forward(self, *args, **kwargs):
         """Run the module (after taking rank 0's buffers) and arm the gradient hooks."""
@@ -548,6 +549,22 @@ class DistributedDataParallel(nn.Module):
         self._expect_hooks, self._callback_queued = False, False
         with torch.no_grad():
             self.reducer.finish()
+
+
+def _weak_grad_hook(ddp: DistributedDataParallel) -> Callable[[torch.Tensor], None]:
+    """``ddp._grad_ready`` as a hook that does not keep ``ddp`` alive once the caller drops it.
+
+    The hooks stay on the parameters: without this, wrapping a model again (say, to try
+    another strategy) would keep the old wrapper, its buckets and its hooks working forever.
+    """
+    ref = weakref.ref(ddp)
+
+    def hook(param: torch.Tensor) -> None:
+        alive = ref()
+        if alive is not None:
+            alive._grad_ready(param)
+
+    return hook
 
 
 def _check_arguments(module: nn.Module, bucket_cap_mb: float, strategy: str,

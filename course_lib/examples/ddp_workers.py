@@ -1,0 +1,384 @@
+"""Worker functions that notebook 07 (DDP from scratch) hands to ``course_lib.distributed.launch``.
+
+``launch`` starts fresh processes that import each function by module and name, so the workers
+live here, never in a notebook cell. Each runs in every rank of an initialised process group and
+returns small picklable results (dicts of numbers and lists). The data comes in as arguments:
+the same uint8 images ``X`` (N, 1, 28, 28) and labels ``y`` (N,) on every rank; each rank takes
+its own shard of every global batch, as ``DistributedSampler`` would.
+
+The oracles are torch's own ``torch.nn.parallel.DistributedDataParallel`` on the same data and one
+process training on the whole batch. Claims are asserted here, in the worker, so a notebook cell
+that prints a result has also proved it.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.models.lenet import LeNet
+from course_lib.parallel.ddp import (
+    DistributedDataParallel,
+    allreduce_hook,
+    bf16_compress_hook,
+    bytes_on_wire,
+)
+
+__all__ = ["accumulate_with_no_sync", "broadcast_initial_state", "compare_with_torch",
+           "compression", "count_all_reduce_bytes", "step_times", "timeline", "timelines"]
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers (run inside the workers)
+# ------------------------------------------------------------------------------------------------
+
+def _global_batch(X: torch.Tensor, y: torch.Tensor, step: int,
+                  per_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global batch number ``step`` (world * per_rank examples), float images in [0, 1]."""
+    n = dist.get_world_size() * per_rank
+    start = (step * n) % (len(X) - n + 1)
+    return X[start:start + n].float() / 255, y[start:start + n]  # (n, 1, 28, 28), (n,)
+
+
+def _shard(batch: torch.Tensor, per_rank: int) -> torch.Tensor:
+    """This rank's slice of a global batch: rows rank * per_rank ... (rank + 1) * per_rank."""
+    rank = dist.get_rank()
+    return batch[rank * per_rank:(rank + 1) * per_rank]  # (per_rank, ...)
+
+
+def _max_abs_diff(a: nn.Module, b: nn.Module) -> float:
+    """Largest |difference| between the parameters of two modules of the same architecture."""
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+def _max_grad_diff(a: nn.Module, b: nn.Module) -> float:
+    """Largest |difference| between the gradients of two modules of the same architecture."""
+    return max((p.grad - q.grad).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+def _lenet(seed: int) -> LeNet:
+    """A LeNet whose initial weights depend on ``seed`` (a different one per rank, on purpose)."""
+    torch.manual_seed(seed)
+    return LeNet()
+
+
+def _torch_ddp(module: nn.Module, **kwargs) -> nn.Module:
+    """torch's own DistributedDataParallel (imported here: its first import takes seconds)."""
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    return TorchDDP(module, **kwargs)
+
+
+def _sgd_step(net: nn.Module, opt: torch.optim.Optimizer, X: torch.Tensor,
+              y: torch.Tensor) -> float:
+    """One SGD step on the mean cross-entropy of (X, y); returns the loss."""
+    opt.zero_grad()
+    loss = F.cross_entropy(net(X), y)
+    loss.backward()  # DDP: when this returns, every .grad holds the average over the ranks
+    opt.step()
+    return loss.item()
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. the initial broadcast
+# ------------------------------------------------------------------------------------------------
+
+def broadcast_initial_state() -> dict[str, list[float]]:
+    """Each rank builds a LeNet from its own seed; wrapping it in DDP makes them all rank 0's.
+
+    Returns, for every rank, the sum of all its parameters before and after wrapping (a
+    checksum: equal sums after, different ones before).
+    """
+    net = _lenet(seed=dist.get_rank())           # different weights on every rank
+    checksum = lambda: torch.stack([p.detach().sum() for p in net.parameters()]).sum()
+    before = checksum()
+    DistributedDataParallel(net)                 # broadcasts parameters and buffers from rank 0
+    after = checksum()
+    sums = torch.stack([before, after])          # (2,)
+    everyone = [torch.zeros(2) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, sums)
+    assert all(torch.equal(p[1], everyone[0][1]) for p in everyone), "not equal after wrapping"
+    return {"before": [p[0].item() for p in everyone], "after": [p[1].item() for p in everyone]}
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. each strategy against torch's DDP
+# ------------------------------------------------------------------------------------------------
+
+def compare_with_torch(strategy: str, X: torch.Tensor, y: torch.Tensor, steps: int,
+                       per_rank: int = 32, lr: float = 0.1,
+                       bucket_cap_mb: float = 25) -> dict:
+    """Train the same LeNet with our DDP and torch's on the same shards; parameters must match.
+
+    Both start from a different random LeNet on every rank (their constructors broadcast rank 0's)
+    and take ``steps`` SGD steps. After every step the parameters of the two are compared with
+    ``torch.testing.assert_close`` (an AssertionError fails the launch).
+
+    Returns:
+        ``strategy``, ``buckets`` (how many our DDP made), ``losses`` (rank 0's, ours) and
+        ``max_abs_diff`` after each step (rank 0's; the others are asserted too).
+    """
+    net = _lenet(seed=100 + dist.get_rank())
+    ours = DistributedDataParallel(net, strategy=strategy, bucket_cap_mb=bucket_cap_mb)
+    theirs = _torch_ddp(copy.deepcopy(net), bucket_cap_mb=bucket_cap_mb)
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=lr)
+    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=lr)
+    losses, diffs = [], []
+    for step in range(steps):
+        Xg, yg = _global_batch(X, y, step, per_rank)
+        Xs, ys = _shard(Xg, per_rank), _shard(yg, per_rank)   # (per_rank, 1, 28, 28), (per_rank,)
+        losses.append(_sgd_step(ours, opt_ours, Xs, ys))
+        _sgd_step(theirs, opt_theirs, Xs, ys)
+        torch.testing.assert_close(dict(ours.module.named_parameters()),
+                                   dict(theirs.module.named_parameters()))
+        diffs.append(_max_abs_diff(ours.module, theirs.module))
+    return {"strategy": strategy, "buckets": len(ours.reducer.buckets), "losses": losses,
+            "max_abs_diff": diffs}
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. a timeline of one backward pass
+# ------------------------------------------------------------------------------------------------
+
+def timeline(strategy: str, X: torch.Tensor, y: torch.Tensor, per_rank: int = 128,
+             bucket_cap_mb: float = 0.1, steps: int = 4) -> dict:
+    """When backward produces each gradient, and when each bucket's all-reduce starts and ends.
+
+    Times come from ``time.perf_counter()`` in hooks, in seconds after ``loss.backward()`` was
+    called, for the last of ``steps`` steps (the first ones warm up):
+
+    * a post-accumulate-grad hook on every parameter, registered *before* DDP's own, records
+      when that parameter's gradient is final ("grad");
+    * a communication hook around ``allreduce_hook`` records when each bucket's all-reduce is
+      launched ("start") and, in a callback on its future, when it completes ("end");
+    * ``backward returned`` is when ``loss.backward()`` came back, after DDP's final callback
+      waited for every bucket and copied the averages into ``.grad``.
+
+    Returns:
+        ``grads``: [(parameter name, t)], ``buckets``: [(index, parameter names, start, end)],
+        ``backward_returned``: t, ``forward_s``: duration of the forward pass.
+    """
+    net = _lenet(seed=0)
+    names = {id(p): name for name, p in net.named_parameters()}
+    events: dict[str, list] = {"grads": [], "buckets": []}
+    t0 = [0.0]  # reset before each backward
+
+    def grad_ready(p: torch.Tensor) -> None:
+        events["grads"].append((names[id(p)], time.perf_counter() - t0[0]))
+
+    for p in net.parameters():
+        p.register_post_accumulate_grad_hook(grad_ready)  # runs before DDP's hook on p
+
+    def timed_allreduce(state, bucket) -> torch.futures.Future:
+        start = time.perf_counter() - t0[0]
+        record = [bucket.index(), [names[id(p)] for p in bucket.parameters()], start, None]
+        events["buckets"].append(record)
+
+        def done(fut: torch.futures.Future) -> torch.Tensor:
+            record[3] = time.perf_counter() - t0[0]
+            return fut.value()
+
+        return allreduce_hook(state, bucket).then(done)
+
+    ddp = DistributedDataParallel(net, strategy=strategy, bucket_cap_mb=bucket_cap_mb)
+    ddp.register_comm_hook(None, timed_allreduce)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for step in range(steps):
+        Xg, yg = _global_batch(X, y, step, per_rank)
+        Xs, ys = _shard(Xg, per_rank), _shard(yg, per_rank)
+        events["grads"].clear()
+        events["buckets"].clear()
+        opt.zero_grad()
+        dist.barrier()                   # both ranks start the step together
+        t_forward = time.perf_counter()
+        loss = F.cross_entropy(ddp(Xs), ys)
+        t0[0] = time.perf_counter()
+        forward_s = t0[0] - t_forward
+        loss.backward()
+        backward_returned = time.perf_counter() - t0[0]
+        opt.step()
+    assert all(end is not None for *_, end in events["buckets"]), "a bucket never completed"
+    return {"strategy": strategy, "grads": list(events["grads"]),
+            "buckets": [tuple(b) for b in events["buckets"]],
+            "backward_returned": backward_returned, "forward_s": forward_s}
+
+
+def timelines(strategies: tuple[str, ...], X: torch.Tensor, y: torch.Tensor, per_rank: int = 128,
+              bucket_cap_mb: float = 0.1) -> dict[str, dict]:
+    """``timeline`` for each strategy, in one launch: strategy -> its timeline."""
+    return {strategy: timeline(strategy, X, y, per_rank, bucket_cap_mb) for strategy in strategies}
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. step time of each strategy and of torch's DDP
+# ------------------------------------------------------------------------------------------------
+
+def step_times(X: torch.Tensor, y: torch.Tensor, per_rank: int = 128, steps: int = 10,
+               rounds: int = 5) -> dict[str, list[float]]:
+    """Seconds per training step of each variant, measured in interleaved rounds.
+
+    Variants: ``local`` (the plain module, no communication: the compute floor), our DDP with
+    each strategy (default bucket_cap_mb=25), and torch's DDP. All start from the same weights
+    and see the same shards. A warm-up round is not recorded; in each round every variant runs
+    ``steps`` steps behind a barrier, and the slower rank's time counts (all_reduce with MAX).
+
+    Returns:
+        variant -> seconds per step in each round (rank 0 returns what every rank agreed on).
+    """
+    base = _lenet(seed=0)
+    models: dict[str, nn.Module] = {"local": copy.deepcopy(base)}
+    for strategy in ("naive", "overlap", "bucketed"):
+        models[strategy] = DistributedDataParallel(copy.deepcopy(base), strategy=strategy)
+    models["torch DDP"] = _torch_ddp(copy.deepcopy(base))
+    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for round_ in range(rounds + 1):
+        order = list(models)
+        order = order[round_ % len(order):] + order[:round_ % len(order)]  # rotate the order
+        for name in order:
+            dist.barrier()
+            start = time.perf_counter()
+            for step in range(steps):
+                Xg, yg = _global_batch(X, y, step, per_rank)
+                _sgd_step(models[name], opts[name], _shard(Xg, per_rank), _shard(yg, per_rank))
+            elapsed = torch.tensor((time.perf_counter() - start) / steps, dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slower rank's time counts
+            if round_ > 0:                                  # round 0 warms up
+                times[name].append(elapsed.item())
+    return times
+
+
+# ------------------------------------------------------------------------------------------------
+# 5. gradient accumulation with no_sync
+# ------------------------------------------------------------------------------------------------
+
+def accumulate_with_no_sync(X: torch.Tensor, y: torch.Tensor, micro: int = 16,
+                            k: int = 4) -> dict:
+    """k micro-batches per rank, the first k - 1 under ``no_sync()``: one big batch's gradient.
+
+    Each rank owns k * micro examples of a global batch of world * k * micro. Each micro-batch's
+    loss is divided by k, so the accumulated gradient is the mean over the rank's examples, and the
+    average over ranks is the mean over the global batch: one process on the whole batch must get
+    the same gradient (asserted), and so must torch's DDP with its ``no_sync`` (asserted).
+    A counting communication hook records how many buckets were sent in each backward.
+
+    Returns:
+        per strategy: ``sent`` (buckets sent after each micro-batch) and ``max_abs_diff`` from the
+        one-process gradient; and ``torch DDP``'s ``max_abs_diff``.
+    """
+    per_rank = k * micro
+    Xg, yg = _global_batch(X, y, 0, per_rank)          # (world * k * micro, 1, 28, 28)
+    Xs, ys = _shard(Xg, per_rank), _shard(yg, per_rank)
+    base = _lenet(seed=0)
+
+    one = copy.deepcopy(base)                           # the oracle: one process, whole batch
+    F.cross_entropy(one(Xg), yg).backward()
+
+    def accumulate(model: nn.Module, sent: list[int] | None = None) -> None:
+        for i in range(k):
+            Xm, ym = Xs[i * micro:(i + 1) * micro], ys[i * micro:(i + 1) * micro]
+            before = calls[0]
+            if i < k - 1:
+                with model.no_sync():                   # forward and backward inside
+                    (F.cross_entropy(model(Xm), ym) / k).backward()
+            else:                                       # the last one synchronises
+                (F.cross_entropy(model(Xm), ym) / k).backward()
+            if sent is not None:
+                sent.append(calls[0] - before)
+
+    calls = [0]
+
+    def counting(state, bucket) -> torch.futures.Future:
+        calls[0] += 1
+        return allreduce_hook(state, bucket)
+
+    out: dict[str, dict] = {}
+    for strategy in ("naive", "overlap", "bucketed"):
+        ddp = DistributedDataParallel(copy.deepcopy(base), strategy=strategy)
+        ddp.register_comm_hook(None, counting)
+        sent: list[int] = []
+        accumulate(ddp, sent)
+        torch.testing.assert_close(dict((n, p.grad) for n, p in ddp.module.named_parameters()),
+                                   dict((n, p.grad) for n, p in one.named_parameters()))
+        out[strategy] = {"sent": sent, "max_abs_diff": _max_grad_diff(ddp.module, one)}
+
+    theirs = _torch_ddp(copy.deepcopy(base))
+    accumulate(theirs)
+    torch.testing.assert_close(dict((n, p.grad) for n, p in theirs.module.named_parameters()),
+                               dict((n, p.grad) for n, p in one.named_parameters()))
+    out["torch DDP"] = {"max_abs_diff": _max_grad_diff(theirs.module, one)}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# 6. the bf16 compression hook
+# ------------------------------------------------------------------------------------------------
+
+@contextmanager
+def count_all_reduce_bytes() -> Iterator[list[int]]:
+    """Record the bytes of every tensor handed to ``dist.all_reduce`` inside the block.
+
+    The hooks call ``torch.distributed.all_reduce`` by attribute, so replacing it for the
+    duration of the block sees exactly what they send; the original is restored in ``finally``.
+    """
+    sizes: list[int] = []
+    original: Callable = dist.all_reduce
+
+    def recording(tensor, *args, **kwargs):
+        sizes.append(tensor.numel() * tensor.element_size())
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = recording
+    try:
+        yield sizes
+    finally:
+        dist.all_reduce = original
+
+
+def compression(X: torch.Tensor, y: torch.Tensor, per_rank: int = 64, steps: int = 5) -> dict:
+    """Average gradients in float32 and with ``bf16_compress_hook``: bytes sent and the error.
+
+    Two copies of one LeNet take the same steps on the same shards; before each step the bf16
+    copy is reset to the float32 copy's weights, so their gradients are compared at the same
+    point. ``sent_bytes``: bytes handed to ``dist.all_reduce`` per step, measured;
+    ``ring_bytes``: what a ring all-reduce sends per rank for that (``bytes_on_wire``).
+
+    Returns:
+        for "fp32" and "bf16": ``sent_bytes``, ``ring_bytes``; and per step ``max_abs_diff``
+        (largest |bf16 - fp32| over all gradient entries), ``max_abs_grad`` (largest |fp32
+        gradient|) and ``max_rel_diff`` (per tensor, |diff|.max() / |grad|.max(), the worst one).
+    """
+    base = _lenet(seed=0)
+    fp32 = DistributedDataParallel(copy.deepcopy(base))
+    bf16 = DistributedDataParallel(copy.deepcopy(base))
+    bf16.register_comm_hook(None, bf16_compress_hook)
+    opt = torch.optim.SGD(fp32.parameters(), lr=0.1)
+    sent = {"fp32": [], "bf16": []}
+    diffs, grads, rel = [], [], []
+    for step in range(steps):
+        Xg, yg = _global_batch(X, y, step, per_rank)
+        Xs, ys = _shard(Xg, per_rank), _shard(yg, per_rank)
+        with torch.no_grad():
+            for p, q in zip(bf16.parameters(), fp32.parameters()):
+                p.copy_(q)
+        for name, model in (("fp32", fp32), ("bf16", bf16)):
+            model.zero_grad()
+            with count_all_reduce_bytes() as sizes:
+                F.cross_entropy(model(Xs), ys).backward()
+            sent[name].append(sum(sizes))
+        diffs.append(_max_grad_diff(bf16.module, fp32.module))
+        grads.append(max(p.grad.abs().max().item() for p in fp32.parameters()))
+        rel.append(max(((p.grad - q.grad).abs().max() / q.grad.abs().max()).item()
+                       for p, q in zip(bf16.parameters(), fp32.parameters())))
+        opt.step()
+    assert len(set(sent["fp32"])) == 1 and len(set(sent["bf16"])) == 1, "bytes vary by step"
+    return {"fp32": {"sent_bytes": sent["fp32"][0], "ring_bytes": bytes_on_wire(fp32)},
+            "bf16": {"sent_bytes": sent["bf16"][0],
+                     "ring_bytes": bytes_on_wire(bf16, torch.bfloat16)},
+            "max_abs_diff": diffs, "max_abs_grad": grads, "max_rel_diff": rel}
