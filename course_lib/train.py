@@ -130,18 +130,22 @@ def run_epoch(step: Step, data_iter: Iterable) -> tuple[float, float]:
                          "larger than the data with drop_last, or an exhausted iterator?).")
     ok = torch.stack(finite)                         # (steps,) bool
     if not bool(ok.all()):
-        raise NonFiniteLoss(int((~ok).nonzero()[0]), len(finite))
+        raise NonFiniteLoss(f"step {int((~ok).nonzero()[0]) + 1} of {len(finite)} of the epoch")
     return float(loss_sum) / total, int(correct) / total
 
 
 class NonFiniteLoss(FloatingPointError):
-    """The training loss became inf or NaN: the weights are ruined, training cannot go on."""
+    """The training loss became inf or NaN: the weights are ruined, training cannot go on.
 
-    def __init__(self, step: int, steps: int, detail: str = ""):
-        self.step, self.steps = step, steps
-        super().__init__(f"the loss was not finite (inf or nan) at step {step + 1} of {steps} of "
-                         f"the epoch{detail}. The weights are now ruined: lower the learning "
-                         "rate (or add warm-up) and train again from the start.")
+    Every loop of the course raises it (``run_epoch``, ``fit``, and every rank of
+    ``course_lib.train_ddp`` at the same step); ``where`` says where it happened.
+    """
+
+    def __init__(self, where: str, advice: str = "lower the learning rate (or add warm-up) and "
+                 "train again from the start"):
+        self.where, self.advice = where, advice
+        super().__init__(f"the loss was not finite (inf or nan) at {where}. The weights are now "
+                         f"ruined: {advice}.")
 
 
 def fit(step: Step, data_iter: Iterable, evaluate: Callable[[], float], *, num_epochs: int,
@@ -178,7 +182,7 @@ def fit(step: Step, data_iter: Iterable, evaluate: Callable[[], float], *, num_e
                     train_loss, train_acc = run_epoch(step, data_iter)
             except NonFiniteLoss as e:
                 where = f" in epoch {epoch}" + ("" if lr is None else f" with lr={lr:g}")
-                error = NonFiniteLoss(e.step, e.steps, where)
+                error = NonFiniteLoss(e.where + where, e.advice)
                 if on_nonfinite == "raise":
                     raise error from None
                 warnings.warn(f"training stopped: {error}", stacklevel=2)

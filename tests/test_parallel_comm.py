@@ -149,10 +149,11 @@ def test_ring_refuses_shared_memory():
         ring_allreduce([t, t])
 
 
-def test_naive_allreduce_with_the_same_tensor_twice_is_still_a_sum():
+def test_naive_allreduce_refuses_the_same_tensor_twice():
     t = torch.ones(3)
-    allreduce([t, t, t])                                 # sums into a fresh buffer first
-    assert_close(t, torch.full((3,), 3.0))
+    with pytest.raises(ValueError, match="share memory"):  # replicas must own their buffers
+        allreduce([t, t, t])
+    assert_close(t, torch.ones(3))                          # untouched
 
 
 @pytest.mark.parametrize("n", range(2, 9))

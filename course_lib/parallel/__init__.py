@@ -10,6 +10,8 @@ Where each idea lives (the same files as in ``torch/nn/parallel/``):
 - ``ddp``: ``DistributedDataParallel`` from scratch, one process per device, with its buckets
   and communication hooks (lesson 07); it is built on ``course_lib.distributed``'s processes,
   as torch's DDP is on ``torch.distributed``.
+- ``sync_batchnorm``: ``SyncBatchNorm`` from scratch (batch statistics over every rank, also on
+  gloo and the CPU, where torch's refuses) and ``convert_sync_batchnorm`` (lesson 08).
 
 Names that look alike differ in meaning, and the path says which: ``replicate_params`` copies a
 list of tensors, ``replicate`` a module (as torch's); ``comm.gather`` joins tensors,
@@ -32,15 +34,19 @@ from .ddp import DistributedDataParallel
 from .parallel_apply import parallel_apply
 from .replicate import replicate
 from .scatter_gather import gather, scatter_kwargs
+from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, global_batch_stats
 
 __all__ = [
     "DataParallel",
     "DistributedDataParallel",
+    "SyncBatchNorm",
     "allreduce",
     "broadcast",
     "check_allreduce",
+    "convert_sync_batchnorm",
     "gather",
     "get_params",
+    "global_batch_stats",
     "parallel_apply",
     "ps_allreduce",
     "replicate",
