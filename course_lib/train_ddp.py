@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from tqdm import tqdm
 
@@ -60,6 +61,7 @@ from .distributed import DistInfo, init_distributed_mode, reduce_value
 from .models.lenet import LeNet
 from .models.resnet import resnet18
 from .parallel.ddp import DistributedDataParallel as CourseDDP
+from .parallel.ddp import bf16_compress_hook as course_bf16_compress_hook
 from .parallel.sync_batchnorm import convert_sync_batchnorm
 from .timing import Timer
 from .train import NonFiniteLoss
@@ -136,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--test-samples", type=int, default=None, help="first N test examples")
     p.add_argument("--sharding", choices=["sampler", "strided"], default="sampler")
     p.add_argument("--ddp", choices=["torch", "course"], default="torch")
+    p.add_argument("--comm-hook", choices=["none", "bf16"], default="none",
+                   help="bf16: all-reduce the gradients in bfloat16 (half the bytes)")
     p.add_argument("--sync-bn", action="store_true", help="BatchNorm over the global batch")
     p.add_argument("--freeze", action="store_true", help="train only the head (last Linear)")
     p.add_argument("--weights", default=None, help="initial weights; mismatched shapes skipped")
@@ -385,9 +389,16 @@ def wrap_model(model: nn.Module, args: argparse.Namespace, info: DistInfo) -> nn
             model = convert_sync_batchnorm(model)
         log(info, f"--sync-bn: {before} BatchNorm layer(s) now normalise over the global batch")
     if args.ddp == "course":
-        return CourseDDP(model)
-    ids = [info.device.index] if info.device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        ddp = CourseDDP(model)
+        hook = course_bf16_compress_hook
+    else:
+        ids = [info.device.index] if info.device.type == "cuda" else None
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        hook = default_hooks.bf16_compress_hook
+    if args.comm_hook == "bf16":
+        ddp.register_comm_hook(None, hook)
+        log(info, "--comm-hook bf16: gradients travel in bfloat16")
+    return ddp
 
 
 # ------------------------------------------------------------------------------------------------
@@ -717,7 +728,7 @@ def train_epochs(args: argparse.Namespace, info: DistInfo) -> dict:
     job = prepare(args, info)
     summary = {"world_size": info.world_size, "global_batch": info.world_size * args.batch_size,
                "lr": args.lr, "lr_rule": job.rule, "losses": [], "accuracies": [],
-               "resumed_from": job.done or None, "stopped_after": None}
+               "epoch_times": [], "resumed_from": job.done or None, "stopped_after": None}
     writer = _writer(args, info)
     try:
         for epoch in range(job.done + 1, args.epochs + 1):
@@ -728,6 +739,7 @@ def train_epochs(args: argparse.Namespace, info: DistInfo) -> dict:
             accuracy = evaluate_exact(job.model, *job.test, 256, info.device).accuracy
             summary["losses"].append(loss)
             summary["accuracies"].append(accuracy)
+            summary["epoch_times"].append(timer.elapsed)  # training only, this rank's clock
             _report(epoch, loss, accuracy, job.optimizer.param_groups[0]["lr"], timer.elapsed,
                     args, info, writer)
             if args.checkpoint:  # every rank gives its RNG states; rank 0 writes
@@ -756,7 +768,8 @@ def run(argv: list[str] | None = None) -> dict:
 
     Returns:
         {"world_size", "global_batch", "lr", "lr_rule", "losses" (per epoch, averaged over
-        ranks), "accuracies" (exact, per epoch), "test_accuracy", "resumed_from",
+        ranks), "accuracies" (exact, per epoch), "epoch_times" (seconds of training per
+        epoch), "test_accuracy", "resumed_from",
         "stopped_after"}.
     """
     args = parse_args(argv)

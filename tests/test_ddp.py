@@ -525,7 +525,7 @@ def test_bench_ddp_quick_prints_json(tmp_path, capsys):
     assert report["benchmark"] == "ddp" and report["torch"] == torch.__version__
     assert "--quick" in report["command"] and report["hardware"]
     results = report["models"]["lenet"]["results"]
-    assert set(results) == {"naive", "overlap", "bucketed", "torch"}
+    assert set(results) == {"local", "naive", "overlap", "bucketed", "bucketed+bf16", "torch"}
     assert results["torch"]["ratio_to_torch"] == 1.0
     for r in results.values():
         assert 0 < r["min_s"] <= r["median_s"] and r["iqr_s"] >= 0

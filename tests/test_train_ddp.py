@@ -77,12 +77,14 @@ def _evaluations(checkpoint: str) -> dict:
 
 def several_runs(folder: str, weights: str) -> dict:
     """Worker: the runs every test below looks at, in one process group."""
-    ck = {name: os.path.join(folder, f"{name}.pt") for name in "abcw"}
+    ck = {name: os.path.join(folder, f"{name}.pt") for name in "abcdew"}
     out = {"reference": run(SMALL + ["--checkpoint", ck["a"]])}
     out["stopped"] = run(SMALL + ["--checkpoint", ck["b"], "--stop-after", "1"])
     out["stopped_files"] = sorted(os.listdir(folder))
     out["resumed"] = run(SMALL + ["--checkpoint", ck["b"], "--resume"])
     out["course"] = run(SMALL + ["--checkpoint", ck["c"], "--ddp", "course"])
+    out["bf16"] = run(SMALL + ["--checkpoint", ck["d"], "--ddp", "course", "--comm-hook", "bf16"])
+    out["bf16_torch"] = run(SMALL + ["--checkpoint", ck["e"], "--comm-hook", "bf16"])
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         out["weights"] = run(SMALL + ["--checkpoint", ck["w"], "--weights", weights, "--freeze",
@@ -155,6 +157,18 @@ def test_course_ddp_gives_torch_ddp_weights(runs):
     ours, theirs = load_checkpoint(str(folder / "c.pt")), load_checkpoint(str(folder / "a.pt"))
     for k in theirs["model"]:
         torch.testing.assert_close(ours["model"][k], theirs["model"][k], rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_comm_hook_trains_close_to_float32_with_either_ddp(runs):
+    folder, results = runs
+    fp32 = load_checkpoint(str(folder / "a.pt"))["model"]
+    for name in ("d", "e"):  # the course's DDP with its hook, torch's with torch's
+        bf16 = load_checkpoint(str(folder / f"{name}.pt"))["model"]
+        assert any(not torch.equal(bf16[k], fp32[k]) for k in fp32), "the hook changed nothing"
+        for k in fp32:
+            torch.testing.assert_close(bf16[k], fp32[k], rtol=0.1, atol=1e-2)  # 16 steps apart
+    gap = results[0]["bf16"]["test_accuracy"] - results[0]["reference"]["test_accuracy"]
+    assert abs(gap) < 0.05
 
 
 def test_killed_worker_is_restarted_by_torchrun_and_resumes(runs, tmp_path):

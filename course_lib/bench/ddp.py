@@ -2,11 +2,13 @@
 
 ``python -m course_lib.bench ddp [--quick] [--out PATH]`` prints JSON: for LeNet (256 images per
 rank) and ResNet-18 (32 per rank), 2 ranks (gloo on a CPU), the time of one training step
-(forward, backward with the gradient averaging, SGD step) of ``strategy="naive"``,
-``"overlap"``, ``"bucketed"`` and of ``torch.nn.parallel.DistributedDataParallel``: median, min,
-interquartile range, and ``ratio_to_torch`` (median / torch's median; goal: bucketed <= 1.10).
-All four run in the same workers, interleaved round-robin (the order rotating every round), so a
-noisy machine hurts them alike. PyTorch counterpart: none (torch's DDP is the yardstick).
+(forward, backward with the gradient averaging, SGD step) of ``local`` (the plain module, no
+communication: the compute floor), ``strategy="naive"``, ``"overlap"``, ``"bucketed"``,
+``"bucketed+bf16"`` (with ``bf16_compress_hook``) and ``torch.nn.parallel.DistributedDataParallel``:
+median, min, interquartile range, and ``ratio_to_torch`` (median / torch's median; goal:
+bucketed <= 1.10). All run in the same workers, interleaved round-robin (the order rotating
+every round), so a noisy machine hurts them alike. PyTorch counterpart: none (torch's DDP is the
+yardstick). Notebook 07 shows this measurement.
 """
 from __future__ import annotations
 
@@ -27,21 +29,28 @@ from ..devices import hardware_summary, synchronize
 from ..distributed import current_device, launch
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
-from ..parallel.ddp import STRATEGIES, DistributedDataParallel
+from ..parallel.ddp import STRATEGIES, DistributedDataParallel, bf16_compress_hook
 
 __all__ = ["IMPLEMENTATIONS", "main", "measure_step_times", "summarize"]
 
-#: What is timed: our three strategies, then the yardstick.
-IMPLEMENTATIONS = [*STRATEGIES, "torch"]
+#: What is timed: the compute floor, our three strategies, one with bf16 on the wire, the yardstick.
+IMPLEMENTATIONS = ["local", *STRATEGIES, "bucketed+bf16", "torch"]
 #: model -> (builder, batch per rank, steps per timed sample, batch per rank in --quick)
 MODELS = {"lenet": (LeNet, 256, 3, 128), "resnet18": (resnet18, 32, 1, 4)}
 GOAL = 1.10  # bucketed's median step at most 1.10 x torch's DDP's
 
 
 def _wrap(name: str, module: nn.Module) -> nn.Module:
-    """``module`` in our DDP with strategy ``name``, or in torch's DDP for ``"torch"``."""
+    """``module`` in our DDP with strategy ``name``, in torch's for ``"torch"``, alone for
+    ``"local"``; ``"bucketed+bf16"`` sends bfloat16."""
+    if name == "local":
+        return module
     if name == "torch":
         return torch.nn.parallel.DistributedDataParallel(module)
+    if name == "bucketed+bf16":
+        ddp = DistributedDataParallel(module, strategy="bucketed")
+        ddp.register_comm_hook(None, bf16_compress_hook)
+        return ddp
     return DistributedDataParallel(module, strategy=name)
 
 
@@ -85,7 +94,7 @@ def _time_steps(models: list[str], quick: bool, rounds: int, steps: int | None,
 
 
 def summarize(seconds: list[float], reference: list[float]) -> dict[str, float]:
-    """Median, min and interquartile range of step times, and three ratios to torch's.
+    """Median, min and interquartile range of step times (and the times), three ratios to torch's.
 
     ``ratio_to_torch`` divides the medians; ``min_ratio_to_torch`` the minima;
     ``paired_ratio_to_torch`` is the median over rounds of the ratio within each round (both
@@ -101,7 +110,7 @@ def summarize(seconds: list[float], reference: list[float]) -> dict[str, float]:
             "ratio_to_torch": median / statistics.median(reference),
             "min_ratio_to_torch": min(seconds) / min(reference),
             "paired_ratio_to_torch": statistics.median(a / b for a, b in zip(seconds, reference)),
-            "samples": len(seconds)}
+            "samples": len(seconds), "seconds": list(seconds)}
 
 
 def measure_step_times(models: list[str], *, world_size: int = 2, quick: bool = False,

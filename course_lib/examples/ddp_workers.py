@@ -31,7 +31,7 @@ from course_lib.parallel.ddp import (
 )
 
 __all__ = ["accumulate_with_no_sync", "broadcast_initial_state", "compare_with_torch",
-           "compression", "count_all_reduce_bytes", "step_times", "timeline", "timelines"]
+           "compression", "count_all_reduce_bytes", "timeline", "timelines"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -218,41 +218,6 @@ def timelines(strategies: tuple[str, ...], X: torch.Tensor, y: torch.Tensor, per
 # ------------------------------------------------------------------------------------------------
 # 4. step time of each strategy and of torch's DDP
 # ------------------------------------------------------------------------------------------------
-
-def step_times(X: torch.Tensor, y: torch.Tensor, per_rank: int = 128, steps: int = 10,
-               rounds: int = 5) -> dict[str, list[float]]:
-    """Seconds per training step of each variant, measured in interleaved rounds.
-
-    Variants: ``local`` (the plain module, no communication: the compute floor), our DDP with
-    each strategy (default bucket_cap_mb=25), and torch's DDP. All start from the same weights
-    and see the same shards. A warm-up round is not recorded; in each round every variant runs
-    ``steps`` steps behind a barrier, and the slower rank's time counts (all_reduce with MAX).
-
-    Returns:
-        variant -> seconds per step in each round (rank 0 returns what every rank agreed on).
-    """
-    base = _lenet(seed=0)
-    models: dict[str, nn.Module] = {"local": copy.deepcopy(base)}
-    for strategy in ("naive", "overlap", "bucketed"):
-        models[strategy] = DistributedDataParallel(copy.deepcopy(base), strategy=strategy)
-    models["torch DDP"] = _torch_ddp(copy.deepcopy(base))
-    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in models.items()}
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for round_ in range(rounds + 1):
-        order = list(models)
-        order = order[round_ % len(order):] + order[:round_ % len(order)]  # rotate the order
-        for name in order:
-            dist.barrier()
-            start = time.perf_counter()
-            for step in range(steps):
-                Xg, yg = _global_batch(X, y, step, per_rank)
-                _sgd_step(models[name], opts[name], _shard(Xg, per_rank), _shard(yg, per_rank))
-            elapsed = torch.tensor((time.perf_counter() - start) / steps, dtype=torch.float64)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slower rank's time counts
-            if round_ > 0:                                  # round 0 warms up
-                times[name].append(elapsed.item())
-    return times
-
 
 # ------------------------------------------------------------------------------------------------
 # 5. gradient accumulation with no_sync
