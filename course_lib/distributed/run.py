@@ -134,25 +134,38 @@ def run_commands(commands: Sequence[Sequence[str]], timeout: float = 120.0, *,
 
 
 def torchrun(script: str | Path, *script_args: str, nproc_per_node: int = 2, nnodes: int = 1,
-             timeout: float = 120.0, echo: bool = True) -> list[str]:
+             rdzv: str = "static", timeout: float = 120.0, echo: bool = True) -> list[str]:
     """Run ``script`` under torchrun from a notebook cell; raise on failure or timeout.
 
     One node: ``python -m torch.distributed.run --standalone --nproc_per_node=N script``.
-    Several nodes are simulated on this machine: ``nnodes`` torchrun commands with
-    ``--nnodes=K --node_rank=i --master_addr=127.0.0.1 --master_port=P``, run side by side,
-    exactly what you would type on K machines (with the first one's address as master).
+    Several nodes are simulated on this machine: ``nnodes`` torchrun commands run side by side,
+    exactly what you would type on K machines (with the first one's address):
+
+    - ``rdzv="static"``: ``--nnodes=K --node_rank=i --master_addr=127.0.0.1 --master_port=P``;
+      every node is told its rank, and all must start.
+    - ``rdzv="c10d"``: ``--nnodes=K --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:P
+      --rdzv-id=JOB``; no node rank is given, the nodes agree on one at the rendezvous (what
+      elastic and fault-tolerant jobs use).
 
     Returns:
         The output of each torchrun command (one per node).
     """
+    if rdzv not in ("static", "c10d"):
+        raise ValueError(f"torchrun's rdzv must be 'static' or 'c10d', got {rdzv!r}.")
     base = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}"]
     if nnodes == 1:
         commands = [base + ["--standalone", str(script), *script_args]]
-    else:
+    elif rdzv == "static":
         port = find_free_port()
         commands = [base + [f"--nnodes={nnodes}", f"--node_rank={i}", "--master_addr=127.0.0.1",
                             f"--master_port={port}", str(script), *script_args]
                     for i in range(nnodes)]
+    else:
+        port = find_free_port()
+        commands = [base + [f"--nnodes={nnodes}", "--rdzv-backend=c10d",
+                            f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=course-{port}",
+                            str(script), *script_args]
+                    for _ in range(nnodes)]
     if echo:
         for c in commands:
             print("$ " + " ".join(["torchrun", *map(_shown, c[3:])]))
