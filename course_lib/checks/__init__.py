@@ -24,7 +24,13 @@ from .lesson02 import check_allreduce_fn, check_ring_sends, ring_sends
 from .lesson03 import check_balanced_sizes, check_devices_used
 from .lesson04 import check_lr_for_shard_means, check_scaled_batch
 from .lesson05 import check_bn_examples_seen, check_module_calls
-from .lesson06 import check_elements_sent, check_tree_rounds, elements_sent, tree_rounds
+from .lesson06 import (
+    check_elements_sent,
+    check_spawn_worker,
+    check_tree_rounds,
+    elements_sent,
+    tree_rounds,
+)
 from .lesson07 import check_average_gradients
 
 __all__ = [
@@ -37,5 +43,6 @@ __all__ = [
     "check_lr_for_shard_means", "check_scaled_batch",         # 04
     "check_bn_examples_seen", "check_module_calls",           # 05
     "check_tree_rounds", "tree_rounds", "check_elements_sent", "elements_sent",  # 06
+    "check_spawn_worker",
     "check_average_gradients",                                # 07
 ]

@@ -8,6 +8,9 @@ answer (what an autograder wants).
 """
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +18,7 @@ from typing import Any
 import torch
 
 __all__ = ["CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
-           "failure", "verdict"]
+           "failure", "resolve", "verdict", "worker_spec"]
 
 
 class ExerciseResult:
@@ -148,3 +151,39 @@ def check_function(name: str, fn: Callable | None, oracle: Callable,
 def _short(case: tuple) -> str:
     parts = [f"tensor{tuple(c.shape)}" if isinstance(c, torch.Tensor) else repr(c) for c in case]
     return "(" + ", ".join(parts) + ")"
+
+# ---- a learner's function that worker processes must import ----------------------------------
+
+def worker_spec(fn: Callable | str, example: str) -> Callable | tuple[str, str, str] | str:
+    """What worker processes receive for the learner's ``fn``: the function itself, or
+    ``(module, name, folder)`` for a ``"module:function"`` string (imported afresh in each
+    worker from the current folder, so an edited file needs no kernel restart), or an error
+    message (str) saying what to do. ``example`` is the string form to suggest.
+    """
+    if isinstance(fn, str):
+        module_name, sep, attr = fn.partition(":")
+        if not sep or not module_name or not attr:
+            return (f"expected a function or a string 'module:function' such as {example!r}, "
+                    f"got {fn!r}.")
+        return (module_name, attr, os.getcwd())
+    if not callable(fn):
+        return f"expected a function or a string 'module:function', got {type(fn).__name__}."
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
+        file = example.partition(":")[0]
+        return ("worker processes cannot import a function defined in a notebook cell (or "
+                f"inside another function). Write it to a file with %%writefile {file}.py and "
+                f"pass {example!r}.")
+    return fn
+
+
+def resolve(spec: Callable | tuple[str, str, str]) -> Callable:
+    """In a worker: the learner's function, given or imported from (module, name, folder)."""
+    if callable(spec):
+        return spec
+    module_name, attr, folder = spec
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    importlib.invalidate_caches()
+    return getattr(importlib.import_module(module_name), attr)
+

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._core import ExerciseResult, check_function
+from ._core import ExerciseResult, check_function, verdict, worker_spec
 from .lesson02 import ring_sends
 
-__all__ = ["check_elements_sent", "check_tree_rounds", "elements_sent", "tree_rounds"]
+__all__ = ["check_elements_sent", "check_spawn_worker", "check_tree_rounds", "elements_sent",
+           "tree_rounds"]
+
 
 def tree_rounds(p: int) -> int:
     """Rounds of ``distributed.tree_broadcast`` for p ranks: its loop, run without sending."""
@@ -37,3 +39,123 @@ def check_elements_sent(fn: Callable | None, *, strict: bool = False) -> Exercis
                           hint="2 (p - 1) steps; in step s the rank sends chunk (rank - s) mod p, "
                           "chunk c has n // p elements, one more for the first n % p chunks "
                           "(ring_chunk_bounds).", strict=strict)
+
+
+# ---- the canonical worker: init_process_group, work, destroy_process_group --------------------
+
+_WORKER = "worker"
+_WORKER_HINT = ("worker(rank, world_size, init_method) must call dist.init_process_group('gloo', "
+                "init_method=init_method, rank=rank, world_size=world_size), all-reduce "
+                "torch.tensor([rank + 1.0]), call dist.destroy_process_group() and return the "
+                "sum as a float.")
+
+
+def _run_worker(spec, rank: int, world_size: int, init_method: str, conn) -> None:
+    """One process of the check: call the learner's worker, report (result, group left?)."""
+    import torch.distributed as dist
+
+    from ._core import resolve
+
+    try:
+        result = resolve(spec)(rank, world_size, init_method)
+        conn.send(("ok", result, dist.is_initialized()))
+    except BaseException as e:  # noqa: B036 - every failure is a verdict, never a crash
+        conn.send(("error", f"{type(e).__name__}: {' '.join(str(e).split())}", None))
+    finally:
+        conn.close()
+
+
+def _spawn_and_collect(spec, world_size: int, timeout: float) -> list[tuple] | str:
+    """Start ``world_size`` fresh processes (as ``torch.multiprocessing.spawn`` does); their
+    replies in rank order, or what went wrong. Every process is gone when this returns."""
+    import multiprocessing as mp
+    import shutil
+    import tempfile
+    import time
+    from multiprocessing.connection import wait
+
+    from ..distributed.processes import kill_processes
+
+    ctx = mp.get_context("spawn")
+    folder = tempfile.mkdtemp(prefix="course_check_")
+    init_method = f"file://{folder}/rendezvous"
+    procs, conns = [], []
+    try:
+        for rank in range(world_size):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_run_worker, args=(spec, rank, world_size, init_method, send),
+                            daemon=True)
+            p.start()
+            send.close()
+            procs.append(p)
+            conns.append(recv)
+        replies: dict[int, tuple] = {}
+        deadline = time.monotonic() + timeout
+        pending = dict(enumerate(conns))
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return (f"no result within {timeout:g} s from rank(s) {sorted(pending)} (a rank "
+                        "that never reaches the collective, or a wrong world size?)")
+            for conn in wait(list(pending.values()), timeout=left):
+                rank = next(r for r, c in pending.items() if c is conn)
+                del pending[rank]
+                try:
+                    replies[rank] = conn.recv()
+                except EOFError:
+                    return f"rank {rank} died without a result (did it call exit()?)"
+        return [replies[r] for r in range(world_size)]
+    finally:
+        kill_processes([p.pid for p in procs if p.pid is not None])
+        for p in procs:
+            p.join(timeout=1)
+        for c in conns:
+            c.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def check_spawn_worker(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3),
+                       timeout: float = 60.0, strict: bool = False) -> ExerciseResult:
+    """Exercise 06: the canonical worker that ``torch.multiprocessing.spawn`` starts.
+
+    ``fn(rank, world_size, init_method)`` joins a gloo group with ``dist.init_process_group``,
+    all-reduces ``torch.tensor([rank + 1.0])``, leaves with ``dist.destroy_process_group()`` and
+    returns the sum. The checker starts ``world_size`` fresh processes for each world size
+    (bounded by ``timeout``; a hang is reported, every process is stopped) and checks every
+    rank's result and that no rank left its group behind.
+
+    Args:
+        fn: importable by fresh processes, or ``"module:function"`` (a file written with
+            ``%%writefile my_worker.py``, imported from the current folder); None: not yet.
+        world_sizes: numbers of processes to try.
+        timeout: seconds for each world size.
+        strict: raise ``AssertionError`` on a wrong answer.
+    """
+    if fn is None:
+        return verdict(_WORKER, None, "write worker(rank, world_size, init_method) to a file and "
+                       "pass it here.", strict)
+    spec = worker_spec(fn, "my_worker:worker")
+    if isinstance(spec, str):
+        return verdict(_WORKER, False, spec, strict)
+    for world in world_sizes:
+        replies = _spawn_and_collect(spec, world, timeout)
+        if isinstance(replies, str):
+            return verdict(_WORKER, False, f"world_size={world}: {replies} {_WORKER_HINT}", strict)
+        want = world * (world + 1) / 2
+        for rank, (status, value, still_in_group) in enumerate(replies):
+            where = f"world_size={world}, rank {rank}"
+            if status == "error":
+                return verdict(_WORKER, False, f"{where}: raised {value}. {_WORKER_HINT}", strict)
+            try:
+                got = float(value)
+            except (TypeError, ValueError):
+                got = None
+            if got != want:
+                return verdict(_WORKER, False, f"{where}: expected {want:g} (1 + ... + {world}), "
+                               f"received {value!r}. {_WORKER_HINT}", strict)
+            if still_in_group:
+                return verdict(_WORKER, False, f"{where}: the process group was still "
+                               "initialised when the worker returned: call "
+                               "dist.destroy_process_group() at the end.", strict)
+    return verdict(_WORKER, True, f"every rank joined, summed and left, for world sizes "
+                   f"{list(world_sizes)}.", strict)

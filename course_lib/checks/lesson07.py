@@ -11,9 +11,6 @@ an edited file is picked up without restarting the kernel).
 from __future__ import annotations
 
 import copy
-import importlib
-import os
-import sys
 from collections.abc import Callable
 
 import torch
@@ -22,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.launch import LaunchTimeout, WorkerError, launch
-from ._core import ExerciseResult, verdict
+from ._core import ExerciseResult, resolve, verdict, worker_spec
 
 __all__ = ["check_average_gradients"]
 
@@ -76,18 +73,6 @@ _MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 # the worker (runs in every rank)
 # ------------------------------------------------------------------------------------------------
 
-def _resolve(fn: Callable | tuple[str, str, str]) -> Callable:
-    """The learner's function: given, or imported fresh from (module, name, folder)."""
-    if callable(fn):
-        return fn
-    module_name, attr, folder = fn
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    importlib.invalidate_caches()
-    module = importlib.import_module(module_name)
-    return getattr(module, attr)
-
-
 def _short(t: torch.Tensor | None) -> str:
     """A tensor in a few characters: its first values and its shape."""
     if t is None:
@@ -112,7 +97,7 @@ def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) ->
     """Every model of ``_MODELS`` on this rank's shard; the first failure as text, or None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        average_gradients = _resolve(fn)
+        average_gradients = resolve(fn)
     except Exception as e:  # the file is missing, or does not define the function
         return (f"could not import your function in the workers: {type(e).__name__}: {e} "
                 "(did the %%writefile cell run?)")
@@ -151,24 +136,6 @@ def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) ->
 # the checker
 # ------------------------------------------------------------------------------------------------
 
-def _spec(fn: Callable | str) -> Callable | tuple[str, str, str] | str:
-    """What the workers receive: the function, (module, name, folder), or an error message."""
-    if isinstance(fn, str):
-        module_name, sep, attr = fn.partition(":")
-        if not sep or not module_name or not attr:
-            return (f"expected a function or a string 'module:function' such as "
-                    f"'my_ddp:average_gradients', got {fn!r}.")
-        return (module_name, attr, os.getcwd())
-    if not callable(fn):
-        return f"expected a function or a string 'module:function', got {type(fn).__name__}."
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
-        return ("worker processes cannot import a function defined in a notebook cell (or "
-                "inside another function). Write it to a file with %%writefile my_ddp.py and "
-                "pass 'my_ddp:average_gradients'.")
-    return fn
-
-
 def check_average_gradients(fn: Callable | str | None, *,
                             world_sizes: tuple[int, ...] = (2, 3, 4), per_rank: int = 3,
                             timeout: float = 60.0, strict: bool = False) -> ExerciseResult:
@@ -194,7 +161,7 @@ def check_average_gradients(fn: Callable | str | None, *,
     if fn is None:
         return verdict(_NAME, None, "write average_gradients(model) to a file and pass it "
                        "here.", strict)
-    spec = _spec(fn)
+    spec = worker_spec(fn, "my_ddp:average_gradients")
     if isinstance(spec, str):
         return verdict(_NAME, False, spec, strict)
     for world in world_sizes:

@@ -1,0 +1,202 @@
+"""Checkers for the exercises of lesson 08 (the DDP training recipe).
+
+``check_exact_accuracy`` runs the learner's ``exact_accuracy(model, X, y)`` in real worker
+processes (``course_lib.distributed.launch``) for several world sizes and evaluation-set sizes
+that the world size does not divide. Every rank receives the whole set; the function must
+evaluate only this rank's share, every example exactly once over all the ranks (no padding),
+combine the counts with a collective, and return the accuracy of the whole set on every rank.
+The oracle is one process counting the whole set. The model records which examples it saw, so
+an answer that evaluates everything on every rank, or pads, is caught even when its number is
+right. Worker processes import the function by module and name, so it must live in a file (in
+the notebook: a cell starting with ``%%writefile my_eval.py``); pass it as a function or as the
+string ``"my_eval:exact_accuracy"``.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..distributed.launch import LaunchTimeout, WorkerError, launch
+from ._core import ExerciseResult, verdict
+from .lesson07 import _resolve
+
+__all__ = ["check_exact_accuracy"]
+
+_NAME = "exact_accuracy"
+_HINT = ("evaluate X[rank::world_size] (every example once, shards differ by at most one), "
+         "all-reduce the integers (correct, count) and return correct / count.")
+#: float32's precision: a float32 answer passes, every popular wrong one differs by far more
+_TOL = 1e-6
+
+
+# ------------------------------------------------------------------------------------------------
+# the cases: a small classifier whose inputs carry their own index
+# ------------------------------------------------------------------------------------------------
+
+class _Recorder(nn.Module):
+    """A linear classifier (4 features -> 3 classes) that notes which examples it saw.
+
+    Column 0 of its input (B, 5) is the example's index in the evaluation set; columns 1-4 are
+    the features.
+    """
+
+    def __init__(self, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = nn.Linear(4, 3)
+        self.seen: list[int] = []
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:    # (B, 5)
+        self.seen.extend(X[:, 0].round().long().tolist())
+        return self.linear(X[:, 1:])                         # (B, 3)
+
+
+def _case(n: int, seed: int) -> tuple[_Recorder, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(model, X (n, 5), y (n,), correct (n,) bool): the same on every rank."""
+    model = _Recorder(seed)
+    g = torch.Generator().manual_seed(seed + n)
+    features = torch.randn(n, 4, generator=g)                            # (n, 4)
+    X = torch.cat([torch.arange(n, dtype=torch.float32)[:, None], features], dim=1)  # (n, 5)
+    y = torch.randint(0, 3, (n,), generator=g)                           # (n,)
+    with torch.no_grad():
+        correct = model.linear(features).argmax(dim=1) == y              # one process: oracle
+    return model, X, y, correct
+
+
+def _diagnose(got: float, correct: torch.Tensor, rank: int, world: int) -> str:
+    """Name the popular wrong answer that ``got`` equals, if any."""
+    n = len(correct)
+    total = -(-n // world) * world                       # DistributedSampler's total_size
+    padded = torch.cat([correct, correct[:total - n]])   # it repeats the first examples
+    strided = [correct[r::world].double().mean().item() for r in range(world)]
+    chunks = [c.double().mean().item() for c in torch.tensor_split(correct, world)]
+    known = [
+        (padded.sum().item() / total, f"the padded count: DistributedSampler repeats "
+         f"{total - n} example(s) to reach total_size={total}, so they are counted twice"),
+        (correct.sum().item() / total, f"divided by sampler.total_size={total} instead of the "
+         f"{n} examples"),
+        (sum(strided) / world, "the mean of the ranks' accuracies: the shards differ in size, "
+         "so the mean weighs a small shard too much"),
+        (sum(chunks) / world, "the mean of the ranks' accuracies: the shards differ in size, "
+         "so the mean weighs a small shard too much"),
+        (strided[rank], "this rank's own accuracy: the counts were not combined over the ranks"),
+        (chunks[rank], "this rank's own accuracy: the counts were not combined over the ranks"),
+        (float(correct.sum().item()), "the number of correct predictions, not a fraction"),
+    ]
+    for value, what in known:
+        if abs(got - value) <= _TOL:
+            return f" That is {what}."
+    return ""
+
+
+# ------------------------------------------------------------------------------------------------
+# the worker (runs in every rank)
+# ------------------------------------------------------------------------------------------------
+
+def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed: int
+               ) -> str | None:
+    """Every size of ``sizes`` on this rank; the first failure as text, or None."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        exact_accuracy = _resolve(fn)
+    except Exception as e:  # the file is missing, or does not define the function
+        return (f"could not import your function in the workers: {type(e).__name__}: {e} "
+                "(did the %%writefile cell run?)")
+    for n in sizes:
+        model, X, y, correct = _case(n, seed)
+        want = correct.sum().item() / n
+        where = f"world_size={world}, {n} examples, rank {rank}"
+        try:
+            got = exact_accuracy(model, X.clone(), y.clone())
+            got = float(got.item() if isinstance(got, torch.Tensor) else got)
+        except Exception as e:
+            return f"{where}: your function raised {type(e).__name__}: {' '.join(str(e).split())}"
+        if abs(got - want) > _TOL:
+            return (f"{where}: expected accuracy {want:.6f} ({int(correct.sum())}/{n} correct), "
+                    f"received {got:.6f}.{_diagnose(got, correct, rank, world)}")
+        seen: list[list[int]] = [[] for _ in range(world)]
+        dist.all_gather_object(seen, model.seen)
+        times = Counter(i for s in seen for i in s)
+        twice = sorted(i for i, t in times.items() if t > 1)
+        if twice or len(times) != n:
+            missing = [i for i in range(n) if i not in times]
+            how = (f"example(s) {twice[:5]} were evaluated more than once" if twice else
+                   f"example(s) {missing[:5]} were never evaluated")
+            return (f"{where}: the accuracy is right, but {how} ({sum(times.values())} "
+                    f"evaluations over the ranks for {n} examples): each rank should evaluate "
+                    f"only its own share.")
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# the checker
+# ------------------------------------------------------------------------------------------------
+
+def _spec(fn: Callable | str) -> Callable | tuple[str, str, str] | str:
+    """What the workers receive: the function, (module, name, folder), or an error message."""
+    if isinstance(fn, str):
+        module_name, sep, attr = fn.partition(":")
+        if not sep or not module_name or not attr:
+            return (f"expected a function or a string 'module:function' such as "
+                    f"'my_eval:exact_accuracy', got {fn!r}.")
+        return (module_name, attr, os.getcwd())
+    if not callable(fn):
+        return f"expected a function or a string 'module:function', got {type(fn).__name__}."
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
+        return ("worker processes cannot import a function defined in a notebook cell (or "
+                "inside another function). Write it to a file with %%writefile my_eval.py and "
+                "pass 'my_eval:exact_accuracy'.")
+    return fn
+
+
+def check_exact_accuracy(fn: Callable | str | None, *,
+                         world_sizes: tuple[int, ...] = (2, 3, 4),
+                         sizes: tuple[int, ...] = (10, 1001), timeout: float = 60.0,
+                         strict: bool = False) -> ExerciseResult:
+    """Exercise 08: ``fn(model, X, y)`` returns the exact accuracy of the whole set on every rank.
+
+    For each world size, ``launch`` starts that many processes; each gets the same classifier
+    and the same evaluation set (X (N, 5), y (N,), N in ``sizes``: not divisible by 3 or 4, and
+    10 not by 4), calls ``fn(model, X, y)`` and compares the result with one process's accuracy
+    on the whole set; then checks that the ranks together evaluated every example exactly once.
+
+    Args:
+        fn: the learner's function, importable by worker processes, or ``"module:function"``
+            (imported in the workers from the current folder); None: not answered yet.
+        world_sizes: numbers of processes to try.
+        sizes: evaluation-set sizes to try.
+        timeout: seconds for each launch (a function that hangs fails, it does not hang).
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    if fn is None:
+        return verdict(_NAME, None, "write exact_accuracy(model, X, y) to a file and pass it "
+                       "here.", strict)
+    spec = _spec(fn)
+    if isinstance(spec, str):
+        return verdict(_NAME, False, spec, strict)
+    for world in world_sizes:
+        try:
+            failures = launch(_run_cases, world, spec, tuple(sizes), 8, timeout=timeout)
+        except LaunchTimeout:
+            return verdict(_NAME, False, f"world_size={world}: no result within {timeout:g} s. "
+                           "Does every rank call the same collectives, in the same order?",
+                           strict)
+        except WorkerError as e:
+            first = str(e).splitlines()[0]
+            return verdict(_NAME, False, f"world_size={world}: {first}", strict)
+        # a rank that saw a wrong value says more than a peer whose collective then broke
+        found = sorted((f for f in failures if f is not None), key=lambda f: "raised" in f)
+        if found:
+            return verdict(_NAME, False, f"{found[0]} Hint: {_HINT}", strict)
+    return verdict(_NAME, True, f"the exact accuracy on every rank, every example counted once, "
+                   f"for world sizes {list(world_sizes)} and {len(sizes)} set sizes "
+                   f"{list(sizes)}.", strict)
