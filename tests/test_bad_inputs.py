@@ -326,3 +326,14 @@ def test_an_empty_iterator_is_named_not_a_zero_division():
 def test_data_parallel_with_gpu_ids_on_a_machine_without_them(no_gpus):
     with pytest.raises(ValueError, match=r"naming GPU\(s\) \['cuda:0', 'cuda:1'\].*devices\(2\)"):
         DataParallel(torch.nn.Linear(2, 2), [0, 1])
+
+
+def test_a_truncated_prepared_file_is_named_with_how_to_re_prepare(tmp_path):
+    from course_lib.data import FILES, load_fashion_mnist
+
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in FILES:
+        (raw / name).write_bytes(b"\x00\x00\x08\x03")  # an IDX header cut short
+    with pytest.raises(ValueError, match=r"corrupted or truncated: delete .*FashionMNIST/raw"):
+        load_fashion_mnist(8, root=tmp_path, download=False)
