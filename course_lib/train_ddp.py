@@ -76,6 +76,7 @@ __all__ = [
     "Job",
     "StridedShards",
     "build_model",
+    "build_parser",
     "check_finite",
     "checkpoint_state",
     "evaluate_exact",
@@ -90,6 +91,7 @@ __all__ = [
     "make_optimizer",
     "parse_args",
     "prepare",
+    "progress",
     "restore",
     "rng_states",
     "run",
@@ -117,7 +119,8 @@ def _epoch_step(text: str) -> tuple[int, int]:
     return epoch, step
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m course_lib.train_ddp`` (``--help`` prints it)."""
     p = argparse.ArgumentParser(prog="python -m course_lib.train_ddp",
                                 description="Data-parallel training of Fashion-MNIST.")
     p.add_argument("--model", choices=["lenet", "resnet18"], default="lenet")
@@ -164,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and check the options; a wrong combination exits with a message (argparse's way)."""
-    p = _parser()
+    p = build_parser()
     args = p.parse_args(argv)
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
@@ -472,7 +475,7 @@ def _kill_if_asked(args: argparse.Namespace, info: DistInfo, epoch: int, step: i
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _progress(batches: Iterable, epoch: int, info: DistInfo) -> Iterable:
+def progress(batches: Iterable, epoch: int, info: DistInfo) -> Iterable:
     """A tqdm bar on rank 0 only, and only on a terminal (``TQDM_DISABLE=1`` turns it off)."""
     quiet = not info.is_main or os.environ.get("TQDM_DISABLE", "0") not in ("", "0")
     return tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=True if quiet else None)
@@ -483,7 +486,7 @@ def train_one_epoch(model: nn.Module, batches: Iterable, optimizer, scheduler, e
     """One pass over this rank's shard; returns the mean loss, averaged over the ranks."""
     model.train()
     total, steps = torch.zeros((), device=info.device), len(batches)
-    for step, (X, y) in enumerate(_progress(batches, epoch, info), start=1):
+    for step, (X, y) in enumerate(progress(batches, epoch, info), start=1):
         _kill_if_asked(args, info, epoch, step)
         X, y = _as_input(X, info.device), y.to(info.device)          # (B, 1, 28, 28), (B,)
         loss = F.cross_entropy(model(X), y)

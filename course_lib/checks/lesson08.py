@@ -13,7 +13,6 @@ string ``"my_eval:exact_accuracy"``.
 """
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 
@@ -22,8 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..distributed.launch import LaunchTimeout, WorkerError, launch
-from ._core import ExerciseResult, verdict
-from .lesson07 import _resolve
+from ._core import ExerciseResult, resolve, verdict, worker_spec
 
 __all__ = ["check_exact_accuracy"]
 
@@ -103,7 +101,7 @@ def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed
     """Every size of ``sizes`` on this rank; the first failure as text, or None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        exact_accuracy = _resolve(fn)
+        exact_accuracy = resolve(fn)
     except Exception as e:  # the file is missing, or does not define the function
         return (f"could not import your function in the workers: {type(e).__name__}: {e} "
                 "(did the %%writefile cell run?)")
@@ -137,24 +135,6 @@ def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed
 # the checker
 # ------------------------------------------------------------------------------------------------
 
-def _spec(fn: Callable | str) -> Callable | tuple[str, str, str] | str:
-    """What the workers receive: the function, (module, name, folder), or an error message."""
-    if isinstance(fn, str):
-        module_name, sep, attr = fn.partition(":")
-        if not sep or not module_name or not attr:
-            return (f"expected a function or a string 'module:function' such as "
-                    f"'my_eval:exact_accuracy', got {fn!r}.")
-        return (module_name, attr, os.getcwd())
-    if not callable(fn):
-        return f"expected a function or a string 'module:function', got {type(fn).__name__}."
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
-        return ("worker processes cannot import a function defined in a notebook cell (or "
-                "inside another function). Write it to a file with %%writefile my_eval.py and "
-                "pass 'my_eval:exact_accuracy'.")
-    return fn
-
-
 def check_exact_accuracy(fn: Callable | str | None, *,
                          world_sizes: tuple[int, ...] = (2, 3, 4),
                          sizes: tuple[int, ...] = (10, 1001), timeout: float = 60.0,
@@ -180,7 +160,7 @@ def check_exact_accuracy(fn: Callable | str | None, *,
     if fn is None:
         return verdict(_NAME, None, "write exact_accuracy(model, X, y) to a file and pass it "
                        "here.", strict)
-    spec = _spec(fn)
+    spec = worker_spec(fn, "my_eval:exact_accuracy")
     if isinstance(spec, str):
         return verdict(_NAME, False, spec, strict)
     for world in world_sizes:

@@ -1,0 +1,103 @@
+"""The lesson-08 checker: None is "not answered yet", the reference answer passes (as a function
+and as a "module:function" string), and realistic wrong answers fail with the case shown."""
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+from course_lib.checks.lesson08 import check_exact_accuracy
+from solutions.lesson08 import exact_accuracy
+
+FAST = {"world_sizes": (3,), "timeout": 60}
+
+
+def _correct(model, X, y) -> int:
+    with torch.no_grad():
+        return int((model(X).argmax(dim=1) == y).sum())
+
+
+def mean_of_rank_accuracies(model, X, y):  # each rank's accuracy, then their mean
+    rank, world = dist.get_rank(), dist.get_world_size()
+    acc = torch.tensor(_correct(model, X[rank::world], y[rank::world]) / len(y[rank::world]),
+                       dtype=torch.float64)
+    dist.all_reduce(acc)
+    return (acc / world).item()
+
+
+def padded_sampler(model, X, y):  # the popular DistributedSampler evaluation
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sampler = DistributedSampler(range(len(y)), num_replicas=world, rank=rank, shuffle=False)
+    idx = torch.tensor(list(sampler))
+    correct = torch.tensor(_correct(model, X[idx], y[idx]))
+    dist.all_reduce(correct)
+    return correct.item() / sampler.total_size
+
+
+def no_all_reduce(model, X, y):  # this rank's shard only
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return _correct(model, X[rank::world], y[rank::world]) / len(y[rank::world])
+
+
+def everything_everywhere(model, X, y):  # right number, k times the work
+    correct = torch.tensor(_correct(model, X, y))
+    dist.all_reduce(correct)
+    return correct.item() / (len(y) * dist.get_world_size())
+
+
+def only_rank_zero(model, X, y):  # a collective called by one rank: the others never join
+    if dist.get_rank() == 0:
+        return exact_accuracy(model, X, y)
+    return 0.0
+
+
+def defined_in_main(model, X, y):
+    return 0.0
+
+
+def test_unanswered():
+    assert check_exact_accuracy(None).ok is None
+
+
+def test_reference_solution_passes_for_2_3_and_4_ranks(capsys):
+    assert check_exact_accuracy(exact_accuracy)
+    assert "world sizes [2, 3, 4]" in capsys.readouterr().out
+
+
+def test_module_string_is_imported_in_the_workers(tmp_path, monkeypatch):
+    (tmp_path / "my_eval_answer.py").write_text(
+        "import torch\nimport torch.distributed as dist\n\n"
+        "def exact_accuracy(model, X, y):\n"
+        "    r, k = dist.get_rank(), dist.get_world_size()\n"
+        "    c = (model(X[r::k]).argmax(1) == y[r::k]).sum()\n"
+        "    t = torch.stack([c, torch.tensor(len(y[r::k]))])\n"
+        "    dist.all_reduce(t)\n"
+        "    return t[0] / t[1]\n")
+    monkeypatch.chdir(tmp_path)
+    assert check_exact_accuracy("my_eval_answer:exact_accuracy", **FAST)
+    result = check_exact_accuracy("no_such_module:exact_accuracy", world_sizes=(2,))
+    assert result.ok is False and "could not import" in result.message
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (mean_of_rank_accuracies, "the mean of the ranks' accuracies"),
+    (padded_sampler, "the padded count"),
+    (no_all_reduce, "this rank's own accuracy"),
+    (everything_everywhere, "evaluated more than once"),
+])
+def test_wrong_answers_fail_with_the_first_failing_case(wrong, says):
+    result = check_exact_accuracy(wrong, **FAST)
+    assert result.ok is False
+    assert says in result.message and "world_size=3" in result.message, result.message
+    with pytest.raises(AssertionError):
+        check_exact_accuracy(wrong, world_sizes=(3,), strict=True)
+
+
+def test_a_hang_fails_within_the_timeout():
+    result = check_exact_accuracy(only_rank_zero, world_sizes=(2,), timeout=5)
+    assert result.ok is False
+
+
+def test_a_function_workers_cannot_import_is_explained():
+    defined_in_main.__module__ = "__main__"
+    result = check_exact_accuracy(defined_in_main)
+    assert result.ok is False and "%%writefile" in result.message
