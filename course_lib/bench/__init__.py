@@ -8,6 +8,13 @@ Command line: ``python -m course_lib.bench NAME [options]`` (``--list`` names th
   ``dist.all_reduce`` over message sizes (lesson 06).
 - ``ddp`` (``course_lib.bench.ddp``): step time of the course's DDP strategies against torch's
   DDP, 2 ranks, LeNet and ResNet-18 (lesson 07).
+- ``scaling`` (``course_lib.bench.scaling``): step time against the number of workers for the
+  from-scratch DP, ``nn.DataParallel``, the course's DDP strategies and torch's DDP, LeNet and
+  ResNet-18 (lesson 09).
+- ``collectives`` (``course_lib.bench.collectives``): naive, ring and ``dist.all_reduce`` time and
+  bus bandwidth, 4 KB to 64 MB, loops of many operations per sample (lesson 09).
+
+``course_lib.bench.cost_model`` fits the alpha-beta model to those measurements (lesson 09).
 
 ``step_breakdown`` (``course_lib.bench.breakdown``) times the phases of a ``DataParallel`` step
 (lesson 05). The timer itself is ``course_lib.timing.Timer``.
@@ -26,6 +33,8 @@ BENCHMARKS: dict[str, str] = {
     "dataloader": "course_lib.bench.dataloader:main",
     "allreduce": "course_lib.bench.allreduce:main",
     "ddp": "course_lib.bench.ddp:main",
+    "scaling": "course_lib.bench.scaling:main",
+    "collectives": "course_lib.bench.collectives:main",
 }
 
 

@@ -1,0 +1,105 @@
+"""The benchmarks of lesson 09 and the alpha-beta model: the fit recovers known alpha and beta,
+the textbook formulas hold at p = 1 and 2, and each benchmark's --quick mode prints valid JSON
+with the hardware, torch version, date and command (tiny runs: a few seconds each)."""
+import json
+import math
+
+import pytest
+
+from course_lib.bench import collectives, cost_model, scaling
+
+KB, MB = 2**10, 2**20
+SIZES = [4 * KB * 4**i for i in range(8)]  # 4 KB .. 64 MB
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_fit_recovers_alpha_and_beta(p):
+    alpha, beta = 250e-6, 1 / 1.3e9
+    times = [cost_model.ring_time(n, p, alpha, beta) for n in SIZES]
+    fit = cost_model.fit_ring(SIZES, times, p)
+    assert math.isclose(fit.alpha, alpha, rel_tol=1e-9)
+    assert math.isclose(fit.beta, beta, rel_tol=1e-9)
+    assert fit.r2 > 0.999999 and fit.max_rel_error < 1e-9
+
+
+def test_fit_weighs_small_messages():
+    """With 5 % noise the relative fit still finds alpha (the small messages are not drowned)."""
+    alpha, beta = 1e-3, 1e-9
+    noise = [1.05, 0.95, 1.03, 0.97, 1.02, 0.98, 1.04, 0.96]
+    times = [cost_model.ring_time(n, 2, alpha, beta) * e for n, e in zip(SIZES, noise)]
+    fit = cost_model.fit_ring(SIZES, times, 2)
+    assert abs(fit.alpha / alpha - 1) < 0.1 and abs(fit.beta / beta - 1) < 0.1
+    assert fit.max_rel_error < 0.1
+
+
+def test_fit_refuses_bad_input():
+    with pytest.raises(ValueError, match="p >= 2"):
+        cost_model.fit_ring(SIZES, SIZES, 1)
+    with pytest.raises(ValueError, match="distinct"):
+        cost_model.fit_ring([4096, 4096], [1e-3, 1e-3], 2)
+
+
+def test_formulas_at_one_and_two_ranks():
+    n, a, b = 1e6, 1e-5, 1e-9
+    for f in cost_model.ALGORITHMS.values():
+        assert f(n, 1, a, b) == 0.0                        # one rank sends nothing
+    assert cost_model.ring_time(n, 2, a, b) == pytest.approx(2 * a + n * b)
+    assert cost_model.naive_time(n, 2, a, b) == pytest.approx(2 * (a + n * b))
+    assert cost_model.tree_time(n, 2, a, b) == pytest.approx(2 * (a + n * b))
+    assert cost_model.ps_time(n, 2, a, b) == pytest.approx(2 * (a + 2 * n * b))
+    # large messages: the ring's bytes per rank stay ~2n, the others grow with p
+    assert cost_model.ring_time(1e9, 8, a, b) < cost_model.tree_time(1e9, 8, a, b)
+    assert cost_model.tree_time(1e9, 8, a, b) < cost_model.naive_time(1e9, 8, a, b)
+
+
+def test_predicted_step_time():
+    model = cost_model.AlphaBeta(alpha=1e-4, beta=1e-9, p=2)
+    t = cost_model.predicted_step_time(0.05, [1e6, 1e6], 2, model)
+    assert t == pytest.approx(0.05 + 2 * cost_model.ring_time(1e6, 2, 1e-4, 1e-9))
+    assert cost_model.predicted_step_time(0.05, [1e6], 2, model, overlap=1.0) == 0.05
+    with pytest.raises(ValueError, match="algorithm"):
+        cost_model.predicted_step_time(0.05, [1e6], 2, model, algorithm="butterfly")
+
+
+def test_projections_are_labelled():
+    for ic in cost_model.INTERCONNECTS:
+        m = ic.model()
+        assert m.source.startswith("PROJECTION") and "assumed" in ic.source
+        assert m.bandwidth == pytest.approx(ic.bandwidth)
+
+
+def test_machine_slug():
+    slug = scaling.machine_slug()
+    assert slug.startswith(("cpu-", "gpu-")) and slug == slug.lower() and " " not in slug
+
+
+REQUIRED = {"benchmark", "command", "hardware", "torch", "date", "machine", "results"}
+
+
+def _run(main, argv, capsys):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_collectives_quick(capsys, tmp_path):
+    out = tmp_path / "c.json"
+    report = _run(collectives.main, ["--quick", "--sizes", "4K,64K", "--samples", "2",
+                                     "--min-sample-ms", "2", "--out", str(out)], capsys)
+    assert REQUIRED <= set(report) and report["command"].endswith(f"--out {out}")
+    assert json.loads(out.read_text())["results"] == report["results"]
+    ops = {(r["bytes"], r["op"]) for r in report["results"]}
+    assert ops == {(n, op) for n in (4096, 65536) for op in collectives.OPS}
+    for r in report["results"]:
+        assert 0 < r["min_s"] <= r["median_s"] and r["reps"] >= 1 and r["busbw_GBps"] > 0
+
+
+def test_scaling_quick(capsys):
+    report = _run(scaling.main, ["--quick", "--models", "lenet", "--workers", "2",
+                                 "--out", "-"], capsys)
+    assert REQUIRED - {"results"} <= set(report) and report["quick"] is True
+    run = report["models"]["lenet"]["by_workers"]["2"]
+    assert set(run["step"]) == set(scaling.DDP_IMPLS + scaling.SINGLE_IMPLS)
+    assert all(s["median_s"] > 0 for s in run["step"].values())
+    derived = report["models"]["lenet"]["derived"]
+    assert set(derived["comm"]["bucketed"]["2"]) == {"exposed_s", "comm_s", "share", "overlap"}
+    assert report["models"]["lenet"]["gradient_bytes"] == 516_272  # LeNet's 129,068 floats
