@@ -31,6 +31,7 @@ __all__ = [
     "find_fashion_mnist",
     "get_fashion_mnist_labels",
     "load_fashion_mnist",
+    "shown_path",
 ]
 
 TEXT_LABELS = ["t-shirt", "trouser", "pullover", "dress", "coat",
@@ -177,6 +178,18 @@ def find_fashion_mnist(root: str | os.PathLike | None = None, *, download: bool 
         "  - install the Debian package: apt-get install dataset-fashion-mnist (make setup does);\n"
         "  - run once with internet access so that torchvision can download them."
     )
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as a lesson prints it: relative to the repository when inside it, ``~/...``
+    under the home folder, else as it is (so stored outputs name no machine's folders)."""
+    path = Path(path).resolve()
+    for base, prefix in ((REPO_DATA.parent, ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(path.relative_to(base.resolve()))
+        except ValueError:
+            continue
+    return str(path)
 
 
 @lru_cache(maxsize=4)

@@ -5,6 +5,7 @@ PyTorch counterpart: ``torch.cuda.device_count`` and ``torch.device``; d2l's ``t
 """
 from __future__ import annotations
 
+import inspect
 import operator
 import os
 import platform
@@ -80,11 +81,14 @@ def devices(n: int, *, warn: bool = True) -> list[torch.device]:
     out = [real[i % len(real)] for i in range(n)]
     if warn and n > num_gpus():
         what = f"{num_gpus()} GPU(s)" if num_gpus() else "no GPU"
-        warnings.warn(
+        # Named after this file, relative to the repository: a warning located in the caller
+        # would print a notebook's temporary file (/tmp/ipykernel_...), different on every run.
+        warnings.warn_explicit(
             f"Asked for {n} devices but this machine has {what}; returning {n} devices that "
             f"repeat {sorted({str(d) for d in real})}. The lesson runs and shows correctness, "
             "not speed.",
-            stacklevel=2,
+            UserWarning, filename="course_lib/devices.py",
+            lineno=inspect.currentframe().f_lineno, module=__name__,
         )
     return out
 
