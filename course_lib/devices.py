@@ -5,11 +5,13 @@ PyTorch counterpart: ``torch.cuda.device_count`` and ``torch.device``; d2l's ``t
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import operator
 import os
 import platform
 import warnings
+from collections.abc import Iterator
 
 import torch
 
@@ -17,6 +19,7 @@ __all__ = [
     "Device",
     "as_device",
     "cpu_cores",
+    "cpu_threads",
     "devices",
     "hardware_summary",
     "num_gpus",
@@ -113,6 +116,21 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """Cap torch's intra-op threads at ``n`` for the body; restore the previous cap after.
+
+    One worker per core is the honest "device" on a CPU: a worker thread or process that
+    shares the cores with others takes ``cores // workers`` threads.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _cpu_name() -> str:

@@ -23,7 +23,6 @@ hides can be read off. PyTorch counterpart: none (torch's DDP is the yardstick).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import datetime
 import json
@@ -33,7 +32,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ..devices import cpu_cores, devices, hardware_summary, num_gpus, synchronize
+from ..devices import cpu_cores, cpu_threads, devices, hardware_summary, num_gpus, synchronize
 from ..distributed import current_device, launch
 from ..models.lenet import LeNet, init_lenet_params, lenet
 from ..models.resnet import resnet18
@@ -145,17 +144,6 @@ def write_report(report: dict, path: Path | None) -> None:
 # ------------------------------------------------------------------------------------------------
 # shared by the workers
 # ------------------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """Cap torch's intra-op threads at ``n`` for the body; restore the previous cap after."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
 
 def _batch(n: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Random images and labels: the step's time does not depend on the pixels."""
@@ -329,7 +317,7 @@ def _single_worker(model: str, k: int, global_batch: int, threads: int, samples:
             opts[name].step()
         return step
 
-    with _torch_threads(cores if gpus == 0 else torch.get_num_threads()):
+    with cpu_threads(cores if gpus == 0 else torch.get_num_threads()):
         times = _rounds({"dp_scratch": dp_scratch,
                          "nn_dataparallel": stepper("nn_dataparallel", wrapped),
                          "plain": stepper("plain", plain)}, samples, steps, warmup, device)

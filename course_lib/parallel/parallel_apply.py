@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..devices import Device, as_device, cpu_cores
+from ..devices import Device, as_device, cpu_cores, cpu_threads
 
 __all__ = ["parallel_apply"]
 
@@ -61,19 +61,8 @@ class _ThreadState:
             if device is not None and device.type == "cuda":
                 stack.enter_context(torch.cuda.device(device))
             elif device is not None and device.type == "cpu":
-                stack.enter_context(_cpu_threads(self.cpu_threads))
+                stack.enter_context(cpu_threads(self.cpu_threads))
             yield
-
-
-@contextlib.contextmanager
-def _cpu_threads(n: int) -> Iterator[None]:
-    """Cap torch's intra-op threads at ``n`` for the body; restore the previous cap after."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def parallel_apply(modules: Sequence[Callable], inputs: Sequence[Any],
