@@ -66,8 +66,9 @@ def _run_worker(spec, rank: int, world_size: int, init_method: str, conn) -> Non
 
 
 def _spawn_and_collect(spec, world_size: int, timeout: float) -> list[tuple] | str:
-    """Start ``world_size`` fresh processes (as ``torch.multiprocessing.spawn`` does); their
-    replies in rank order, or what went wrong. Every process is gone when this returns."""
+    """Start ``world_size`` fresh processes (like ``torch.multiprocessing.spawn``, through the
+    forkserver); their replies in rank order, or what went wrong. Every process is gone when
+    this returns."""
     import multiprocessing as mp
     import shutil
     import tempfile
@@ -76,7 +77,7 @@ def _spawn_and_collect(spec, world_size: int, timeout: float) -> list[tuple] | s
 
     from ..distributed.processes import kill_processes
 
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")  # fresh processes, forked from a server that has torch
     folder = tempfile.mkdtemp(prefix="course_check_")
     init_method = f"file://{folder}/rendezvous"
     procs, conns = [], []
