@@ -12,13 +12,14 @@ import importlib
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 __all__ = ["CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
-           "failure", "resolve", "verdict", "worker_spec"]
+           "failure", "first_failure_in_ranks", "resolve", "verdict",
+           "worker_spec"]
 
 
 class ExerciseResult:
@@ -187,3 +188,28 @@ def resolve(spec: Callable | tuple[str, str, str]) -> Callable:
     importlib.invalidate_caches()
     return getattr(importlib.import_module(module_name), attr)
 
+
+
+def first_failure_in_ranks(worker: Callable, spec: Any, world_sizes: Sequence[int],
+                           args: tuple, *, timeout: float, hang_hint: str,
+                           hint: str) -> str | None:
+    """Run ``worker(spec, *args)`` under ``launch`` for each world size; the first failure.
+
+    Each rank returns None or a description of what it found wrong. A hang becomes "no result
+    within N s" with ``hang_hint``; a rank that raised or died, its first line; a wrong value,
+    the description followed by ``hint``. None when every rank of every world size was right.
+    """
+    from ..distributed.launch import LaunchTimeout, WorkerError, launch
+
+    for world in world_sizes:
+        try:
+            failures = launch(worker, world, spec, *args, timeout=timeout)
+        except LaunchTimeout:
+            return f"world_size={world}: no result within {timeout:g} s. {hang_hint}"
+        except WorkerError as e:
+            return f"world_size={world}: {str(e).splitlines()[0]}"
+        # a rank that saw a wrong value says more than a peer whose collective then broke
+        found = sorted((f for f in failures if f is not None), key=lambda f: "raised" in f)
+        if found:
+            return f"{found[0]} Hint: {hint}"
+    return None

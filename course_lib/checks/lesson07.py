@@ -18,8 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed.launch import LaunchTimeout, WorkerError, launch
-from ._core import ExerciseResult, resolve, verdict, worker_spec
+from ._core import ExerciseResult, first_failure_in_ranks, resolve, verdict, worker_spec
 
 __all__ = ["check_average_gradients"]
 
@@ -164,19 +163,10 @@ def check_average_gradients(fn: Callable | str | None, *,
     spec = worker_spec(fn, "my_ddp:average_gradients")
     if isinstance(spec, str):
         return verdict(_NAME, False, spec, strict)
-    for world in world_sizes:
-        try:
-            failures = launch(_run_cases, world, spec, per_rank, 7, timeout=timeout)
-        except LaunchTimeout:
-            return verdict(_NAME, False, f"world_size={world}: no result within {timeout:g} s. "
-                           "Does every rank call all_reduce on the same tensors, in the same "
-                           "order?", strict)
-        except WorkerError as e:
-            first = str(e).splitlines()[0]
-            return verdict(_NAME, False, f"world_size={world}: {first}", strict)
-        # a rank that saw a wrong value says more than a peer whose collective then broke
-        found = sorted((f for f in failures if f is not None), key=lambda f: "raised" in f)
-        if found:
-            return verdict(_NAME, False, f"{found[0]} Hint: {_HINT}", strict)
+    failure = first_failure_in_ranks(
+        _run_cases, spec, world_sizes, (per_rank, 7), timeout=timeout, hint=_HINT,
+        hang_hint="Does every rank call all_reduce on the same tensors, in the same order?")
+    if failure is not None:
+        return verdict(_NAME, False, failure, strict)
     return verdict(_NAME, True, f"every .grad equals the whole-batch gradient for world sizes "
                    f"{list(world_sizes)} and {len(_MODELS)} models.", strict)
