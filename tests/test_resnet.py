@@ -55,3 +55,27 @@ def test_downsampling_block_shapes():
     blk = Residual(64, 128, use_1x1conv=True, strides=2)
     assert blk(torch.rand(2, 64, 28, 28)).shape == (2, 128, 14, 14)
     assert Residual(8, 8)(torch.rand(2, 8, 7, 7)).shape == (2, 8, 7, 7)
+
+
+def test_width_scales_every_stage_and_64_is_the_default():
+    """width=64 is the standard network (same state dict); width=16 has stages 16..128."""
+    assert {k: v.shape for k, v in resnet18(10, 1, width=64).state_dict().items()} == \
+           {k: v.shape for k, v in resnet18(10, 1).state_dict().items()}
+    narrow = resnet18(10, 1, width=16)
+    X = torch.rand(2, 1, 28, 28)
+    channels = []
+    with torch.no_grad():
+        for name, layer in narrow.named_children():
+            X = layer(X)
+            if name.startswith("resnet_block"):
+                channels.append(X.shape[1])
+    assert channels == [16, 32, 64, 128] and X.shape == (2, 10)
+    n_narrow = sum(p.numel() for p in narrow.parameters())
+    n_full = sum(p.numel() for p in resnet18(10, 1).parameters())
+    assert 14 < n_full / n_narrow < 17  # conv weights scale as width**2
+
+
+@pytest.mark.parametrize("width", [0, -4, 2.5, True])
+def test_bad_width_is_refused_with_what_to_pass(width):
+    with pytest.raises(ValueError, match="positive int"):
+        resnet18(width=width)
