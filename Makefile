@@ -36,15 +36,15 @@ notebooks: setup
 	        --ExecutePreprocessor.timeout=3600 --ExecutePreprocessor.kernel_name=python3 "$$nb" || exit 1; \
 	done
 
-# Every benchmark, each writing its JSON to results/NAME-MACHINE.json (the stored results).
-MACHINE = $(shell $(PY) -c "from course_lib.bench.scaling import machine_slug; print(machine_slug())")
+# Every benchmark, each writing its JSON to results/NAME-MACHINE.json (the stored results), with
+# the command, machine, date and load average that made it.
 bench: setup
 	mkdir -p results
 	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench scaling
 	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench collectives
-	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench ddp --out results/ddp-$(MACHINE).json
-	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench allreduce > results/allreduce-$(MACHINE).json
-	$(PY) -m course_lib.bench dataloader > results/dataloader-$(MACHINE).json
+	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench ddp
+	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench allreduce
+	$(PY) -m course_lib.bench dataloader
 
 lint: setup
 	$(VENV)/bin/ruff check course_lib tests

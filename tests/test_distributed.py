@@ -370,11 +370,17 @@ def test_run_commands_kills_the_whole_process_group_on_timeout(tmp_path):
 # the benchmark
 # ------------------------------------------------------------------------------------------------
 
-def test_benchmark_prints_json(capsys):
+def test_benchmark_prints_json(capsys, tmp_path):
     assert parse_size("4K") == 4096 and parse_size("64MB") == 64 * 2**20
     assert bus_bandwidth(100, 1.0, 2) == 100.0  # 2 (p - 1) / p = 1 for two ranks
-    assert bench_main(["--world-sizes", "2", "--sizes", "4K,64K", "--repeat", "1"]) == 0
+    out = tmp_path / "allreduce.json"
+    assert bench_main(["--world-sizes", "2", "--sizes", "4K,64K", "--repeat", "1",
+                       "--out", str(out)]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == report     # the file is what was printed
+    for field in ("command", "machine", "hardware", "torch", "date", "load_average_start",
+                  "load_average_end"):                # every results file says what made it
+        assert field in report, field
     assert [r["bytes"] for r in report["results"]] == [4096, 65536]
     assert all(r["ring_s"] > 0 and r["all_reduce_s"] > 0 for r in report["results"])
 

@@ -1,11 +1,12 @@
 """Benchmark: the (pipelined) ring allreduce by hand against ``dist.all_reduce``, by message size.
 
 ``python -m course_lib.bench allreduce [--world-sizes 2,4] [--sizes 4K,...,64M] [--repeat N]``
-prints JSON: for each world size and message size, the median time of both, their bus
-bandwidth (the nccl-tests convention: ``bytes / time * 2 (p - 1) / p``, what each link
-carries) and ``speed_ratio = all_reduce time / ring time`` (1.0: as fast; goal >= 0.9 from
-16 MB up). Both run in the same workers, interleaved, so a noisy machine hurts both alike.
-PyTorch counterpart: ``torch.distributed`` has no benchmark; nccl-tests' ``all_reduce_perf``.
+prints JSON (and writes it to ``results/allreduce-MACHINE.json``, or ``--out``): for each world
+size and message size, the median time of both, their bus bandwidth (the nccl-tests convention:
+``bytes / time * 2 (p - 1) / p``, what each link carries) and ``speed_ratio = all_reduce time /
+ring time`` (1.0: as fast; goal >= 0.9 from 16 MB up). Both run in the same workers, interleaved,
+so a noisy machine hurts both alike. PyTorch counterpart: ``torch.distributed`` has no benchmark;
+nccl-tests' ``all_reduce_perf``.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..devices import hardware_summary
 from ..distributed import current_device, launch, ring_allreduce_pipelined
+from .scaling import load_average, report_header, results_path, write_report
 
 __all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "bus_bandwidth", "main", "measure", "parse_size"]
 
@@ -95,7 +96,12 @@ def main(argv: list[str]) -> int:
                         help="comma-separated message sizes, e.g. 4K,1M,64M")
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per size (median)")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", default=None,
+                        help="where to write the JSON (default results/allreduce-MACHINE.json); "
+                        "'-' writes nothing")
     args = parser.parse_args(argv)
+    report = report_header("allreduce", argv, quick=False)
+    start = time.perf_counter()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows = []
     for ws in (int(w) for w in args.world_sizes.split(",")):
@@ -104,11 +110,13 @@ def main(argv: list[str]) -> int:
                                       if r["world_size"] == ws and r["bytes"] >= 16 * MB)
            for ws in sorted({r["world_size"] for r in rows})
            if any(r["world_size"] == ws and r["bytes"] >= 16 * MB for r in rows)}
-    print(json.dumps({
-        "benchmark": "allreduce",
-        "hardware": hardware_summary(),
+    report.update({
         "speed_ratio_median_16MB_and_up": big,  # goal: >= 0.9
         "goal": "ring at least 0.9 of dist.all_reduce's speed from 16 MB up",
         "results": rows,
-    }, indent=2))
+        "load_average_end": load_average(),
+        "wall_s": round(time.perf_counter() - start, 1),
+    })
+    print(json.dumps(report, indent=2))
+    write_report(report, results_path("allreduce", args.out, False))
     return 0

@@ -1,25 +1,27 @@
 """Benchmark: LeNet's seconds per epoch through the fast in-memory path vs a plain DataLoader.
 
-Run: ``python -m course_lib.bench dataloader [--epochs 1] [--batch-size 256] [--quick]``.
-Prints JSON. Both paths train the same LeNet with the same loop in the same run, interleaved in
-chunks of batches (one chunk of one path, then one of the other) so that a change in the machine's
-load hits both alike. The ratio ``fast / dataloader`` is the result (goal: at most 0.6 on a 2-core
-CPU).
+Run: ``python -m course_lib.bench dataloader [--epochs 1] [--batch-size 256] [--quick] [--out
+PATH]`` (full runs also write ``results/dataloader-MACHINE.json``). Prints JSON. Both paths train
+the same LeNet with the same loop in the same run, interleaved in chunks of batches (one chunk of
+one path, then one of the other) so that a change in the machine's load hits both alike. The ratio
+``fast / dataloader`` is the result (goal: at most 0.6 on a 2-core CPU).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import time
 from itertools import islice
 
 import torch
 
 from ..data import load_fashion_mnist
-from ..devices import hardware_summary, try_gpu
+from ..devices import try_gpu
 from ..models.lenet import init_lenet_params
 from ..timing import Timer
 from ..train import train_epoch
+from .scaling import load_average, report_header, results_path, write_report
 
 __all__ = ["compare_input_pipelines", "main"]
 
@@ -65,11 +67,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--quick", action="store_true", help="the quick-mode slice of the data")
+    ap.add_argument("--out", default=None,
+                    help="where to write the JSON (default results/dataloader-MACHINE.json; "
+                    "quick runs write nothing unless given); '-' writes nothing")
     args = ap.parse_args(argv)
     device = try_gpu()
+    report = report_header("dataloader", list(argv or []), quick=args.quick)
+    start = time.perf_counter()
     result = compare_input_pipelines(args.batch_size, epochs=args.epochs, quick=args.quick,
                                      device=device)
-    print(json.dumps({"benchmark": "lenet_epoch_fast_vs_dataloader",
-                      "hardware": hardware_summary(), "device": str(device),
-                      "batch_size": args.batch_size, "quick": args.quick, **result}, indent=2))
+    report.update({"what": "LeNet epoch: in-memory batches (fast) against a plain DataLoader",
+                   "device": str(device), "batch_size": args.batch_size, **result,
+                   "load_average_end": load_average(),
+                   "wall_s": round(time.perf_counter() - start, 1)})
+    print(json.dumps(report, indent=2))
+    write_report(report, results_path("dataloader", args.out, args.quick))
     return 0

@@ -1,14 +1,15 @@
 """Benchmark: step time of our DistributedDataParallel strategies against torch's DDP.
 
-``python -m course_lib.bench ddp [--quick] [--out PATH]`` prints JSON: for LeNet (256 images per
-rank) and ResNet-18 (32 per rank), 2 ranks (gloo on a CPU), the time of one training step
-(forward, backward with the gradient averaging, SGD step) of ``local`` (the plain module, no
+``python -m course_lib.bench ddp [--quick] [--out PATH]`` prints JSON (and writes it to
+``results/ddp-MACHINE.json``, or ``--out``; quick runs write nothing unless told): for LeNet (256
+images per rank) and ResNet-18 (32 per rank), 2 ranks (gloo on a CPU), the time of one training
+step (forward, backward with the gradient averaging, SGD step) of ``local`` (the plain module, no
 communication: the compute floor), ``strategy="naive"``, ``"overlap"``, ``"bucketed"``,
-``"bucketed+bf16"`` (with ``bf16_compress_hook``) and ``torch.nn.parallel.DistributedDataParallel``:
-median, min, interquartile range, and ``ratio_to_torch`` (median / torch's median; goal:
-bucketed <= 1.10). All run in the same workers, interleaved round-robin (the order rotating
-every round), so a noisy machine hurts them alike. PyTorch counterpart: none (torch's DDP is the
-yardstick). Notebook 07 shows this measurement.
+``"bucketed+bf16"`` (with ``bf16_compress_hook``) and
+``torch.nn.parallel.DistributedDataParallel``: median, min, interquartile range, and
+``ratio_to_torch`` (median / torch's median; goal: bucketed <= 1.10). All run in the same workers,
+interleaved round-robin (the order rotating every round), so a noisy machine hurts them alike.
+PyTorch counterpart: none (torch's DDP is the yardstick). Notebook 07 shows this measurement.
 """
 from __future__ import annotations
 
@@ -16,20 +17,19 @@ import argparse
 import copy
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..devices import hardware_summary, synchronize
+from ..devices import synchronize
 from ..distributed import current_device, launch
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
 from ..parallel.ddp import STRATEGIES, DistributedDataParallel, bf16_compress_hook
+from .scaling import load_average, report_header, results_path, write_report
 
 __all__ = ["IMPLEMENTATIONS", "main", "measure_step_times", "summarize"]
 
@@ -156,22 +156,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=None,
                         help="examples per rank (default: LeNet 256, ResNet-18 32; quick 128, 4)")
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="also write the JSON there")
+    parser.add_argument("--out", default=None,
+                        help="where to write the JSON (default results/ddp-MACHINE.json; quick "
+                        "runs write nothing unless given); '-' writes nothing")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         parser.error(f"unknown model(s) {unknown}; expected some of {list(MODELS)}")
     rounds = args.rounds or (2 if args.quick else 9)
+    header = report_header("ddp", argv, quick=args.quick)
     start = time.perf_counter()
     run = measure_step_times(models, world_size=args.world_size, quick=args.quick,
                              rounds=rounds, steps=args.steps, batch=args.batch)
     report = {
-        "benchmark": "ddp",
-        "command": " ".join(["python -m course_lib.bench ddp", *argv]),
-        "hardware": hardware_summary(),
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
+        **header,
         "goal": f"bucketed median step at most {GOAL:.2f} x torch's DDP's",
         "ratio_to_torch": {m: {name: round(r["ratio_to_torch"], 3)
                                for name, r in run["models"][m]["results"].items()}
@@ -181,11 +180,9 @@ def main(argv: list[str]) -> int:
                                   for m in models},
         "rounds": rounds,
         **run,
+        "load_average_end": load_average(),
         "wall_s": round(time.perf_counter() - start, 1),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print(json.dumps(report, indent=2))
+    write_report(report, results_path("ddp", args.out, args.quick))
     return 0
