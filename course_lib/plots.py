@@ -9,7 +9,8 @@ import inspect
 
 import matplotlib.pyplot as plt
 
-__all__ = ["TrainingPlot", "draw_parallelism", "draw_ring", "plot_history", "show"]
+__all__ = ["TrainingPlot", "draw_async_queue", "draw_parallelism", "draw_ring", "plot_history",
+           "show"]
 
 
 def _in_notebook() -> bool:
@@ -101,60 +102,110 @@ class TrainingPlot:
 
 
 def draw_parallelism(num_devices: int = 2) -> plt.Figure:
-    """One picture: data parallelism (whole model per device, batch split, gradients allreduced)
-    next to model parallelism (layers split over devices, activations passed along)."""
+    """Three ways to put ``num_devices`` devices to work on one network, side by side (as in
+    d2l's figure 12.5.1): data parallelism (the whole model on every device, the batch split,
+    every layer's gradients allreduced), model parallelism (the layers split over the devices,
+    activations passed along) and splitting within a layer (every layer's units split over the
+    devices, activations gathered after each layer)."""
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
-    fig, (ax_d, ax_m) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (ax_d, ax_m, ax_t) = plt.subplots(1, 3, figsize=(14, 3.9))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     layers = ["conv 1", "conv 2", "linear 1", "linear 2"]
+    k = num_devices
 
     def box(ax, x, y, w, h, text, color, alpha=0.25):
         ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor="black", alpha=alpha))
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8)
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=7)
 
-    def arrow(ax, a, b, style="-|>", color="black", ls="-"):
-        ax.add_patch(FancyArrowPatch(a, b, arrowstyle=style, mutation_scale=10, color=color,
-                                     linestyle=ls))
+    def arrow(ax, a, b, style="-|>", color="black"):
+        ax.add_patch(FancyArrowPatch(a, b, arrowstyle=style, mutation_scale=9, color=color))
 
-    # data parallelism: every device holds all layers and 1/k of the batch
-    k = num_devices
-    for i in range(k):
-        x = 0.5 + i * (9 / k)
-        w = 9 / k - 0.6
+    def columns(ax, width):  # x and width of device i's column; its name under it
+        cols = [(0.5 + i * (9 / k), 9 / k - width) for i in range(k)]
+        for i, (x, w) in enumerate(cols):
+            ax.text(x + w / 2, 0.15, f"device {i}", ha="center", fontsize=8, weight="bold")
+        return cols
+
+    # data parallelism: every device holds all layers and 1/k of the batch; every layer's
+    # gradients are allreduced (red), not just one
+    cols = columns(ax_d, 0.6)
+    for i, (x, w) in enumerate(cols):
         box(ax_d, x, 4.6, w, 0.8, f"batch shard {i}\n(B/{k} examples)", colors[0])
+        arrow(ax_d, (x + w / 2, 4.6), (x + w / 2, 4.3))
         for j, name in enumerate(layers):
             box(ax_d, x, 3.6 - j * 0.8, w, 0.7, name, colors[1 + j % 3])
-        arrow(ax_d, (x + w / 2, 4.6), (x + w / 2, 4.3))
-        ax_d.text(x + w / 2, 0.2, f"device {i}", ha="center", fontsize=9, weight="bold")
     for i in range(k - 1):
-        x0 = 0.5 + i * (9 / k) + 9 / k - 0.6
-        arrow(ax_d, (x0, 2.4), (x0 + 0.6, 2.4), style="<|-|>", color="crimson")
-    ax_d.text(5, 0.85, "allreduce of gradients (red) keeps replicas identical",
+        x0 = cols[i][0] + cols[i][1]
+        for j in range(len(layers)):
+            y = 3.6 - j * 0.8 + 0.35
+            arrow(ax_d, (x0, y), (x0 + 0.6, y), style="<|-|>", color="crimson")
+    ax_d.text(5, 0.7, "every layer's gradients allreduced (red):\nthe replicas stay identical",
               ha="center", fontsize=8, color="crimson")
-    ax_d.set_title("data parallelism: split the batch")
+    ax_d.set_title("data parallelism: split the batch", fontsize=10)
 
     # model parallelism: layers spread over devices, activations flow between them
-    per = max(1, len(layers) // k)
+    cols = columns(ax_m, 0.8)
+    per = max(1, -(-len(layers) // k))
+    where = [min(j // per, k - 1) for j in range(len(layers))]
     for j, name in enumerate(layers):
-        dev = min(j // per, k - 1)
-        box(ax_m, 1 + dev * (8 / k), 4.3 - j * 0.9, 8 / k - 0.8, 0.7, name, colors[1 + j % 3])
+        x, w = cols[where[j]]
+        box(ax_m, x, 4.3 - j * 0.9, w, 0.7, name, colors[1 + j % 3])
     for j in range(len(layers) - 1):
-        d0, d1 = min(j // per, k - 1), min((j + 1) // per, k - 1)
-        x0 = 1 + d0 * (8 / k) + (8 / k - 0.8) / 2
-        x1 = 1 + d1 * (8 / k) + (8 / k - 0.8) / 2
-        arrow(ax_m, (x0, 4.3 - j * 0.9), (x1, 4.3 - (j + 1) * 0.9 + 0.7),
-              color="crimson" if d0 != d1 else "black")
-    for i in range(k):
-        ax_m.text(1 + i * (8 / k) + (8 / k - 0.8) / 2, 0.2, f"device {i}", ha="center",
-                  fontsize=9, weight="bold")
-    ax_m.text(5, 0.85, "activations forward, gradients back (red: between devices)",
+        (x0, w0), (x1, w1) = cols[where[j]], cols[where[j + 1]]
+        arrow(ax_m, (x0 + w0 / 2, 4.3 - j * 0.9), (x1 + w1 / 2, 4.3 - (j + 1) * 0.9 + 0.7),
+              color="crimson" if where[j] != where[j + 1] else "black")
+    ax_m.text(5, 0.7, "whole batch; activations forward and gradients\nback between devices (red)",
               ha="center", fontsize=8, color="crimson")
-    ax_m.set_title("model parallelism: split the model")
-    for ax in (ax_d, ax_m):
+    ax_m.set_title("model parallelism: split the layers", fontsize=10)
+
+    # within a layer: device i holds 1/k of every layer's units; after each layer the devices
+    # exchange their parts of the activation (an all-gather) before the next layer
+    cols = columns(ax_t, 0.6)
+    for i, (x, w) in enumerate(cols):
+        for j, name in enumerate(layers):
+            box(ax_t, x, 4.3 - j * 0.9, w, 0.7, f"{name}\nunits {i + 1}/{k}", colors[1 + j % 3])
+    for i in range(k - 1):
+        x0 = cols[i][0] + cols[i][1]
+        for j in range(len(layers) - 1):
+            y = 4.3 - j * 0.9 - 0.1
+            arrow(ax_t, (x0, y), (x0 + 0.6, y), style="<|-|>", color="crimson")
+    ax_t.text(5, 0.7, "whole batch; the parts of each activation\n"
+              "exchanged after every layer (red)", ha="center", fontsize=8, color="crimson")
+    ax_t.set_title("split within each layer", fontsize=10)
+    for ax in (ax_d, ax_m, ax_t):
         ax.set_xlim(0, 10)
         ax.set_ylim(0, 5.6)
         ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def draw_async_queue(launch_s: float = 0.1, kernel_s: float = 1.0, n: int = 4) -> plt.Figure:
+    """How a GPU runs work (lesson 00): the CPU queues ``n`` kernels, each launch taking
+    ``launch_s``, and returns at once; the GPU runs them one after another, ``kernel_s`` each.
+    A clock read right after the last launch (no synchronize) stops long before the work is
+    done; ``synchronize`` waits for the queue to drain. Durations are illustrative units."""
+    fig, ax = plt.subplots(figsize=(10, 2.6))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    gpu_free = 0.0
+    for i in range(n):
+        start = i * launch_s
+        ax.broken_barh([(start, launch_s * 0.9)], (1.1, 0.6), facecolors=colors[0])
+        run = max(gpu_free, start + launch_s)
+        ax.broken_barh([(run, kernel_s * 0.97)], (0.1, 0.6), facecolors=colors[1])
+        ax.text(run + kernel_s / 2, 0.4, f"kernel {i + 1}", ha="center", va="center", fontsize=8)
+        gpu_free = run + kernel_s
+    naive, synced = n * launch_s, gpu_free
+    for x, label, color in ((naive, "clock read without\nsynchronize", "crimson"),
+                            (synced, "clock read after\nsynchronize", "black")):
+        ax.axvline(x, color=color, linestyle="--")
+        ax.text(x, 1.95, label, ha="center", va="bottom", fontsize=8, color=color)
+    ax.set_yticks([0.4, 1.4], ["GPU runs", "CPU queues"])
+    ax.set_ylim(0, 2.6)
+    ax.set_xlim(-0.05, synced * 1.08)
+    ax.set_xlabel("time (illustrative units)")
+    ax.set_title("a CUDA call returns when the kernel is queued, not when it has run", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -18,7 +18,7 @@ from ._core import (
     failure,
     verdict,
 )
-from .lesson00 import check_try_all_gpus
+from .lesson00 import check_matmul_flops, check_try_all_gpus
 from .lesson01 import check_accuracy_fn, check_sgd_fn
 from .lesson02 import check_allreduce_fn, check_ring_sends, ring_sends
 from .lesson03 import check_balanced_sizes, check_devices_used
@@ -38,7 +38,7 @@ from .lesson09 import check_ring_time, ring_time_by_schedule
 __all__ = [
     "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
     "failure", "verdict",
-    "check_try_all_gpus",                                     # lesson 00
+    "check_matmul_flops", "check_try_all_gpus",               # lesson 00
     "check_accuracy_fn", "check_sgd_fn",                      # 01
     "check_allreduce_fn", "check_ring_sends", "ring_sends",   # 02
     "check_balanced_sizes", "check_devices_used",             # 03
