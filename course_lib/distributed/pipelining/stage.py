@@ -1,0 +1,210 @@
+"""One stage of a pipeline across processes: receive an activation, run, send; and back again.
+
+PyTorch counterpart: ``torch.distributed.pipelining.PipelineStage`` (same constructor
+arguments: the stage's module, its index, the number of stages, its device). Rank i of the
+group holds stage i. Forward: receive the previous stage's activation (``dist.recv``), run the
+module, send the output on (``dist.isend``). Backward: receive the gradient of that output from
+the next stage, run autograd, send the gradient of the input back. The last stage computes the
+loss. Read more: https://pytorch.org/docs/stable/distributed.pipelining.html. Lesson 11.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ...devices import Device, as_device, synchronize
+
+__all__ = ["PipeEvent", "PipelineStage"]
+
+#: dtypes an activation may have on the wire; the header names one by its index here
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_MAX_DIMS = 8
+_HEADER_TAG = 1 << 20   # tags: micro-batch number for data, this offset for the shape header
+
+
+class PipeEvent(NamedTuple):
+    """What a stage computed and when: ``kind`` "F" (forward) or "B" (backward) of one
+    micro-batch, between ``start`` and ``end`` (``time.perf_counter()`` seconds, one clock for
+    every process of the machine)."""
+
+    stage: int
+    kind: str
+    microbatch: int
+    start: float
+    end: float
+
+
+class PipelineStage:
+    """Stage ``stage_index`` of ``num_stages``, run by rank ``stage_index`` of ``group``.
+
+    Call ``forward_one`` and ``backward_one`` in the order a schedule says (``ScheduleGPipe``,
+    ``Schedule1F1B``); every stage must follow the same schedule. Receives block (bounded by the
+    process group's timeout); sends are asynchronous and ``wait_sends`` finishes them.
+
+    Args:
+        submodule: this stage's layers (``split_sequential(model, num_stages)[stage_index]``).
+        stage_index: this stage's position, 0 ... num_stages - 1.
+        num_stages: stages in the pipeline; equals the group's size (one stage per rank).
+        device: where this stage computes (default: where its parameters are).
+        group: the process group (default: the default group).
+    """
+
+    def __init__(self, submodule: nn.Module, stage_index: int, num_stages: int,
+                 device: Device | None = None, group: dist.ProcessGroup | None = None):
+        if not isinstance(num_stages, int) or num_stages < 1:
+            raise ValueError(f"PipelineStage expects num_stages >= 1, got {num_stages!r}.")
+        if not isinstance(stage_index, int) or not 0 <= stage_index < num_stages:
+            raise ValueError(f"PipelineStage expects stage_index in 0 ... {num_stages - 1}, got "
+                             f"{stage_index!r}.")
+        if not dist.is_initialized():
+            raise RuntimeError("PipelineStage sends activations between processes: call "
+                               "dist.init_process_group first (or start the workers with "
+                               "course_lib.distributed.launch).")
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        if world != num_stages or rank != stage_index:
+            raise ValueError(f"PipelineStage runs one stage per rank: expected num_stages == "
+                             f"world size and stage_index == rank, got num_stages={num_stages}, "
+                             f"stage_index={stage_index} in rank {rank} of a group of {world}. "
+                             "Pass stage_index=dist.get_rank(), num_stages=dist.get_world_size().")
+        params = list(submodule.parameters())
+        default = params[0].device if params else torch.device("cpu")
+        self.submodule = submodule
+        self.stage_index, self.num_stages = stage_index, num_stages
+        self.device = as_device(device) if device is not None else default
+        self.group = group
+        self.events: list[PipeEvent] = []
+        self.record = False       # True: append a PipeEvent per forward and backward
+        # gloo sends CPU tensors; NCCL sends GPU tensors in place
+        backend = dist.get_backend(group)
+        self._wire = self.device if backend == "nccl" else torch.device("cpu")
+        self._inputs: dict[int, torch.Tensor] = {}    # micro-batch -> this stage's input
+        self._outputs: dict[int, torch.Tensor] = {}   # micro-batch -> this stage's output
+        self._losses: dict[int, torch.Tensor] = {}    # micro-batch -> loss (last stage)
+        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._in_meta: tuple[tuple[int, ...], torch.dtype] | None = None
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def _peer(self, stage: int) -> int:
+        """The global rank that runs ``stage``."""
+        return stage if self.group is None else dist.get_global_rank(self.group, stage)
+
+    # ---- point to point --------------------------------------------------------------------
+
+    def _send(self, t: torch.Tensor, to_stage: int, tag: int) -> None:
+        """Start sending ``t`` (asynchronously); ``wait_sends`` finishes it."""
+        t = t.detach().to(self._wire).contiguous()
+        work = dist.isend(t, self._peer(to_stage), group=self.group, tag=tag)
+        self._sends.append((work, t))  # keep the buffer alive until the send is done
+
+    def _recv(self, shape: tuple[int, ...], dtype: torch.dtype, from_stage: int,
+              tag: int) -> torch.Tensor:
+        """Block until ``from_stage`` has sent a tensor of this shape; on this stage's device."""
+        buffer = torch.empty(shape, dtype=dtype, device=self._wire)
+        dist.recv(buffer, self._peer(from_stage), group=self.group, tag=tag)
+        return buffer.to(self.device)
+
+    def _send_header(self, Y: torch.Tensor) -> None:
+        """Tell the next stage the shape and dtype of the activations of this step."""
+        if Y.dim() > _MAX_DIMS or Y.dtype not in _DTYPES:
+            raise ValueError(f"PipelineStage {self.stage_index}: expected an output of at most "
+                             f"{_MAX_DIMS} dims with a dtype in {_DTYPES}, got shape "
+                             f"{tuple(Y.shape)} and {Y.dtype}.")
+        header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64)
+        header[0], header[1] = _DTYPES.index(Y.dtype), Y.dim()
+        header[2:2 + Y.dim()] = torch.tensor(Y.shape)
+        self._send(header, self.stage_index + 1, _HEADER_TAG)
+
+    def _recv_header(self) -> None:
+        header = self._recv((2 + _MAX_DIMS,), torch.int64, self.stage_index - 1, _HEADER_TAG)
+        ndim = int(header[1])
+        self._in_meta = (tuple(header[2:2 + ndim].tolist()), _DTYPES[int(header[0])])
+
+    def wait_sends(self) -> None:
+        """Wait until every send started so far is done (end of a schedule's step)."""
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()
+
+    # ---- one micro-batch -------------------------------------------------------------------
+
+    def forward_one(self, microbatch: int, X: torch.Tensor | None = None,
+                    target: torch.Tensor | None = None,
+                    loss_fn: Callable | None = None) -> torch.Tensor:
+        """Forward of one micro-batch: receive (unless first), run, send on (unless last).
+
+        Args:
+            microbatch: its number in the step (0 first: stage 0 then sends the shape header).
+            X: the micro-batch's inputs (first stage only).
+            target, loss_fn: the last stage computes ``loss_fn(output, target)``.
+
+        Returns:
+            The stage's output, (b, ...).
+        """
+        if self.is_first:
+            if X is None:
+                raise ValueError("the first stage's forward_one needs the micro-batch X.")
+            X = X.to(self.device)
+        else:
+            if microbatch == 0:
+                self._recv_header()
+            shape, dtype = self._in_meta
+            X = self._recv(shape, dtype, self.stage_index - 1, microbatch)
+            X.requires_grad_(True)  # its gradient goes back to the previous stage
+        start = time.perf_counter()
+        Y = self.submodule(X)                                   # (b, ...)
+        if self.is_last and loss_fn is not None:
+            self._losses[microbatch] = loss_fn(Y, target.to(Y.device))
+        synchronize(self.device)
+        end = time.perf_counter()
+        if self.record:
+            self.events.append(PipeEvent(self.stage_index, "F", microbatch, start, end))
+        self._inputs[microbatch], self._outputs[microbatch] = X, Y
+        if not self.is_last:
+            if microbatch == 0:
+                self._send_header(Y)
+            self._send(Y, self.stage_index + 1, microbatch)
+        return Y
+
+    def backward_one(self, microbatch: int, loss_scale: float = 1.0) -> None:
+        """Backward of one micro-batch: receive the output's gradient (or, last stage, take the
+        loss times ``loss_scale``), run autograd, send the input's gradient back (unless first).
+        """
+        if microbatch not in self._outputs:
+            raise RuntimeError(f"PipelineStage {self.stage_index}: backward of micro-batch "
+                               f"{microbatch} before its forward (or twice); a schedule runs "
+                               "F(i) before B(i) on every stage.")
+        X, Y = self._inputs.pop(microbatch), self._outputs.pop(microbatch)
+        if self.is_last:
+            if microbatch not in self._losses:
+                raise RuntimeError("the last stage's backward needs a loss: pass target and "
+                                   "loss_fn to forward_one.")
+            start = time.perf_counter()
+            (self._losses[microbatch] * loss_scale).backward()
+        else:
+            dY = self._recv(tuple(Y.shape), Y.dtype, self.stage_index + 1, microbatch)
+            start = time.perf_counter()
+            torch.autograd.backward(Y, dY)                      # fills .grad and X.grad
+        synchronize(self.device)
+        end = time.perf_counter()
+        if self.record:
+            self.events.append(PipeEvent(self.stage_index, "B", microbatch, start, end))
+        if not self.is_first:
+            self._send(X.grad, self.stage_index - 1, microbatch)
+
+    def pop_losses(self) -> list[torch.Tensor]:
+        """The last stage's losses of this step, detached, by micro-batch (and forget them)."""
+        losses = [self._losses[i].detach() for i in sorted(self._losses)]
+        self._losses.clear()
+        return losses

@@ -1,0 +1,281 @@
+"""Worker functions that notebook 11 (model and pipeline parallelism) hands to ``launch``.
+
+Rank i runs stage i of a model cut with ``split_sequential``. Every rank builds the whole model
+from the same seed, so each can also compute the oracle itself: one process, the whole model,
+the whole batch (for a model with batch norm: the same micro-batches one after the other, since
+batch norm's statistics are per micro-batch). Claims are asserted here, in the workers, so a
+notebook cell that prints a result has also proved it.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.distributed.env import current_device
+from course_lib.distributed.pipelining import (
+    ActivationMeter,
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    flatten_sequential,
+    idle_fraction,
+    split_microbatches,
+    split_sequential,
+)
+from course_lib.models.lenet import LeNet
+from course_lib.models.resnet import resnet18
+
+__all__ = ["SCHEDULES", "activation_peaks", "bubbles", "build_model", "check_pipeline",
+           "lenet_sequential", "merge_ranks", "pipeline_timelines", "step_seconds",
+           "two_rank_example"]
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def lenet_sequential(seed: int = 0) -> nn.Sequential:
+    """LeNet (``course_lib.models.lenet.LeNet``, the same weights for a seed) as 10 layers."""
+    torch.manual_seed(seed)
+    net = LeNet()
+    return nn.Sequential(
+        net.conv1, nn.ReLU(), nn.AvgPool2d(2),   # (B, 20, 13, 13)
+        net.conv2, nn.ReLU(), nn.AvgPool2d(2),   # (B, 50, 4, 4)
+        nn.Flatten(), net.fc1, nn.ReLU(),        # (B, 128)
+        net.fc2,                                 # (B, 10)
+    )
+
+
+def _mlp(seed: int) -> nn.Sequential:
+    """A small MLP for fast tests: 7 -> 9 -> 6 -> 8 -> 3, tanh between (7 layers)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(7, 9), nn.Tanh(), nn.Linear(9, 6), nn.Tanh(), nn.Linear(6, 8),
+                         nn.Tanh(), nn.Linear(8, 3))
+
+
+def build_model(name: str, seed: int = 0) -> nn.Sequential:
+    """``"lenet"`` (10 layers), ``"resnet18"`` (flattened: 14 layers) or ``"mlp"`` (7 layers)."""
+    if name == "lenet":
+        return lenet_sequential(seed)
+    if name == "resnet18":
+        torch.manual_seed(seed)
+        return flatten_sequential(resnet18())
+    if name == "mlp":
+        return _mlp(seed)
+    raise ValueError(f"build_model expects 'lenet', 'resnet18' or 'mlp', got {name!r}.")
+
+
+def _has_batch_norm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def _oracle_step(model: nn.Sequential, X: torch.Tensor, y: torch.Tensor, m: int,
+                 lr: float) -> torch.Tensor:
+    """One process, the whole model: gradient of the batch's mean loss, then an SGD step.
+
+    With batch norm the micro-batches run one after the other (each normalised by its own
+    statistics, as in the pipeline); without, the whole batch in one go.
+    """
+    if _has_batch_norm(model):
+        outputs = []
+        for Xm, ym in zip(split_microbatches(X, m), split_microbatches(y, m)):
+            out = model(Xm)
+            (F.cross_entropy(out, ym) / m).backward()
+            outputs.append(out.detach())
+        out = torch.cat(outputs)
+    else:
+        out = model(X)
+        F.cross_entropy(out, y).backward()
+        out = out.detach()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+    return out
+
+
+def _max_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    return max(((x - z).abs().max().item() for x, z in zip(a, b)), default=0.0)
+
+
+def check_pipeline(cases: Sequence[tuple[str, str, int, Sequence[int] | None]],
+                   X: torch.Tensor, y: torch.Tensor, lr: float = 0.1, seed: int = 0) -> list:
+    """Each case ``(model, schedule, micro-batches, balance)``: one pipeline step against the
+    oracle; every rank asserts its stage's gradients and updated weights (and the last stage
+    the output) equal the oracle's.
+
+    Returns this rank's ``{"case", "balance", "grad_diff", "weight_diff", "output_diff",
+    "loss"}`` per case (the largest |pipeline - one process| of each).
+    """
+    rank, p = dist.get_rank(), dist.get_world_size()
+    device = current_device()
+    results = []
+    for name, schedule, m, balance in cases:
+        model = build_model(name, seed).to(device)
+        oracle = copy.deepcopy(model)
+        stages = split_sequential(model, p, balance=balance)
+        oracle_stages = split_sequential(oracle, p, balance=[len(s) for s in stages])
+        stage = PipelineStage(stages[rank], rank, p, device)
+        sched = SCHEDULES[schedule](stage, m, loss_fn=F.cross_entropy)
+        losses: list[torch.Tensor] = []
+        Xd, yd = X.to(device), y.to(device)
+        out = sched.step(Xd, target=yd, losses=losses) if p == 1 else (
+            sched.step(Xd) if stage.is_first else
+            sched.step(target=yd, losses=losses) if stage.is_last else sched.step())
+        grads = [q.grad.clone() for q in stages[rank].parameters()]
+        with torch.no_grad():
+            for q in stages[rank].parameters():
+                q -= lr * q.grad
+        want_out = _oracle_step(oracle, Xd, yd, m, lr)
+        mine, theirs = list(stages[rank].parameters()), list(oracle_stages[rank].parameters())
+        want_grads = [q.grad for q in theirs]
+        torch.testing.assert_close(grads, want_grads)    # the oracle: gradients ...
+        torch.testing.assert_close(mine, theirs)         # ... and the weights after the step
+        result = {"case": (name, schedule, m), "balance": [len(s) for s in stages],
+                  "grad_diff": _max_diff(grads, want_grads), "weight_diff": _max_diff(mine, theirs)}
+        if stage.is_last:
+            torch.testing.assert_close(out, want_out)
+            result["output_diff"] = (out - want_out).abs().max().item()
+            result["loss"] = torch.stack(losses).mean().item()
+        results.append(result)
+    return results
+
+
+def two_rank_example(X: torch.Tensor, y: torch.Tensor, lr: float = 0.1) -> dict:
+    """The two-rank pipeline of the seed, by hand with ``dist.send`` / ``dist.recv``.
+
+    Rank 0 holds layer 1 (flatten, linear 784 -> 128, ReLU) and sends its activation; rank 1
+    holds layer 2 (linear 128 -> 10), computes the loss, and sends the activation's gradient
+    back; each rank updates its own layer. Both check against one process with both layers.
+    """
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    layer1 = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU())
+    layer2 = nn.Linear(128, 10)
+    whole = copy.deepcopy(nn.Sequential(layer1, layer2))    # the oracle, in every rank
+    F.cross_entropy(whole(X), y).backward()
+    if rank == 0:
+        h = layer1(X)                                      # (B, 128)
+        dist.send(h.detach(), dst=1)                       # activation forward
+        dh = torch.empty_like(h)
+        dist.recv(dh, src=1)                               # its gradient comes back
+        h.backward(dh)                                     # the rest of the chain rule
+        mine, theirs = layer1, whole[0]
+        sent = {"activation sent": list(h.shape)}
+    else:
+        h = torch.empty(len(X), 128)                       # shape known in advance
+        dist.recv(h, src=0)
+        h.requires_grad_(True)                             # we want dloss/dh
+        loss = F.cross_entropy(layer2(h), y)
+        loss.backward()                                    # layer2's grads and h.grad
+        dist.send(h.grad, dst=0)                           # gradient backward
+        mine, theirs = layer2, whole[1]
+        sent = {"gradient sent": list(h.grad.shape), "loss": loss.item()}
+    grads = [q.grad for q in mine.parameters()]
+    want = [q.grad for q in theirs.parameters()]
+    torch.testing.assert_close(grads, want)
+    with torch.no_grad():
+        for q in mine.parameters():
+            q -= lr * q.grad
+    return {"rank": rank, "params": sum(q.numel() for q in mine.parameters()),
+            "grad_diff": _max_diff(grads, want), **sent}
+
+
+def _run_step(sched, stage: PipelineStage, X: torch.Tensor, y: torch.Tensor) -> None:
+    if stage.is_first and stage.is_last:
+        sched.step(X, target=y)
+    elif stage.is_first:
+        sched.step(X)
+    elif stage.is_last:
+        sched.step(target=y)
+    else:
+        sched.step()
+
+
+def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[int],
+                       schedules: Sequence[str] = ("gpipe", "1f1b"), balance=None,
+                       steps: int = 5, warmup: int = 2, model: str = "lenet") -> dict:
+    """Time pipeline steps: for each schedule and micro-batch count, this rank's events.
+
+    Every configuration runs ``warmup`` untimed steps, then ``steps`` timed ones, each after a
+    barrier (all stages start together). Returns ``{(schedule, m): [events of each step]}``
+    with this rank's ``PipeEvent``s (``time.perf_counter`` seconds: one clock for every process
+    of the machine); the notebook joins the ranks.
+    """
+    rank, p = dist.get_rank(), dist.get_world_size()
+    device = current_device()
+    net = build_model(model).to(device)
+    stages = split_sequential(net, p, balance=balance)
+    stage = PipelineStage(stages[rank], rank, p, device)
+    out: dict = {}
+    for schedule in schedules:
+        for m in microbatches:
+            sched = SCHEDULES[schedule](stage, m, loss_fn=F.cross_entropy)
+            runs = []
+            for i in range(warmup + steps):
+                dist.barrier()
+                stage.events, stage.record = [], i >= warmup
+                _run_step(sched, stage, X, y)
+                stages[rank].zero_grad()
+                if stage.record:
+                    runs.append(stage.events)
+            stage.record = False
+            out[(schedule, m)] = runs
+    return out
+
+
+def activation_peaks(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[int],
+                     schedules: Sequence[str] = ("gpipe", "1f1b"), balance=None,
+                     model: str = "lenet") -> dict:
+    """Peak bytes of activations saved for backward on this rank's stage, per (schedule, m).
+
+    Counted with ``ActivationMeter`` during one step (after a warm-up step); on a GPU also
+    ``torch.cuda.max_memory_allocated`` over the step, minus what was allocated before it.
+    Returns ``{(schedule, m): {"saved": bytes, "cuda": bytes or None}}``.
+    """
+    rank, p = dist.get_rank(), dist.get_world_size()
+    device = current_device()
+    net = build_model(model).to(device)
+    stages = split_sequential(net, p, balance=balance)
+    stage = PipelineStage(stages[rank], rank, p, device)
+    out: dict = {}
+    for schedule in schedules:
+        for m in microbatches:
+            sched = SCHEDULES[schedule](stage, m, loss_fn=F.cross_entropy)
+            _run_step(sched, stage, X, y)                   # warm-up
+            stages[rank].zero_grad(set_to_none=False)
+            cuda = None
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                before = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            dist.barrier()
+            with ActivationMeter(exclude=stages[rank].parameters()) as meter:
+                _run_step(sched, stage, X, y)
+            if device.type == "cuda":
+                cuda = torch.cuda.max_memory_allocated(device) - before
+            stages[rank].zero_grad(set_to_none=False)
+            assert meter.alive == 0, "saved activations outlived the step"
+            out[(schedule, m)] = {"saved": meter.peak, "cuda": cuda}
+    return out
+
+
+def step_seconds(runs: Sequence[Sequence]) -> float:
+    """Median span of steps given as lists of events from every stage (first start to last end)."""
+    return statistics.median(max(e.end for e in run) - min(e.start for e in run)
+                             for run in runs)
+
+
+def bubbles(runs: Sequence[Sequence]) -> float:
+    """Median measured idle fraction of steps given as lists of events from every stage."""
+    return statistics.median(idle_fraction(run) for run in runs)
+
+
+def merge_ranks(per_rank: Sequence[dict]) -> dict:
+    """``pipeline_timelines``' results of every rank joined: ``{key: [events of each step]}``,
+    each step's list holding every stage's events."""
+    return {key: [[e for rank in per_rank for e in rank[key][i]]
+                  for i in range(len(per_rank[0][key]))] for key in per_rank[0]}
