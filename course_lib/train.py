@@ -34,6 +34,7 @@ __all__ = [
     "fit",
     "recalibrate_batch_norm",
     "run_epoch",
+    "sgd_step",
     "train",
     "train_batch",
     "train_epoch",
@@ -198,10 +199,12 @@ def fit(step: Step, data_iter: Iterable, evaluate: Callable[[], float], *, num_e
 
 # --- one device, functional net (lesson 01) ------------------------------------------------
 
-def _sgd_step(params: list[torch.Tensor], lr: float, device: torch.device | None,
+def sgd_step(params: list[torch.Tensor], lr: float, device: torch.device | None,
               net: Callable, X: torch.Tensor, y: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One minibatch SGD step of ``net(X, params)`` on one device."""
+    """One minibatch SGD step of ``net(X, params)`` on one device: forward, mean cross-entropy,
+    backward, ``sgd``. Returns the loss and the number of correct predictions as 0-d tensors on
+    the device (``run_epoch`` sums them there and reads them once per epoch)."""
     if device is not None:
         X, y = X.to(device), y.to(device)
     y_hat = net(X, params)                           # (B, 10)
@@ -216,7 +219,7 @@ def train_epoch(params: list[torch.Tensor], train_iter: Iterable, lr: float,
                 net: Callable = lenet) -> tuple[float, float]:
     """One pass of minibatch SGD over ``train_iter``; returns (mean loss, train accuracy)."""
     device = None if device is None else as_device(device)
-    return run_epoch(functools.partial(_sgd_step, params, lr, device, net), train_iter)
+    return run_epoch(functools.partial(sgd_step, params, lr, device, net), train_iter)
 
 
 def train_single(params: list[torch.Tensor], train_iter: Iterable, test_iter: Iterable, *,
@@ -237,7 +240,7 @@ def train_single(params: list[torch.Tensor], train_iter: Iterable, test_iter: It
         The history of ``fit``.
     """
     device = as_device(device) if device is not None else params[0].device
-    step = functools.partial(_sgd_step, params, lr, device, net)
+    step = functools.partial(sgd_step, params, lr, device, net)
     return fit(step, train_iter, lambda: evaluate_accuracy(_bind(net, params), test_iter, device),
                num_epochs=num_epochs, plot=plot, title=title, lr=lr)
 
