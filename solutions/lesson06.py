@@ -1,12 +1,14 @@
-"""Lesson 06, exercise 3: the canonical worker of a multi-process program.
+"""Lesson 06, exercise 3: the canonical worker of a multi-process program; exercise 4: an
+allreduce from send and recv.
 
-Checked by ``course_lib.checks.lesson06.check_spawn_worker``. Started once per rank, e.g. by
+Checked by ``course_lib.checks.lesson06.check_spawn_worker`` and ``check_dist_allreduce``. The
+worker is started once per rank, e.g. by
 ``torch.multiprocessing.spawn(worker, args=(world_size, init_method), nprocs=world_size)``.
 """
 import torch
 import torch.distributed as dist
 
-__all__ = ["worker"]
+__all__ = ["allreduce", "worker"]
 
 
 def worker(rank: int, world_size: int, init_method: str) -> float:
@@ -18,3 +20,23 @@ def worker(rank: int, world_size: int, init_method: str) -> float:
         return x.item()
     finally:
         dist.destroy_process_group()            # always leave, even after an error
+
+
+def allreduce(tensor: torch.Tensor) -> None:
+    """Exercise 4: an allreduce from send and recv only: every rank ends with the sum, in place.
+
+    Checked by ``course_lib.checks.lesson06.check_dist_allreduce``. The simplest correct
+    pattern: rank 0 receives every other rank's tensor and adds it, then sends the sum back
+    (2 (p - 1) full messages through rank 0; the ring of this lesson spreads them instead).
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        received = torch.empty_like(tensor)
+        for src in range(1, world):
+            dist.recv(received, src=src)        # blocks until rank src has sent
+            tensor += received                  # in place: the caller's tensor
+        for dst in range(1, world):
+            dist.send(tensor, dst=dst)
+    else:
+        dist.send(tensor, dst=0)
+        dist.recv(tensor, src=0)                # the sum, written into the caller's tensor

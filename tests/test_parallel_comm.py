@@ -233,6 +233,17 @@ def test_split_batch_keeps_pairs_together(B, n):
         assert_close(Xi[:, 0] / 2, yi.to(Xi.dtype))     # row j of X belongs with label j
 
 
+def test_split_batch_warns_when_chunks_leave_devices_idle():
+    idle = r"9 over 8 devices leaves 3 of them .*devices \[5, 6, 7\]"
+    with pytest.warns(UserWarning, match=idle):
+        Xs, _ = split_batch(torch.zeros(9, 2), torch.zeros(9), devs(8))
+    assert [len(x) for x in Xs] == [2, 2, 2, 2, 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # every device used: no warning
+        for B, n in [(10, 4), (256, 3), (8, 8), (7, 1)]:
+            split_batch(torch.zeros(B, 2), torch.zeros(B), devs(n))
+
+
 def test_split_batch_too_small_says_what_to_change():
     with pytest.raises(ValueError, match=r"3 examples.*4 devices.*batch size of at least 4"):
         split_batch(torch.zeros(3, 2), torch.zeros(3), devs(4))

@@ -20,11 +20,23 @@ from ._core import (
 )
 from .lesson00 import check_matmul_flops, check_try_all_gpus
 from .lesson01 import check_accuracy_fn, check_sgd_fn
-from .lesson02 import check_allreduce_fn, check_ring_sends, ring_sends
-from .lesson03 import check_balanced_sizes, check_devices_used
+from .lesson02 import (
+    check_allreduce_fn,
+    check_butterfly,
+    check_ring_allreduce,
+    check_ring_sends,
+    ring_sends,
+)
+from .lesson03 import (
+    check_balanced_sizes,
+    check_devices_used,
+    check_scatter,
+    check_split_batch,
+)
 from .lesson04 import check_lr_for_shard_means, check_scaled_batch
 from .lesson05 import check_bn_examples_seen, check_module_calls
 from .lesson06 import (
+    check_dist_allreduce,
     check_elements_sent,
     check_spawn_worker,
     check_tree_rounds,
@@ -41,11 +53,13 @@ __all__ = [
     "check_matmul_flops", "check_try_all_gpus",               # lesson 00
     "check_accuracy_fn", "check_sgd_fn",                      # 01
     "check_allreduce_fn", "check_ring_sends", "ring_sends",   # 02
+    "check_butterfly", "check_ring_allreduce",
     "check_balanced_sizes", "check_devices_used",             # 03
+    "check_scatter", "check_split_batch",
     "check_lr_for_shard_means", "check_scaled_batch",         # 04
     "check_bn_examples_seen", "check_module_calls",           # 05
     "check_tree_rounds", "tree_rounds", "check_elements_sent", "elements_sent",  # 06
-    "check_spawn_worker",
+    "check_spawn_worker", "check_dist_allreduce",
     "check_average_gradients",                                # 07
     "check_exact_accuracy",                                   # 08
     "check_ring_time", "ring_time_by_schedule",               # 09

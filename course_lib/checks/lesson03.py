@@ -7,7 +7,7 @@ import torch
 
 from ._core import ExerciseResult, call_bounded, check_answer, failure, verdict
 
-__all__ = ["check_balanced_sizes", "check_devices_used"]
+__all__ = ["check_balanced_sizes", "check_devices_used", "check_scatter", "check_split_batch"]
 
 def check_balanced_sizes(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise 03: ``fn(B, n)`` gives n shard sizes summing to B, each B // n or B // n + 1."""
@@ -38,3 +38,129 @@ def check_devices_used(B: int, n: int, answer: int | None, *,
     return check_answer(f"B={B} over {n} devices", answer, used,
                         hint="torch.chunk makes chunks of ceil(B / n) examples; count how many "
                         "the batch fills.", strict=strict)
+
+
+# ---- the learner's scatter and split_batch ---------------------------------------------------
+
+#: (B, n) pairs tried: sizes that n does not divide, more devices than two, fewer examples than
+#: devices (for scatter only), one device.
+_SCATTER_CASES = [(10, 4), (5, 4), (7, 3), (256, 3), (9, 8), (6, 6), (4, 1), (3, 5), (1, 2)]
+_SPLIT_CASES = [(B, n) for B, n in _SCATTER_CASES if B >= n]
+
+
+def _sizes_problem(sizes: list[int], B: int, n: int, balanced: bool) -> str | None:
+    """What is wrong with these chunk sizes of a batch of B over n devices, or None."""
+    if len(sizes) > n:
+        return f"{len(sizes)} chunks for {n} devices"
+    padded = sizes + [0] * (n - len(sizes))               # a missing chunk is an empty one
+    if balanced and not set(padded) <= {B // n, B // n + 1}:
+        return (f"chunk sizes {sizes}: expected {n} chunks of {B // n} or {B // n + 1} "
+                f"examples, so that every device gets work")
+    return None
+
+
+def _chunks_problem(chunks, whole: torch.Tensor, devs: list[torch.device]) -> str | None:
+    """Unless ``chunks`` put together along dim 0 are ``whole`` (each example once, in order)
+    with chunk i on ``devs[i]``: what is wrong."""
+    if not isinstance(chunks, (list, tuple)) or not all(isinstance(c, torch.Tensor)
+                                                        for c in chunks):
+        return f"expected a list of tensors, received {type(chunks).__name__}"
+    for i, c in enumerate(chunks):
+        if i < len(devs) and c.device != devs[i]:
+            return f"chunk {i} is on {c.device}, expected on {devs[i]}"
+        if c.shape[1:] != whole.shape[1:]:
+            return f"chunk {i} has shape {tuple(c.shape)}; split along dim 0 only"
+    got = torch.cat([c.cpu() for c in chunks]) if chunks else whole[:0]
+    if not torch.equal(got, whole.cpu()):
+        return (f"the chunks put together hold examples {_first_example(got).long().tolist()}, "
+                f"expected 0 ... {whole.shape[0] - 1}, each once, in order")
+    return None
+
+
+def _example_batch(B: int, n: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.device]]:
+    """X of shape (B, 2, 3) whose example j starts with the number j, labels 100 + j, and n
+    devices."""
+    from ..devices import devices
+
+    X = torch.arange(B * 6.0).reshape(B, 2, 3) / 6                       # X[j, 0, 0] == j
+    return X, torch.arange(B) + 100, devices(n, warn=False)
+
+
+def _first_example(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(t.shape[0], -1)[:, 0] if t.dim() > 1 else t
+
+
+def check_scatter(fn: Callable | None, *, balanced: bool = False,
+                  strict: bool = False) -> ExerciseResult:
+    """Exercise 03: ``fn(tensor, devices)`` splits ``tensor`` along dim 0, chunk i on
+    ``devices[i]``.
+
+    The chunks put together must be the tensor: every example once, in order; at most one chunk
+    per device. With ``balanced=True`` every one of the n devices must also get ``B // n`` or
+    ``B // n + 1`` examples (``torch.chunk``'s sizes leave devices idle and fail). Tried on
+    batches of 1 to 256 examples over 1 to 8 devices, fewer examples than devices included.
+    """
+    name = getattr(fn, "__name__", "scatter")
+    if fn is None:
+        return verdict(name, None, "define your function and pass it here.", strict)
+    for B, n in _SCATTER_CASES:
+        X, _, devs = _example_batch(B, n)
+        try:
+            chunks = call_bounded(fn, X, devs)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - a verdict, never a crash
+            return verdict(name, False, f"{failure(exc)} on a batch of {B} over {n} devices.",
+                           strict)
+        problem = _chunks_problem(chunks, X, devs)
+        if problem is None:
+            problem = _sizes_problem([c.shape[0] for c in chunks], B, n, balanced)
+        if problem is not None:
+            return verdict(name, False, f"a batch of {B} over {n} devices: {problem}.", strict)
+    kind = "balanced chunks" if balanced else "every example once, in order"
+    return verdict(name, True, f"{kind}, each on its device, on {len(_SCATTER_CASES)} "
+                   "batches.", strict)
+
+
+def check_split_batch(fn: Callable | None, *, balanced: bool = True,
+                      strict: bool = False) -> ExerciseResult:
+    """Exercise 03: ``fn(X, y, devices)`` returns ``(X_shards, y_shards)``, shard i on
+    ``devices[i]``, each example with its own label, every example once and in order.
+
+    With ``balanced=True`` (the default: the exercise's ``split_batch`` that gives every device
+    work) each of the n devices gets ``B // n`` or ``B // n + 1`` examples; the course's
+    ``comm.split_batch`` keeps ``torch.chunk``'s sizes and passes only with ``balanced=False``.
+    Batches of B >= n examples (1 to 256) over 1 to 8 devices.
+    """
+    name = getattr(fn, "__name__", "split_batch")
+    if fn is None:
+        return verdict(name, None, "define your function and pass it here.", strict)
+    for B, n in _SPLIT_CASES:
+        X, y, devs = _example_batch(B, n)
+        where = f"a batch of {B} over {n} devices"
+        try:
+            out = call_bounded(fn, X, y, devs)
+            X_shards, y_shards = out
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - a verdict, never a crash
+            return verdict(name, False, f"{where}: {failure(exc)} (expected (X_shards, "
+                           "y_shards)).", strict)
+        problem = (_chunks_problem(X_shards, X, devs) or _chunks_problem(y_shards, y, devs))
+        if problem is None and len(X_shards) != len(y_shards):
+            problem = f"{len(X_shards)} X shards but {len(y_shards)} y shards"
+        if problem is None:
+            for i, (Xi, yi) in enumerate(zip(X_shards, y_shards)):
+                if Xi.shape[0] != yi.shape[0] or not torch.equal(
+                        _first_example(Xi).cpu().long() + 100, yi.cpu()):
+                    problem = (f"shard {i} holds examples {_first_example(Xi).long().tolist()} "
+                               f"but labels {(yi.cpu() - 100).tolist()} (as example numbers): "
+                               "split X and y with the same sizes")
+                    break
+        if problem is None:
+            problem = _sizes_problem([c.shape[0] for c in X_shards], B, n, balanced)
+        if problem is not None:
+            return verdict(name, False, f"{where}: {problem}.", strict)
+    kind = "balanced shards" if balanced else "shards"
+    return verdict(name, True, f"{kind}, each example with its label, on {len(_SPLIT_CASES)} "
+                   "batches.", strict)

@@ -3,11 +3,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._core import ExerciseResult, check_function, verdict, worker_spec
+from ._core import (
+    ExerciseResult,
+    check_function,
+    first_failure_in_ranks,
+    resolve,
+    verdict,
+    worker_spec,
+)
 from .lesson02 import ring_sends
 
-__all__ = ["check_elements_sent", "check_spawn_worker", "check_tree_rounds", "elements_sent",
-           "tree_rounds"]
+__all__ = ["check_dist_allreduce", "check_elements_sent", "check_spawn_worker",
+           "check_tree_rounds", "elements_sent", "tree_rounds"]
 
 
 def tree_rounds(p: int) -> int:
@@ -160,3 +167,125 @@ def check_spawn_worker(fn: Callable | str | None, *, world_sizes: tuple[int, ...
                                "dist.destroy_process_group() at the end.", strict)
     return verdict(_WORKER, True, f"every rank joined, summed and left, for world sizes "
                    f"{list(world_sizes)}.", strict)
+
+
+# ---- an allreduce of one's own, in real processes -----------------------------------------------
+
+_ALLREDUCE = "allreduce"
+_ALLREDUCE_HINT = ("allreduce(tensor) runs in every rank and must leave the sum of every rank's "
+                   "tensor in that same tensor (in place: tensor += ..., tensor.copy_(...); "
+                   "tensor = ... only rebinds a local name).")
+#: Shapes tried in every rank: 1, 5, 21 and 28 elements (no world size of 2-4 divides them all).
+_DIST_SHAPES = [(1,), (5,), (7, 3), (4, 1, 7)]
+#: The collectives that ``p2p_only`` forbids during the learner's call.
+_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+                "reduce_scatter", "reduce_scatter_tensor", "all_to_all")
+
+
+def _refuse(name: str) -> Callable:
+    def refused(*args, **kwargs):
+        raise RuntimeError(f"this exercise builds the allreduce from dist.send / dist.recv "
+                           f"(or isend / irecv): dist.{name} is not allowed here.")
+    return refused
+
+
+def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
+    """One rank of ``check_dist_allreduce``: every shape; the first failure as text, or None.
+
+    After each case the ranks agree (with torch's own all_reduce) whether any of them failed,
+    so that they stop together instead of waiting for a rank that stopped.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    all_reduce = dist.all_reduce                           # the checker's own, kept aside
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    try:
+        fn = resolve(spec)
+    except Exception as e:  # the file is missing, or does not define the function
+        return (f"could not import your function in the workers: {type(e).__name__}: {e} "
+                "(did the %%writefile cell run?)")
+    for k, shape in enumerate(_DIST_SHAPES):
+        # every rank can make every rank's tensor: the oracle is their plain sum
+        inputs = [torch.randn(shape, generator=torch.Generator().manual_seed(seed + 100 * k + r),
+                              dtype=torch.float64) for r in range(world)]
+        expected = sum(inputs)
+        mine = inputs[rank].to(device, copy=True)
+        where = f"world_size={world}, tensor of shape {shape}, rank {rank}"
+        problem = None
+        saved = {name: getattr(dist, name) for name in _COLLECTIVES} if p2p_only else {}
+        for name in saved:
+            setattr(dist, name, _refuse(name))
+        try:
+            returned = fn(mine)
+        except Exception as e:
+            message = " ".join(str(e).split())
+            problem = f"{where}: your function raised {type(e).__name__}: {message}"
+        finally:
+            for name, op in saved.items():
+                setattr(dist, name, op)
+        got = mine.cpu()
+        if problem is None and not torch.allclose(got, expected):
+            why = ""
+            if torch.equal(got, inputs[rank]):
+                why = " The tensor is unchanged"
+                if isinstance(returned, torch.Tensor) and torch.allclose(returned.cpu(),
+                                                                          expected):
+                    why += ": the function returned the sum instead of writing it in place."
+                else:
+                    why += "."
+            elif torch.allclose(got * world, expected):
+                why = f" It is the average; the sum is {world} times larger."
+            problem = (f"{where}: expected {_values(expected)}, received {_values(got)}.{why}")
+        failed = torch.tensor([0.0 if problem is None else 1.0], device=device)
+        all_reduce(failed)
+        if problem is not None:
+            return problem
+        if failed.item() > 0:
+            return None                                     # another rank says what went wrong
+    return None
+
+
+def _values(t) -> str:
+    """A tensor in a few characters: its first values and its shape."""
+    flat = t.flatten()
+    more = ", ..." if flat.numel() > 3 else ""
+    return f"[{', '.join(f'{v:.4g}' for v in flat[:3].tolist())}{more}] of shape {tuple(t.shape)}"
+
+
+def check_dist_allreduce(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3, 4),
+                         p2p_only: bool = False, timeout: float = 60.0,
+                         strict: bool = False) -> ExerciseResult:
+    """Exercise 06: ``fn(tensor)``, called in every rank, leaves the sum of every rank's tensor in
+    ``tensor``, in place (what ``dist.all_reduce(tensor)`` does).
+
+    For each world size, ``launch`` starts that many processes; each calls ``fn`` on its own
+    float64 tensor for 4 shapes (1 to 28 elements, sizes the world sizes do not divide) and
+    compares with the sum of every rank's tensor. A hang (a send nobody receives) fails within
+    ``timeout``; a rank that raises or dies is reported, the others are stopped.
+
+    Args:
+        fn: the learner's function, importable by worker processes, or ``"module:function"``
+            (imported in the workers from the current folder); None: not answered yet.
+        world_sizes: numbers of processes to try (several: many wrong answers are right for 2).
+        p2p_only: forbid torch's collectives (``dist.all_reduce``, ``dist.reduce``, ...) during
+            the call, so that the answer is built from send / recv.
+        timeout: seconds for each launch.
+        strict: raise ``AssertionError`` on a wrong answer.
+    """
+    if fn is None:
+        return verdict(_ALLREDUCE, None, "write allreduce(tensor) to a file and pass it here.",
+                       strict)
+    spec = worker_spec(fn, "my_allreduce:allreduce")
+    if isinstance(spec, str):
+        return verdict(_ALLREDUCE, False, spec, strict)
+    failure = first_failure_in_ranks(
+        _run_allreduce_cases, spec, world_sizes, (11, p2p_only), timeout=timeout,
+        hint=_ALLREDUCE_HINT,
+        hang_hint="Is every send matched by a recv on the rank it names, in every rank?")
+    if failure is not None:
+        return verdict(_ALLREDUCE, False, failure, strict)
+    return verdict(_ALLREDUCE, True, f"every rank holds the sum, for world sizes "
+                   f"{list(world_sizes)} and {len(_DIST_SHAPES)} shapes.", strict)

@@ -102,10 +102,11 @@ def _max_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
 
 
 def check_pipeline(cases: Sequence[tuple[str, str, int, Sequence[int] | None]],
-                   X: torch.Tensor, y: torch.Tensor, lr: float = 0.1, seed: int = 0) -> list:
+                   data: dict[str, tuple[torch.Tensor, torch.Tensor]], lr: float = 0.1,
+                   seed: int = 0) -> list:
     """Each case ``(model, schedule, micro-batches, balance)``: one pipeline step against the
     oracle; every rank asserts its stage's gradients and updated weights (and the last stage
-    the output) equal the oracle's.
+    the output) equal the oracle's. ``data[model]`` is the batch ``(X, y)`` for that model.
 
     Returns this rank's ``{"case", "balance", "grad_diff", "weight_diff", "output_diff",
     "loss"}`` per case (the largest |pipeline - one process| of each).
@@ -121,7 +122,7 @@ def check_pipeline(cases: Sequence[tuple[str, str, int, Sequence[int] | None]],
         stage = PipelineStage(stages[rank], rank, p, device)
         sched = SCHEDULES[schedule](stage, m, loss_fn=F.cross_entropy)
         losses: list[torch.Tensor] = []
-        Xd, yd = X.to(device), y.to(device)
+        Xd, yd = (t.to(device) for t in data[name])
         out = sched.step(Xd, target=yd, losses=losses) if p == 1 else (
             sched.step(Xd) if stage.is_first else
             sched.step(target=yd, losses=losses) if stage.is_last else sched.step())

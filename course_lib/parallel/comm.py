@@ -11,6 +11,7 @@ a buffer: each "device" owns its own copy, so the math is exactly that of separa
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -97,24 +98,41 @@ def split_batch(X: torch.Tensor, y: torch.Tensor,
                 devices: Sequence[Device]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Split a minibatch and its labels together over ``devices`` (the same chunks for both).
 
+    The chunks are ``scatter``'s, ``torch.chunk``'s sizes as in ``nn.DataParallel``: chunks of
+    ``ceil(B / n)`` examples, so a batch can run out before the last devices (B=9 over 8
+    devices: 5 chunks of 2, 2, 2, 2, 1). That is allowed, with a warning naming the idle
+    devices; a balanced split (``B // n`` or ``B // n + 1`` each) is lesson 03's exercise.
+
     Returns:
         ``(X_shards, y_shards)``; shard i of each is on ``devices[i]``. There may be fewer
         shards than devices (see ``scatter``).
 
     Raises:
         ValueError: when ``X`` and ``y`` disagree on the batch size, or when the batch has
-            fewer examples than there are devices.
+            fewer examples than there are devices (then no split can give every device one).
+
+    Warns:
+        UserWarning: when the chunks leave some devices without examples.
     """
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"split_batch: X has {X.shape[0]} examples but y has {y.shape[0]} "
                          "labels; they must have the same size along dim 0.")
-    if X.shape[0] < len(devices):
+    B, n = X.shape[0], len(devices)
+    if B < n:
         raise ValueError(
-            f"split_batch: a batch of {X.shape[0]} examples cannot be split over "
-            f"{len(devices)} devices (each device needs at least one). Use a batch size of at "
-            f"least {len(devices)} or fewer devices; drop_last=True in load_fashion_mnist (or "
-            "a DataLoader) leaves out a short last batch.")
-    return scatter(X, devices), scatter(y, devices)
+            f"split_batch: a batch of {B} examples cannot be split over {n} devices: at least "
+            f"one device would get no example. Use a batch size of at least {n} or fewer "
+            "devices; drop_last=True in load_fashion_mnist (or a DataLoader) leaves out a short "
+            "last batch.")
+    X_shards, y_shards = scatter(X, devices), scatter(y, devices)
+    if len(X_shards) < n:
+        idle = list(range(len(X_shards), n))
+        warnings.warn(
+            f"split_batch: a batch of {B} over {n} devices leaves {len(idle)} of them without "
+            f"examples (devices {idle}): torch.chunk cuts chunks of ceil({B} / {n}) = "
+            f"{X_shards[0].shape[0]} and the batch fills only {len(X_shards)}. A batch size "
+            f"that is a multiple of {n} uses every device.", stacklevel=2)
+    return X_shards, y_shards
 
 
 # --- allreduce, three ways ------------------------------------------------------------------

@@ -3,7 +3,7 @@
 PyTorch counterpart: ``torch.autograd.graph.saved_tensors_hooks`` (used here to watch, not to
 change, what is saved) and, on a GPU, ``torch.cuda.max_memory_allocated``. On a CPU there is no
 allocator statistic to read, so the meter counts the storage of every tensor saved for backward
-while it is alive (each storage once, parameters excluded). Read more:
+while it is alive (each tensor once, parameters excluded). Read more:
 https://pytorch.org/tutorials/intermediate/autograd_saved_tensors_hooks_tutorial.html. Lesson 11.
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ class _Saved:
 
     __slots__ = ("tensor", "meter", "key")
 
-    def __init__(self, tensor: torch.Tensor, meter: ActivationMeter, key: int):
+    def __init__(self, tensor: torch.Tensor, meter: ActivationMeter, key: tuple):
         self.tensor, self.meter, self.key = tensor, meter, key
-        meter._hold(key, tensor.untyped_storage().nbytes())
+        meter._hold(key, tensor.nbytes)
 
     def __del__(self) -> None:
         self.meter._release(self.key)
@@ -33,34 +33,34 @@ class ActivationMeter:
     is the number of bytes of tensors saved for backward that are still held, and
     ``meter.peak`` the largest it has been.
 
-    A storage saved by several operations (a ReLU's output, saved by the ReLU and by the next
-    layer) counts once; parameters (``exclude``) do not count: they are not activations.
+    A tensor saved by several operations (a ReLU's output, saved by the ReLU and by the next
+    layer) counts once; a view counts its own bytes (a micro-batch of a batch, not the batch);
+    parameters (``exclude``) do not count: they are not activations.
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()):
         self._excluded = {p.untyped_storage().data_ptr() for p in exclude}
-        self._held: dict[int, list[int]] = {}   # storage address -> [references, bytes]
+        self._held: dict[tuple, list[int]] = {}  # (address, numel, size) -> [references, bytes]
         self.alive, self.peak = 0, 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: torch.Tensor):
-        key = t.untyped_storage().data_ptr()
-        if key in self._excluded or t.device.type == "meta":
-            return t
-        return _Saved(t, self, key)
+        if t.device.type == "meta" or t.untyped_storage().data_ptr() in self._excluded:
+            return t  # a parameter (or a view of one): not an activation
+        return _Saved(t, self, (t.data_ptr(), t.numel(), t.element_size()))
 
     @staticmethod
     def _unpack(saved) -> torch.Tensor:
         return saved.tensor if isinstance(saved, _Saved) else saved
 
-    def _hold(self, key: int, nbytes: int) -> None:
+    def _hold(self, key: tuple, nbytes: int) -> None:
         entry = self._held.setdefault(key, [0, nbytes])
         if entry[0] == 0:
             self.alive += nbytes
             self.peak = max(self.peak, self.alive)
         entry[0] += 1
 
-    def _release(self, key: int) -> None:
+    def _release(self, key: tuple) -> None:
         entry = self._held[key]
         entry[0] -= 1
         if entry[0] == 0:

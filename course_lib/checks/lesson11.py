@@ -1,0 +1,107 @@
+"""Checkers for the exercises of lesson 11 (model and pipeline parallelism).
+
+``check_one_f_one_b`` asks for the 1F1B order of one stage. The learner's orders for every stage
+are played together by ``simulate_schedule`` (which finds a deadlock or a backward before its
+forward), then compared with ``one_f_one_b_order``; a valid order that is not 1F1B is told what
+it costs: more activations in flight (GPipe's order, a warm-up too long) or a longer step (a
+warm-up too short).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..distributed.pipelining import (
+    check_order,
+    gpipe_order,
+    one_f_one_b_order,
+    simulate_schedule,
+)
+from ._core import ExerciseResult, call_bounded, failure, verdict
+
+__all__ = ["check_one_f_one_b", "max_in_flight"]
+
+_NAME = "one_f_one_b"
+_HINT = ("stage s of p first runs min(p - s - 1, m) warm-up forwards, then alternates one "
+         "forward and one backward while forwards remain, then runs the remaining backwards; "
+         "micro-batches in order.")
+
+#: (stages, micro-batches): fewer, as many and more micro-batches than stages
+_CASES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (3, 2), (3, 3), (3, 8), (4, 1), (4, 3), (4, 8),
+          (5, 7)]
+
+
+def max_in_flight(order: list[tuple[str, int]]) -> int:
+    """The most micro-batches whose forward has run and backward not yet: activations held."""
+    held = most = 0
+    for kind, _ in order:
+        held += 1 if kind == "F" else -1
+        most = max(most, held)
+    return most
+
+
+def _given(orders: list[list]):
+    """An order function that returns the orders already collected, stage by stage."""
+    return lambda stage, num_stages, num_microbatches: orders[stage]
+
+
+def _span(orders: list[list], p: int, m: int) -> float:
+    return max(e.end for e in simulate_schedule(_given(orders), p, m))
+
+
+def _diagnose(got: list, want: list, stage: int, p: int, m: int, orders: list[list]) -> str:
+    """What a valid order that is not 1F1B's costs."""
+    if got == gpipe_order(stage, p, m):
+        return (" That is GPipe's order (all forwards, then all backwards): valid, but it holds "
+                f"{m} micro-batches' activations at once; 1F1B holds at most "
+                f"{max_in_flight(want)}.")
+    if max_in_flight(got) > max_in_flight(want):
+        return (f" It holds {max_in_flight(got)} micro-batches' activations at once; 1F1B at "
+                f"most {max_in_flight(want)} (is the warm-up one forward too long?).")
+    reference = [one_f_one_b_order(s, p, m) for s in range(p)]
+    mine, best = _span(orders, p, m), _span(reference, p, m)
+    if mine > best:
+        return (f" With backward twice as long as forward the step takes {mine:g} time units "
+                f"instead of 1F1B's {best:g}: a stage waits that need not (warm-up too short?).")
+    return ""
+
+
+def check_one_f_one_b(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise 11: ``fn(stage, num_stages, num_microbatches)`` is 1F1B's order for one stage.
+
+    The answer is a list of ``("F", i)`` / ``("B", i)``. For p from 1 to 5 stages and m from 1 to
+    8 micro-batches (fewer than, as many as and more than the stages), the orders of all stages
+    are played together: every operation exactly once, no backward before its forward, no
+    deadlock, then the order must be 1F1B's. The first failing case is printed.
+    """
+    if fn is None:
+        return verdict(_NAME, None, "define your function and pass it here.", strict)
+    for p, m in _CASES:
+        orders = []
+        for stage in range(p):
+            where = f"stage={stage}, num_stages={p}, num_microbatches={m}"
+            try:
+                got = call_bounded(fn, stage, p, m)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+                return verdict(_NAME, False, f"{failure(exc)} for {where}. {_HINT}", strict)
+            want = one_f_one_b_order(stage, p, m)
+            try:
+                orders.append(check_order(list(got), stage, m))
+            except (TypeError, ValueError) as e:
+                return verdict(_NAME, False, f"for {where}: {e} Expected {want}, received "
+                               f"{got!r}. {_HINT}", strict)
+        try:
+            simulate_schedule(_given(orders), p, m)
+        except ValueError as e:
+            return verdict(_NAME, False, f"with num_stages={p}, num_microbatches={m} your "
+                           f"orders {orders} never finish: {e} {_HINT}", strict)
+        for stage in range(p):
+            want = one_f_one_b_order(stage, p, m)
+            if orders[stage] != want:
+                why = _diagnose(orders[stage], want, stage, p, m, orders)
+                return verdict(_NAME, False, f"for stage={stage}, num_stages={p}, "
+                               f"num_microbatches={m}: expected {want}, received "
+                               f"{orders[stage]}.{why} {_HINT}", strict)
+    return verdict(_NAME, True, f"1F1B's order on every stage for {len(_CASES)} (stages, "
+                   "micro-batches) pairs from (1, 1) to (5, 7).", strict)

@@ -1,0 +1,229 @@
+"""The code-writing checkers of lessons 02, 03 and 06 (and 00's faked GPUs): each accepts the
+reference answer of ``solutions/`` and rejects realistic wrong ones, several of them right for
+two devices or ranks, with the failing case in the message."""
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib import checks
+from course_lib.distributed.collectives import ring_chunk_bounds
+from course_lib.parallel.comm import allreduce, ring_allreduce, scatter, split_batch
+from solutions import lesson02, lesson03, lesson06
+
+# ---- lesson 00: an answer right on this machine only fails ----------------------------------
+
+
+def test_try_all_gpus_is_judged_with_0_1_and_4_faked_gpus():
+    cpu = torch.device("cpu")
+    assert checks.check_try_all_gpus(lambda: [cpu]).ok is False     # right with no GPU only
+    d2l = lambda: [torch.device(f"cuda:{i}") for i in range(torch.cuda.device_count())]  # noqa: E731
+    result = checks.check_try_all_gpus(d2l)
+    assert result.ok is False and "0 GPU(s)" in result.message
+    count_before = torch.cuda.device_count()
+    from solutions.lesson00 import try_all_gpus
+    assert checks.check_try_all_gpus(try_all_gpus)
+    assert torch.cuda.device_count() == count_before                # restored
+
+
+# ---- lesson 02 -------------------------------------------------------------------------------
+
+def rebinding(tensors):  # the issue's classic: new list entries, the caller's tensors unchanged
+    total = sum(t.cpu() for t in tensors)
+    for i in range(len(tensors)):
+        tensors[i] = total.clone()
+
+
+def first_two_only(tensors):  # right for two devices
+    total = tensors[0] + tensors[1] if len(tensors) > 1 else tensors[0].clone()
+    for t in tensors:
+        t.copy_(total)
+
+
+def ring_off_by_one(tensors):  # the all-gather forwards the chunk it just received, one too early
+    n, flats = len(tensors), [t.view(-1) for t in tensors]
+    bounds = ring_chunk_bounds(flats[0].numel(), n)
+
+    def chunk(i, c):
+        return flats[i % n][bounds[c % n][0]:bounds[c % n][1]]
+
+    for s in range(n - 1):
+        for i in range(n):
+            chunk(i + 1, i - s).add_(chunk(i, i - s))
+    for s in range(n - 1):
+        for i in range(n):
+            chunk(i + 1, i - s).copy_(chunk(i, i - s))         # should be chunk i + 1 - s
+
+
+def ring_even_chunks(tensors):  # chunks of numel // n: the remainder is never reduced
+    n = len(tensors)
+    size = tensors[0].numel() // n
+    flats = [t.view(-1) for t in tensors]
+    for c in range(n):
+        total = sum(f[c * size:(c + 1) * size] for f in flats)
+        for f in flats:
+            f[c * size:(c + 1) * size] = total
+
+
+def butterfly_writes_before_reading(tensors):
+    n, d = len(tensors), 1
+    while d < n:
+        for i in range(n):
+            tensors[i] += tensors[i ^ d]                       # the partner reads a sum already
+        d *= 2
+
+
+def test_check_allreduce_fn():
+    assert checks.check_allreduce_fn(None).ok is None
+    assert checks.check_allreduce_fn(allreduce)
+    assert checks.check_allreduce_fn(lesson02.ring_allreduce_no_buffers)
+    result = checks.check_allreduce_fn(rebinding)
+    assert result.ok is False and "No tensor changed" in result.message
+    result = checks.check_allreduce_fn(first_two_only)
+    assert result.ok is False and "3 device(s)" in result.message and "expected" in result.message
+    with pytest.raises(AssertionError):
+        checks.check_allreduce_fn(rebinding, strict=True)
+
+
+def test_check_ring_allreduce():
+    assert checks.check_ring_allreduce(None).ok is None
+    assert checks.check_ring_allreduce(lesson02.ring_allreduce_no_buffers)
+    assert checks.check_ring_allreduce(ring_allreduce)
+    for wrong in (ring_off_by_one, ring_even_chunks, first_two_only):
+        result = checks.check_ring_allreduce(wrong)
+        assert result.ok is False and "received" in result.message, wrong.__name__
+
+
+def test_check_butterfly_checks_the_structure_not_just_the_sum():
+    assert checks.check_butterfly(None).ok is None
+    assert checks.check_butterfly(lesson02.butterfly_allreduce)
+    for other_allreduce in (allreduce, ring_allreduce):      # right sums, other order: rejected
+        result = checks.check_butterfly(other_allreduce)
+        assert result.ok is False and "butterfly order" in result.message
+    assert checks.check_butterfly(butterfly_writes_before_reading).ok is False
+    with pytest.raises(ValueError, match="powers of two"):
+        checks.check_butterfly(lesson02.butterfly_allreduce, device_counts=(3,))
+
+
+def test_ring_sends_reference_and_wrong_answers():
+    assert checks.check_ring_sends(lesson02.ring_sends_from_trace(1001, 4), n=4, numel=1001)
+    assert not checks.check_ring_sends([1501.5] * 4, n=4, numel=1001)   # 2 (n-1)/n * numel
+    assert not checks.check_ring_sends([1500] * 4, n=4, numel=1001)
+
+
+@settings(max_examples=25, deadline=None)
+@given(numel=st.integers(0, 40), n=st.integers(1, 9))
+def test_ring_sends_matches_the_trace_for_any_size(numel, n):
+    assert checks.ring_sends(numel, n) == lesson02.ring_sends_from_trace(numel, n)
+
+
+# ---- lesson 03 -------------------------------------------------------------------------------
+
+def duplicates_an_example(tensor, devices):  # overlapping slices: each boundary example twice
+    size = -(-tensor.shape[0] // len(devices))
+    return [tensor[max(0, i * size - 1):(i + 1) * size].to(d) for i, d in enumerate(devices)
+            if i * size < tensor.shape[0]]
+
+
+def drops_the_remainder(tensor, devices):  # B // n each: the last B % n examples are lost
+    size = tensor.shape[0] // len(devices)
+    return [tensor[i * size:(i + 1) * size].to(d) for i, d in enumerate(devices)]
+
+
+def labels_split_differently(X, y, devices):  # balanced X, torch.chunk's y
+    return lesson03.balanced_scatter(X, devices), scatter(y, devices)
+
+
+def test_check_scatter():
+    assert checks.check_scatter(None).ok is None
+    assert checks.check_scatter(scatter)                              # the course's: torch.chunk
+    assert checks.check_scatter(lesson03.balanced_scatter, balanced=True)
+    assert not checks.check_scatter(scatter, balanced=True)           # leaves devices idle
+    for wrong, says in [(duplicates_an_example, "each once, in order"),
+                        (drops_the_remainder, "each once, in order")]:
+        result = checks.check_scatter(wrong)
+        assert result.ok is False and says in result.message and "10 over 4" in result.message
+
+
+def test_check_split_batch():
+    assert checks.check_split_batch(None).ok is None
+    assert checks.check_split_batch(lesson03.balanced_split_batch)
+    assert not checks.check_split_batch(split_batch)                 # torch.chunk's sizes
+    with pytest.warns(UserWarning, match="without examples"):        # ... leave devices idle
+        assert checks.check_split_batch(split_batch, balanced=False)
+    result = checks.check_split_batch(labels_split_differently)
+    assert result.ok is False and "same sizes" in result.message
+    result = checks.check_split_batch(lambda X, y, d: (drops_the_remainder(X, d),
+                                                       drops_the_remainder(y, d)))
+    assert result.ok is False
+    with pytest.raises(AssertionError):
+        checks.check_split_batch(labels_split_differently, strict=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(B=st.integers(1, 300), n=st.integers(1, 9))
+def test_balanced_reference_for_any_batch(B, n):
+    sizes = lesson03.balanced_sizes(B, n)
+    assert sum(sizes) == B and set(sizes) <= {B // n, B // n + 1} and len(sizes) == n
+    assert lesson03.devices_used(B, n) == len(scatter(torch.zeros(B), [torch.device("cpu")] * n))
+
+
+def test_devices_used_reference():
+    assert checks.check_devices_used(9, 8, lesson03.devices_used(9, 8))
+    assert checks.check_devices_used(17, 8, lesson03.devices_used(17, 8))
+    assert not checks.check_devices_used(9, 8, 8)                     # "each device gets one"
+
+
+# ---- lesson 06: an allreduce in real processes -------------------------------------------------
+
+def returns_the_sum(tensor):  # the caller's tensor is unchanged
+    total = tensor.clone()
+    dist.all_reduce(total)
+    return total
+
+
+def swaps_with_a_neighbour(tensor):  # right for 2 ranks only
+    rank, world = dist.get_rank(), dist.get_world_size()
+    received = torch.empty_like(tensor)
+    requests = [dist.isend(tensor, (rank + 1) % world), dist.irecv(received, (rank - 1) % world)]
+    for r in requests:
+        r.wait()
+    tensor += received
+
+
+def averages(tensor):
+    dist.all_reduce(tensor)
+    tensor /= dist.get_world_size()
+
+
+def rank_0_keeps_it(tensor):  # rank 0 never sends back: the others wait forever
+    if dist.get_rank() == 0:
+        received = torch.empty_like(tensor)
+        for src in range(1, dist.get_world_size()):
+            dist.recv(received, src=src)
+            tensor += received
+    else:
+        dist.send(tensor, dst=0)
+        dist.recv(tensor, src=0)
+
+
+def test_check_dist_allreduce_accepts_the_reference_for_2_and_3_ranks():
+    assert checks.check_dist_allreduce(None).ok is None
+    assert checks.check_dist_allreduce(lesson06.allreduce, world_sizes=(2, 3), p2p_only=True)
+
+
+def test_check_dist_allreduce_rejects_realistic_wrong_answers():
+    result = checks.check_dist_allreduce(returns_the_sum, world_sizes=(2,))
+    assert result.ok is False and "instead of writing it in place" in result.message
+    result = checks.check_dist_allreduce(swaps_with_a_neighbour, world_sizes=(3,))
+    assert result.ok is False and "world_size=3" in result.message
+    result = checks.check_dist_allreduce(averages, world_sizes=(2,))
+    assert result.ok is False and "It is the average" in result.message
+    result = checks.check_dist_allreduce(averages, world_sizes=(2,), p2p_only=True)
+    assert result.ok is False and "dist.all_reduce is not allowed" in result.message
+
+
+def test_check_dist_allreduce_reports_a_hang_in_bounded_time():
+    result = checks.check_dist_allreduce(rank_0_keeps_it, world_sizes=(2,), timeout=3)
+    assert result.ok is False and "no result within 3 s" in result.message

@@ -1,0 +1,62 @@
+"""The lesson-11 checker (the 1F1B order of one pipeline stage): None is "not answered yet", the
+reference answer passes, and realistic wrong answers fail with the case shown and what it costs."""
+import pytest
+
+from course_lib.checks.lesson11 import check_one_f_one_b
+from solutions.lesson11 import one_f_one_b
+
+
+def gpipe(stage, p, m):
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def warmup_one_too_long(stage, p, m):
+    w = min(p - stage, m)
+    return ([("F", i) for i in range(w)] + [op for i in range(w, m)
+                                             for op in (("F", i), ("B", i - w))]
+            + [("B", i) for i in range(m - w, m)])
+
+
+def warmup_reversed(stage, p, m):  # the last stage warms up, the first does not
+    return one_f_one_b(p - 1 - stage, p, m)
+
+
+def forgets_fewer_microbatches(stage, p, m):  # warm-up of p - s - 1 even when m is smaller
+    w = p - stage - 1
+    return ([("F", i) for i in range(w)] + [op for i in range(w, m)
+                                             for op in (("F", i), ("B", i - w))]
+            + [("B", i) for i in range(max(0, m - w), m)])
+
+
+def no_warmup(stage, p, m):  # one forward, one backward from the start
+    return [op for i in range(m) for op in (("F", i), ("B", i))]
+
+
+def test_pipeline_checker_unanswered():
+    assert check_one_f_one_b(None).ok is None
+
+
+def test_pipeline_checker_accepts_the_reference(capsys):
+    assert check_one_f_one_b(one_f_one_b)
+    assert "correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (gpipe, "That is GPipe's order"),
+    (warmup_one_too_long, "activations at once; 1F1B at most"),
+    (warmup_reversed, "never finish: deadlock"),
+    (forgets_fewer_microbatches, "found ('F', 1)"),
+    (no_warmup, "warm-up too short"),
+])
+def test_pipeline_checker_rejects_wrong_orders(wrong, says):
+    result = check_one_f_one_b(wrong)
+    assert result.ok is False and says in result.message, result.message
+    with pytest.raises(AssertionError):
+        check_one_f_one_b(wrong, strict=True)
+
+
+def test_pipeline_checker_reports_an_exception_and_a_wrong_type():
+    result = check_one_f_one_b(lambda s, p, m: 1 / 0)
+    assert result.ok is False and "ZeroDivisionError" in result.message
+    result = check_one_f_one_b(lambda s, p, m: [("forward", 0)])
+    assert result.ok is False and "expected operations" in result.message
