@@ -46,6 +46,7 @@ from .lesson06 import (
 from .lesson07 import check_average_gradients
 from .lesson08 import check_exact_accuracy
 from .lesson09 import check_ring_time, ring_time_by_schedule
+from .lesson11 import check_one_f_one_b, max_in_flight
 
 __all__ = [
     "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
@@ -63,4 +64,5 @@ __all__ = [
     "check_average_gradients",                                # 07
     "check_exact_accuracy",                                   # 08
     "check_ring_time", "ring_time_by_schedule",               # 09
+    "check_one_f_one_b", "max_in_flight",                     # 11
 ]
