@@ -9,8 +9,8 @@ import inspect
 
 import matplotlib.pyplot as plt
 
-__all__ = ["TrainingPlot", "draw_async_queue", "draw_parallelism", "draw_ring", "plot_history",
-           "show"]
+__all__ = ["TrainingPlot", "draw_async_queue", "draw_collectives", "draw_parallelism", "draw_ring",
+           "draw_ring_processes", "plot_history", "show"]
 
 
 def _in_notebook() -> bool:
@@ -249,3 +249,117 @@ def show(obj) -> None:
     else:
         print(source)
 
+
+
+def draw_pipeline_timeline(events, *, title: str | None = None, ax: plt.Axes | None = None,
+                           unit: str = "ms") -> plt.Figure:
+    """Which stage computes what, when (lesson 11): one row per stage, a bar per operation.
+
+    ``events`` are ``(stage, kind, microbatch, start, end)`` tuples (``PipeEvent``s), kind "F"
+    (forward, light) or "B" (backward, dark), labelled with the micro-batch; the gaps are the
+    bubble. Times are shifted to start at 0 and drawn in ``unit`` ("ms", "s", or "steps" for a
+    simulation's unit times).
+    """
+    fig = ax.figure if ax is not None else plt.figure(figsize=(10, 2.2))
+    ax = ax if ax is not None else fig.add_subplot()
+    scale = {"ms": 1e3, "s": 1.0, "steps": 1.0}[unit]
+    t0 = min(e[3] for e in events)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    stages = sorted({e[0] for e in events})
+    for stage, kind, mb, start, end in events:
+        color = colors[mb % len(colors)]
+        left, width = (start - t0) * scale, (end - start) * scale
+        ax.barh(stage, width, left=left, height=0.7, color=color, edgecolor="black", lw=0.5,
+                alpha=0.45 if kind == "F" else 0.95)
+        ax.text(left + width / 2, stage, f"{kind}{mb}", ha="center", va="center", fontsize=7)
+    ax.set_yticks(stages, [f"stage {s}" for s in stages], fontsize=8)
+    ax.set_ylim(max(stages) + 0.6, min(stages) - 0.6)
+    ax.set_xlabel(unit if unit == "steps" else f"time ({unit})", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+#: Who sends to whom in each collective (lesson 06): "one->all", "all->one", "all->all".
+_COLLECTIVE_FLOW = {"broadcast": "one->all", "reduce": "all->one", "all_reduce": "all->all",
+                    "gather": "all->one", "all_gather": "all->all", "scatter": "one->all",
+                    "reduce_scatter": "all->all", "all_to_all": "all->all"}
+
+
+def draw_collectives(results: list[dict], names: list[str] | None = None) -> plt.Figure:
+    """One panel per collective (lesson 06): every rank's tensor before (top row) and after
+    (bottom row), with arrows for who sends to whom (rank 0 is the source or destination).
+
+    ``results[r]`` is what rank r returned from ``course_lib.examples.workers.collectives``: its
+    ``"start"`` value, per collective its value afterwards, and under ``"inputs"`` what a
+    collective started from when that was not ``"start"``. The values drawn are the ones the
+    ranks really held, not a sketch.
+    """
+    from matplotlib.patches import FancyArrowPatch
+
+    names = names or [n for n in _COLLECTIVE_FLOW if n in results[0]]
+    world = len(results)
+    cols = 4
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names):
+        flow = _COLLECTIVE_FLOW[name]
+        xs = [(r + 0.5) / world for r in range(world)]
+        for r, x in enumerate(xs):
+            before = results[r].get("inputs", {}).get(name, results[r]["start"])
+            for y, value in ((0.8, before), (0.2, results[r][name])):
+                text = str(value).replace("(undefined off rank 0)", "-").replace(
+                    "(only rank 0 receives)", "-")
+                ax.text(x, y, text, ha="center", va="center", fontsize=7, wrap=True,
+                        bbox={"boxstyle": "round", "facecolor": f"C{r}", "alpha": 0.25})
+            ax.text(x, 0.98, f"rank {r}", ha="center", va="top", fontsize=7, weight="bold")
+        pairs = {"one->all": [(0, r) for r in range(world)],
+                 "all->one": [(r, 0) for r in range(world)],
+                 "all->all": [(a, b) for a in range(world) for b in range(world)]}[flow]
+        for a, b in pairs:
+            ax.add_patch(FancyArrowPatch((xs[a], 0.68), (xs[b], 0.32), arrowstyle="-|>",
+                                         mutation_scale=7, color=f"C{a}", alpha=0.6,
+                                         transform=ax.transAxes))
+        ax.set_title(name, fontsize=9)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+    fig.suptitle(f"{world} ranks: tensor before (top) and after (bottom) each collective",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_ring_processes(world_size: int, step: int = 0) -> plt.Figure:
+    """The ring allreduce over processes (lesson 06): ranks on a circle, each sending to its
+    right neighbour; labels say which chunk each rank sends in reduce-scatter step ``step``
+    (chunk ``rank - step`` mod p, as in ``course_lib.distributed.ring_allreduce``)."""
+    import math
+
+    from matplotlib.patches import Circle, FancyArrowPatch
+
+    p = world_size
+    fig, ax = plt.subplots(figsize=(4.6, 4.6))
+    angles = [math.pi / 2 - 2 * math.pi * r / p for r in range(p)]   # rank 0 at the top
+    pos = [(math.cos(a), math.sin(a)) for a in angles]
+    for r, (x, y) in enumerate(pos):
+        ax.add_patch(Circle((x, y), 0.2, facecolor=f"C{r % 10}", alpha=0.3, edgecolor="black"))
+        ax.text(x, y, f"rank {r}", ha="center", va="center", fontsize=9)
+    for r in range(p):
+        (x0, y0), (x1, y1) = pos[r], pos[(r + 1) % p]
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=14,
+                                     shrinkA=22, shrinkB=22, connectionstyle="arc3,rad=-0.25"))
+        mx, my = (x0 + x1) / 2 * 1.35, (y0 + y1) / 2 * 1.35
+        ax.text(mx, my, f"chunk {(r - step) % p}", ha="center", va="center", fontsize=8,
+                color="crimson")
+    ax.set_xlim(-1.6, 1.6)
+    ax.set_ylim(-1.6, 1.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"ring of {p} processes, reduce-scatter step {step}:\neach rank sends one chunk "
+                 "to its right neighbour", fontsize=9)
+    fig.tight_layout()
+    return fig
