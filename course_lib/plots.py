@@ -9,8 +9,8 @@ import inspect
 
 import matplotlib.pyplot as plt
 
-__all__ = ["TrainingPlot", "draw_async_queue", "draw_collectives", "draw_parallelism", "draw_ring",
-           "draw_ring_processes", "plot_history", "show"]
+__all__ = ["TrainingPlot", "draw_async_queue", "draw_collectives", "draw_parallelism",
+           "draw_pipeline_timeline", "draw_ring", "draw_ring_processes", "plot_history", "show"]
 
 
 def _in_notebook() -> bool:
