@@ -47,6 +47,7 @@ from .lesson07 import check_average_gradients
 from .lesson08 import check_exact_accuracy
 from .lesson09 import check_ring_time, ring_time_by_schedule
 from .lesson11 import check_one_f_one_b, max_in_flight
+from .lesson12 import check_strip_prefix
 
 __all__ = [
     "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
@@ -65,4 +66,5 @@ __all__ = [
     "check_exact_accuracy",                                   # 08
     "check_ring_time", "ring_time_by_schedule",               # 09
     "check_one_f_one_b", "max_in_flight",                     # 11
+    "check_strip_prefix",                                     # 12
 ]
