@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,6 +24,7 @@ from course_lib.bench.allreduce import bus_bandwidth, parse_size
 from course_lib.bench.allreduce import main as bench_main
 from course_lib.devices import cpu_cores
 from course_lib.examples import workers as W
+from course_lib.plots import draw_collectives
 
 HELLO = D.example_path("hello_dist.py")
 
@@ -190,6 +192,12 @@ def test_every_collective_on_small_tensors():
     assert (r0["reduce_scatter"], r1["reduce_scatter"]) == ([1], [3])
     assert (r0["all_to_all"], r1["all_to_all"]) == ([0, 10], [1, 11])
     assert r0["mean_loss"] == r1["mean_loss"] == 1.5
+    assert r0["inputs"]["reduce_scatter"] == [0, 1] and r1["inputs"]["scatter"] == "-"
+    fig = draw_collectives([r0, r1])        # the picture of lesson 06, from what the ranks held
+    assert sorted(ax.get_title() for ax in fig.axes if ax.get_title()) == sorted(
+        ["broadcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
+         "reduce_scatter", "all_to_all"])
+    plt.close(fig)
     assert D.launch(W.point_to_point, 2, timeout=60) == [[10, 20, 30], [1, 2, 3]]
 
 

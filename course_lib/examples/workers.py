@@ -80,14 +80,19 @@ def collectives() -> dict[str, list]:
     out["scatter"] = x.tolist()
 
     x = torch.zeros(1, **i64)
-    dist.reduce_scatter_tensor(x, torch.arange(world, **i64) + rank)  # (world,) in, (1,) out
+    mine_rs = torch.arange(world, **i64) + rank                # (world,) in, (1,) out
+    dist.reduce_scatter_tensor(x, mine_rs)
     out["reduce_scatter"] = x.tolist()
 
     x = torch.zeros(world, **i64)
-    dist.all_to_all_single(x, torch.arange(world, **i64) + 10 * rank)
+    mine_a2a = torch.arange(world, **i64) + 10 * rank
+    dist.all_to_all_single(x, mine_a2a)
     out["all_to_all"] = x.tolist()
 
     out["mean_loss"] = reduce_value(float(rank + 1))  # average a Python number for logging
+    # what the last three started from instead of "start" (for plots.draw_collectives)
+    out["inputs"] = {"scatter": [p.tolist() for p in pieces] if rank == 0 else "-",
+                     "reduce_scatter": mine_rs.tolist(), "all_to_all": mine_a2a.tolist()}
     return out
 
 
