@@ -33,8 +33,8 @@ from .lesson03 import (
     check_scatter,
     check_split_batch,
 )
-from .lesson04 import check_lr_for_shard_means, check_scaled_batch
-from .lesson05 import check_bn_examples_seen, check_module_calls
+from .lesson04 import check_lr_for_shard_means, check_scaled_batch, check_train_batch
+from .lesson05 import check_bn_examples_seen, check_data_parallel_fn, check_module_calls
 from .lesson06 import (
     check_dist_allreduce,
     check_elements_sent,
@@ -58,8 +58,8 @@ __all__ = [
     "check_butterfly", "check_ring_allreduce",
     "check_balanced_sizes", "check_devices_used",             # 03
     "check_scatter", "check_split_batch",
-    "check_lr_for_shard_means", "check_scaled_batch",         # 04
-    "check_bn_examples_seen", "check_module_calls",           # 05
+    "check_lr_for_shard_means", "check_scaled_batch", "check_train_batch",  # 04
+    "check_bn_examples_seen", "check_module_calls", "check_data_parallel_fn",  # 05
     "check_tree_rounds", "tree_rounds", "check_elements_sent", "elements_sent",  # 06
     "check_spawn_worker", "check_dist_allreduce",
     "check_average_gradients",                                # 07

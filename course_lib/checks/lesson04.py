@@ -1,11 +1,18 @@
 """Checkers for the exercises of lesson 04 (training on several devices)."""
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
-from ._core import ExerciseResult, check_answer
+import torch
+import torch.nn.functional as F
 
-__all__ = ["check_lr_for_shard_means", "check_scaled_batch"]
+from ..devices import cpu_threads, devices
+from ._core import ExerciseResult, call_bounded, check_answer, failure, verdict
+
+__all__ = ["check_lr_for_shard_means", "check_scaled_batch", "check_train_batch"]
+
 
 def check_lr_for_shard_means(answer: Any, k: int = 4, lr: float = 0.5, *,
                              strict: bool = False) -> ExerciseResult:
@@ -31,3 +38,177 @@ def check_scaled_batch(global_batch: int | None, lr: float | None, steps: int | 
                         hint="(global batch, lr, steps per epoch): the batch grows k times, the "
                         "lr with it (linear scaling), the steps shrink; round steps up.",
                         strict=strict)
+
+
+# ---- exercise: write train_batch -------------------------------------------------------------
+
+_TB_NAME = "train_batch"
+_TB_HINT = ("on each device, backward of the shard's cross-entropy SUM divided by the whole "
+            "batch size B; allreduce every parameter's .grad (a device without a shard adds "
+            "zeros); sgd(params, lr) on every replica; return (mean loss, number correct).")
+#: (devices, batch size) of each case: uneven shards, more than two devices, and a batch of 5
+#: over 4 devices, where torch.chunk leaves the fourth device without a shard.
+_TB_CASES = ((1, 6), (2, 8), (2, 7), (3, 10), (4, 10), (4, 5))
+
+
+def _tb_batches(B: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Two float64 minibatches of B random images and labels (two steps catch stale grads)."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.rand(B, 1, 28, 28, generator=g, dtype=torch.float64),
+             torch.randint(0, 10, (B,), generator=g)) for _ in range(2)]
+
+
+def _tb_params(seed: int) -> list[torch.Tensor]:
+    """LeNet's parameters in float64, weights large enough to leave the plateau at once."""
+    from ..models.lenet import init_lenet_params
+
+    return [p.detach().double().requires_grad_() for p in init_lenet_params(0.1, seed=seed)]
+
+
+def _tb_variant(params: list[torch.Tensor], X: torch.Tensor, y: torch.Tensor, k: int,
+                lr: float, how: str) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One step on one device, the right way (``"batch"``) or a popular wrong way.
+
+    ``"batch"``: gradient of the whole batch's mean loss (the oracle); ``"mean of means"``:
+    the average of the k shard means' gradients; ``"sum of means"``: their sum. Returns the
+    new parameters and the mean loss before the step.
+    """
+    from ..models.lenet import lenet
+
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    if how == "batch":
+        loss = F.cross_entropy(lenet(X, ref), y)
+    else:
+        chunks = list(zip(torch.chunk(X, k), torch.chunk(y, k)))
+        means = sum(F.cross_entropy(lenet(Xi, ref), yi) for Xi, yi in chunks)
+        loss = means / len(chunks) if how == "mean of means" else means
+    loss.backward()
+    with torch.no_grad():
+        new = [p - lr * p.grad for p in ref]
+        before = F.cross_entropy(lenet(X, params), y)
+    return new, before
+
+
+def _tb_short(t: torch.Tensor) -> str:
+    values = ", ".join(f"{v:.6g}" for v in t.detach().flatten()[:3].tolist())
+    return f"[{values}, ...]"
+
+
+def _tb_case(fn: Callable, k: int, B: int, lr: float, seed: int) -> str | None:
+    """Two steps of ``fn`` on k devices; the first disagreement with the oracle, or None."""
+    from ..models.lenet import lenet
+    from ..parallel.comm import replicate_params
+
+    devs = devices(k, warn=False)
+    params = _tb_params(seed)
+    replicas = replicate_params(params, devs)
+    shards = [len(c) for c in torch.chunk(torch.zeros(B), k)]
+    where = f"{k} device(s), batch of {B} (shards {shards})"
+    for step, (X, y) in enumerate(_tb_batches(B, seed + B), start=1):
+        with torch.no_grad():
+            correct = int((lenet(X, params).argmax(dim=1) == y).sum())
+        previous = params
+        params, before = _tb_variant(params, X, y, k, lr, "batch")
+        try:
+            out = call_bounded(fn, X.to(devs[0]), y.to(devs[0]), replicas, devs, lr)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+            return f"{where}, step {step}: {failure(exc)}."
+        for i, replica in enumerate(replicas):
+            got = [p.detach().cpu() for p in replica]
+            if len(got) != len(params) or any(g.shape != w.shape for g, w in zip(got, params)):
+                return (f"{where}, step {step}: replica {i} no longer holds LeNet's 8 "
+                        "parameters in their shapes; update them in place (sgd does).")
+            bad = [j for j, (g, w) in enumerate(zip(got, params)) if not _tb_same(g, w)]
+            if not bad:
+                continue
+            j = bad[0]
+            return (f"{where}, step {step}: replica {i}'s parameter {j} after the step: "
+                    f"expected {_tb_short(params[j])} (one SGD step on the mean loss of the "
+                    f"whole batch, on one device), received {_tb_short(got[j])}."
+                    + _tb_diagnose(got, replicas, previous, (X, y, k, lr), step))
+        got_loss, got_correct = out if isinstance(out, (tuple, list)) and len(out) == 2 else (
+            None, None)
+        if got_loss is None:
+            return (f"{where}, step {step}: the parameters are right, but the function returned "
+                    f"{type(out).__name__}; return (loss, correct): the mean loss of the whole "
+                    "batch before the step and the number of correct predictions.")
+        if abs(float(got_loss) - float(before)) > 1e-9 * max(1.0, abs(float(before))):
+            return (f"{where}, step {step}: the parameters are right, but the returned loss is "
+                    f"{float(got_loss):.8g}; expected {float(before):.8g}, the mean "
+                    "cross-entropy of the whole batch before the step (the shards' shares "
+                    "added up).")
+        if int(got_correct) != correct:
+            return (f"{where}, step {step}: the returned number correct is {int(got_correct)}; "
+                    f"expected {correct} (correct predictions over the whole batch, before the "
+                    "step).")
+    return None
+
+
+def _tb_same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return torch.allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def _tb_diagnose(got: list[torch.Tensor], replicas: list[list[torch.Tensor]],
+                 previous: list[torch.Tensor], batch: tuple, step: int) -> str:
+    """Name the popular wrong answer that ``got`` matches, if any (``batch``: X, y, k, lr)."""
+    X, y, k, lr = batch
+    wrong = {how: _tb_variant(previous, X, y, k, lr, how)[0]
+             for how in ("mean of means", "sum of means")}
+    if all(_tb_same(g, w) for g, w in zip(got, wrong["mean of means"])):
+        return (" That is the step of the average of the shard MEANS: right only when every "
+                "shard has the same size; divide each shard's loss sum by the whole B instead.")
+    if all(_tb_same(g, w) for g, w in zip(got, wrong["sum of means"])):
+        return (" That is the step of the SUM of the shard means: about k times the gradient; "
+                "divide each shard's loss sum by the whole B.")
+    if all(_tb_same(g, w.detach()) for g, w in zip(got, previous)):
+        return " The parameters did not change: was sgd called on every replica?"
+    first = [p.detach().cpu() for p in replicas[0]]
+    if len(replicas) > 1 and any(
+            not all(_tb_same(a, b) for a, b in zip(first, [p.detach().cpu() for p in r]))
+            for r in replicas[1:]):
+        return (" The replicas now differ from each other: was every gradient allreduced "
+                "before the step, on every device?")
+    if step == 2:
+        return (" Step 1 was right: were step 1's gradients still in .grad when step 2's "
+                "backward added to them?")
+    return ""
+
+
+def check_train_batch(fn: Callable | None, *, lr: float = 0.5,
+                      cases: tuple[tuple[int, int], ...] = _TB_CASES,
+                      strict: bool = False) -> ExerciseResult:
+    """Exercise 04: ``fn(X, y, device_params, devices, lr)`` is one data-parallel SGD step.
+
+    The contract of ``course_lib.train.train_batch``: split the batch over the devices, forward
+    and backward on each replica, allreduce the gradients, the same SGD step on every replica,
+    and return ``(loss, correct)``. For each case (1 to 4 devices; batches of 5 to 10 that the
+    device count does not always divide, one leaving a device without a shard) the checker runs
+    two steps of LeNet in float64 and compares every replica with the oracle: one device taking
+    one SGD step on the mean loss of the whole batch.
+
+    Args:
+        fn: the learner's function (it uses the course's ``lenet``); None: not answered yet.
+        lr: the learning rate passed to ``fn``.
+        cases: ``(number of devices, batch size)`` pairs to try.
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    if fn is None:
+        return verdict(_TB_NAME, None, "define train_batch(X, y, device_params, devices, lr) "
+                       "and pass it here.", strict)
+    if not callable(fn):
+        return verdict(_TB_NAME, False, f"expected a function, got {type(fn).__name__}.", strict)
+    # Tiny tensors: one intra-op thread is faster, and does not stall on a loaded machine. The
+    # batch of 5 over 4 devices is meant to leave a device idle: no warning about it here.
+    with cpu_threads(1), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="split_batch", category=UserWarning)
+        problem = next((p for seed, (k, B) in enumerate(cases)
+                        if (p := _tb_case(fn, k, B, lr, seed)) is not None), None)
+    if problem is not None:
+        return verdict(_TB_NAME, False, f"{problem} Hint: {_TB_HINT}", strict)
+    return verdict(_TB_NAME, True, f"every replica equals one device's step on the whole batch "
+                   f"for (devices, batch) in {list(cases)}, two steps each.", strict)

@@ -1,12 +1,15 @@
 """Checkers for the exercises of lesson 05 (nn.DataParallel)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch import nn
 
-from ..devices import devices
-from ._core import ExerciseResult, check_answer
+from ..devices import cpu_threads, devices
+from ._core import ExerciseResult, call_bounded, check_answer, failure, verdict
 
-__all__ = ["check_bn_examples_seen", "check_module_calls"]
+__all__ = ["check_bn_examples_seen", "check_data_parallel_fn", "check_module_calls"]
 
 def check_bn_examples_seen(answer: int | None, batch: int = 7, n: int = 3, *,
                            strict: bool = False) -> ExerciseResult:
@@ -33,3 +36,104 @@ def check_module_calls(answer: int | None, batch: int = 1, n: int = 2, *,
         DataParallel(net, devs)(torch.rand(batch, 1, 28, 28, device=devs[0]))
     return check_answer("module calls", answer, len(calls),
                         hint="scatter cannot split one example over two devices.", strict=strict)
+
+
+# ---- exercise: data_parallel(module, X, devices), the four parts as a function ---------------
+
+_DP_NAME = "data_parallel"
+_DP_HINT = ("scatter X over the devices (torch.chunk sizes; maybe fewer shards than devices), "
+            "replicate the module onto as many devices as there are shards (differentiable "
+            "copies), parallel_apply, and gather the outputs onto devices[0].")
+#: (devices, batch size): 1 to 4 devices, batches they do not divide, and 3 examples over 4
+#: devices (torch.chunk makes 3 shards).
+_DP_CASES = ((1, 5), (2, 6), (2, 7), (3, 10), (4, 10), (4, 3))
+
+
+def _dp_model(seed: int) -> nn.Module:
+    """A small conv net without batch norm, float64: conv 1 -> 3 on 6x6, linear 48 -> 4."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(1, 3, 3), nn.Tanh(), nn.Flatten(),
+                         nn.Linear(48, 4)).double()
+
+
+def _dp_case(fn: Callable, k: int, B: int, seed: int) -> str | None:
+    """``fn`` on one case; what differs from the plain module on the whole batch, or None."""
+    devs = devices(k, warn=False)
+    net, oracle = _dp_model(seed), _dp_model(seed)
+    net.to(devs[0])
+    calls: list[int] = []
+    net.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0]))
+    X = torch.rand(B, 1, 6, 6, dtype=torch.float64,
+                   generator=torch.Generator().manual_seed(seed + B))   # (B, 1, 6, 6)
+    want = oracle(X)                                                       # (B, 4), one device
+    want.square().sum().backward()
+    shards = sorted(len(c) for c in torch.chunk(torch.zeros(B), k))
+    where = f"{k} device(s), batch of {B}"
+    try:
+        got = call_bounded(fn, net, X.to(devs[0]), devs)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+        return f"{where}: {failure(exc)}."
+    if not torch.is_tensor(got):
+        return (f"{where}: expected one tensor of shape {tuple(want.shape)} on {devs[0]}, "
+                f"received {type(got).__name__}" + (" (gather the outputs into one tensor)."
+                                                    if isinstance(got, (list, tuple)) else "."))
+    if tuple(got.shape) != tuple(want.shape):
+        return (f"{where}: expected output shape {tuple(want.shape)}, received "
+                f"{tuple(got.shape)}; the shards were {shards} examples: every example must "
+                "be computed once, the last short shard too.")
+    if got.device != devs[0]:
+        return f"{where}: the output is on {got.device}; gather it onto devices[0] = {devs[0]}."
+    if sorted(calls) != shards:
+        return (f"{where}: the module's copies were called on batches of {sorted(calls)}; "
+                f"expected one call per shard, {shards} (torch.chunk sizes).")
+    if not torch.allclose(got.detach().cpu(), want.detach(), rtol=1e-9, atol=1e-12):
+        return f"{where}: the output differs from the module applied to the whole batch."
+    if got.grad_fn is None:
+        return (f"{where}: the output has no autograd history: the gradients cannot reach the "
+                "module's parameters (use replicate, which makes differentiable copies).")
+    got.square().sum().backward()
+    for (name, p), q in zip(net.named_parameters(), oracle.parameters()):
+        if p.grad is None:
+            return (f"{where}: after backward, the module's {name}.grad is None: the copies "
+                    "were detached from the module's parameters (deepcopy or detach); "
+                    "replicate makes copies whose gradients flow back.")
+        if not torch.allclose(p.grad.cpu(), q.grad, rtol=1e-9, atol=1e-12):
+            return (f"{where}: after backward, the module's {name}.grad differs from the "
+                    "gradient of the plain module on the whole batch.")
+    return None
+
+
+def check_data_parallel_fn(fn: Callable | None, *,
+                           cases: tuple[tuple[int, int], ...] = _DP_CASES,
+                           strict: bool = False) -> ExerciseResult:
+    """Exercise 05: ``fn(module, X, devices)`` is ``nn.parallel.data_parallel`` for one input.
+
+    For each case (1 to 4 devices, batch sizes they do not divide, a batch smaller than the
+    device count) the module must be called once per ``torch.chunk`` shard (a forward hook
+    counts), the output must equal the plain module on the whole batch, on ``devices[0]``, and
+    one backward through it must leave on the module's parameters the whole batch's gradient.
+    The oracle is the plain module on one device (a small float64 conv net, no batch norm).
+
+    Args:
+        fn: the learner's function; None: not answered yet.
+        cases: ``(number of devices, batch size)`` pairs to try.
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    if fn is None:
+        return verdict(_DP_NAME, None, "define data_parallel(module, X, devices) and pass it "
+                       "here.", strict)
+    if not callable(fn):
+        return verdict(_DP_NAME, False, f"expected a function, got {type(fn).__name__}.",
+                       strict)
+    with cpu_threads(1):  # tiny tensors: one intra-op thread is faster, and never stalls
+        problem = next((p for seed, (k, B) in enumerate(cases)
+                        if (p := _dp_case(fn, k, B, seed)) is not None), None)
+    if problem is not None:
+        return verdict(_DP_NAME, False, f"{problem} Hint: {_DP_HINT}", strict)
+    return verdict(_DP_NAME, True, "outputs and gradients equal the plain module's on the whole "
+                   f"batch for (devices, batch) in {list(cases)}.", strict)
