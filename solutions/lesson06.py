@@ -1,14 +1,16 @@
-"""Lesson 06, exercise 3: the canonical worker of a multi-process program; exercise 4: an
-allreduce from send and recv.
+"""Lesson 06, exercise 1: the rounds of a tree broadcast; exercise 2: what the ring sends;
+exercise 3: the canonical worker of a multi-process program; exercise 4: an allreduce from send
+and recv.
 
-Checked by ``course_lib.checks.lesson06.check_spawn_worker`` and ``check_dist_allreduce``. The
+Checked by ``course_lib.checks.lesson06.check_tree_rounds``, ``check_elements_sent``,
+``check_spawn_worker`` and ``check_dist_allreduce``. The
 worker is started once per rank, e.g. by
 ``torch.multiprocessing.spawn(worker, args=(world_size, init_method), nprocs=world_size)``.
 """
 import torch
 import torch.distributed as dist
 
-__all__ = ["allreduce", "worker"]
+__all__ = ["allreduce", "elements_sent", "rounds", "worker"]
 
 
 def worker(rank: int, world_size: int, init_method: str) -> float:
@@ -40,3 +42,27 @@ def allreduce(tensor: torch.Tensor) -> None:
     else:
         dist.send(tensor, dst=0)
         dist.recv(tensor, src=0)                # the sum, written into the caller's tensor
+
+
+def rounds(p: int) -> int:
+    """Exercise 1: the rounds ``tree_broadcast`` needs for ``p`` ranks (the holders double each
+    round): ``ceil(log2 p)``, counted the way its loop counts."""
+    step, count = 1, 0
+    while step < p:
+        step, count = step * 2, count + 1
+    return count
+
+
+def elements_sent(n: int, p: int, rank: int = 0) -> int:
+    """Exercise 2: the elements rank ``rank`` sends in ``ring_allreduce`` of ``n`` elements over
+    ``p`` ranks: ``p - 1`` chunks in each phase, cut by ``ring_chunk_bounds``."""
+    from course_lib.distributed import ring_chunk_bounds
+
+    bounds = ring_chunk_bounds(n, p)
+
+    def size(c: int) -> int:
+        return bounds[c][1] - bounds[c][0]
+
+    scatter = sum(size((rank - s) % p) for s in range(p - 1))       # reduce-scatter
+    gather = sum(size((rank - s + 1) % p) for s in range(p - 1))    # all-gather
+    return scatter + gather

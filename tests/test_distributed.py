@@ -23,6 +23,7 @@ from course_lib import distributed as D
 from course_lib.bench.allreduce import bus_bandwidth, parse_size
 from course_lib.bench.allreduce import main as bench_main
 from course_lib.devices import cpu_cores
+from course_lib.examples import hello_records
 from course_lib.examples import workers as W
 from course_lib.plots import draw_collectives
 
@@ -288,12 +289,6 @@ def test_a_hundred_launches_neither_collide_nor_leak():
 # ------------------------------------------------------------------------------------------------
 # init_distributed_mode under each launcher
 # ------------------------------------------------------------------------------------------------
-
-def hello_records(output: str) -> list[dict]:
-    lines = [ln for ln in output.splitlines() if "hello_dist {" in ln]
-    return sorted((json.loads(ln.split("hello_dist ", 1)[1]) for ln in lines),
-                  key=lambda r: r["rank"])
-
 
 @pytest.mark.parametrize("nodelist, host", [
     ("node[01-04]", "node01"), ("node07", "node07"), ("a1,a2", "a1"),
