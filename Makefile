@@ -33,6 +33,7 @@ notebooks: setup
 	@for nb in notebooks/[0-9]*.ipynb; do \
 	    echo "== $$nb"; \
 	    TQDM_DISABLE=1 $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	        --ExecutePreprocessor.record_timing=False \
 	        --ExecutePreprocessor.timeout=3600 --ExecutePreprocessor.kernel_name=python3 "$$nb" || exit 1; \
 	done
 
