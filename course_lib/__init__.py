@@ -19,6 +19,9 @@ Lesson -> module:
                                              ``parallel.data_parallel``, ``bench.breakdown``
 06    torch.distributed                      ``distributed.env``, ``distributed.launch``,
                                              ``distributed.collectives``, ``distributed.run``
+11    model and pipeline parallelism         ``distributed.pipelining`` (``split``,
+                                             ``model_parallel``, ``stage``, ``schedules``,
+                                             ``memory``), ``examples.pipeline_workers``
 ====  =====================================  =================================================
 
 Layers (checked by import-linter in ``make test``): foundations (``config``, ``devices``,
