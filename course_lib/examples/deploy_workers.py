@@ -34,7 +34,7 @@ def save_wrapped_checkpoint(path: str, steps: int = 20, batch_size: int = 32,
         this rank's)}``. The weights are asserted equal on every rank at the end.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    train_iter, test_iter = load_fashion_mnist(batch_size, quick=True)
+    train_iter, test_iter = load_fashion_mnist(batch_size, quick=False)
     n = steps * world * batch_size
     X = train_iter.X[:n][rank::world].float().div_(255)              # (n / k, 1, 28, 28)
     y = train_iter.y[:n][rank::world]                                  # (n / k,)
