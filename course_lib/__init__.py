@@ -22,11 +22,13 @@ Lesson -> module:
 11    model and pipeline parallelism         ``distributed.pipelining`` (``split``,
                                              ``model_parallel``, ``stage``, ``schedules``,
                                              ``memory``), ``examples.pipeline_workers``
+12    after training                         ``deploy`` (load anywhere, fine-tune, int8 with
+                                             torchao), ``examples.deploy_workers``
 ====  =====================================  =================================================
 
 Layers (checked by import-linter in ``make test``): foundations (``config``, ``devices``,
-``timing``, ``data``, ``models``) <- ``distributed`` <- ``parallel`` <- ``plots`` <- ``train``
-<- ``bench``, ``checks``, ``examples``. A module imports only from layers below it: the
+``timing``, ``data``, ``models``, ``deploy``) <- ``distributed`` <- ``parallel`` <- ``plots``
+<- ``train`` <- ``bench``, ``checks``, ``examples``. A module imports only from layers below it: the
 mechanisms never import the loops or the presentation.
 
 The names listed in each module's ``__all__`` are the stable API that homework relies on.

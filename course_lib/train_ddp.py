@@ -57,6 +57,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from tqdm import tqdm
 
 from .data import load_fashion_mnist
+from .deploy import freeze_all_but
 from .distributed import DistInfo, init_distributed_mode, reduce_value
 from .models.lenet import LeNet
 from .models.resnet import resnet18
@@ -353,10 +354,7 @@ def build_model(args: argparse.Namespace, device: torch.device, rank: int = 0) -
                   f"{len(skipped)}" + "".join(f"\n  skipped {s}" for s in skipped), flush=True)
     if args.freeze:
         head = head_of(model)
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for p in head.parameters():
-            p.requires_grad_(True)
+        freeze_all_but(model, next(name for name, m in model.named_modules() if m is head))
     return model.to(device)
 
 
