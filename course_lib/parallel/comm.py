@@ -99,9 +99,9 @@ def split_batch(X: torch.Tensor, y: torch.Tensor,
     """Split a minibatch and its labels together over ``devices`` (the same chunks for both).
 
     The chunks are ``scatter``'s, ``torch.chunk``'s sizes as in ``nn.DataParallel``: chunks of
-    ``ceil(B / n)`` examples, so a batch can run out before the last devices (B=9 over 8
-    devices: 5 chunks of 2, 2, 2, 2, 1). That is allowed, with a warning naming the idle
-    devices; a balanced split (``B // n`` or ``B // n + 1`` each) is lesson 03's exercise.
+    ``ceil(B / n)`` examples, so a batch can run out before the last devices (B=5 over 4
+    devices: 3 chunks of 2, 2, 1). That is allowed, with a warning naming the idle devices; a
+    balanced split (``B // n`` or ``B // n + 1`` each) is lesson 03's exercise.
 
     Returns:
         ``(X_shards, y_shards)``; shard i of each is on ``devices[i]``. There may be fewer
