@@ -225,7 +225,8 @@ def train_epoch(params: list[torch.Tensor], train_iter: Iterable, lr: float,
 def train_single(params: list[torch.Tensor], train_iter: Iterable, test_iter: Iterable, *,
                  num_epochs: int, lr: float, device: Device | None = None,
                  net: Callable = lenet, plot: bool | None = None,
-                 title: str | None = None) -> dict:
+                 title: str | None = None,
+                 lr_lambda: Callable[[int], float] | None = None) -> dict:
     """Train ``net(X, params)`` with SGD on one device: the baseline every lesson compares with.
 
     Args:
@@ -235,12 +236,23 @@ def train_single(params: list[torch.Tensor], train_iter: Iterable, test_iter: It
         device: where the batches are moved (None: where ``params`` live).
         net: ``net(X, params) -> logits``; LeNet by default.
         plot: draw the live plot (default: inside a notebook only).
+        lr_lambda: optional schedule, as ``torch.optim.lr_scheduler.LambdaLR`` takes it: step
+            t (0, 1, ... counted over all epochs) uses ``lr * lr_lambda(t)`` (e.g. a linear
+            warm-up). None: ``lr`` at every step.
 
     Returns:
         The history of ``fit``.
     """
     device = as_device(device) if device is not None else params[0].device
-    step = functools.partial(sgd_step, params, lr, device, net)
+    if lr_lambda is None:
+        step = functools.partial(sgd_step, params, lr, device, net)
+    else:
+        steps_done = [0]
+
+        def step(X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            step_lr = lr * lr_lambda(steps_done[0])
+            steps_done[0] += 1
+            return sgd_step(params, step_lr, device, net, X, y)
     return fit(step, train_iter, lambda: evaluate_accuracy(_bind(net, params), test_iter, device),
                num_epochs=num_epochs, plot=plot, title=title, lr=lr)
 
@@ -369,7 +381,8 @@ def _apply(net: Callable, params: list[torch.Tensor], X: torch.Tensor) -> torch.
 
 def train_module(net: nn.Module, train_iter: Iterable, test_iter: Iterable, *, num_epochs: int,
                  lr: float, device: Device | None = None, plot: bool | None = None,
-                 title: str | None = None) -> dict:
+                 title: str | None = None,
+                 lr_lambda: Callable[[int], float] | None = None) -> dict:
     """Train an ``nn.Module`` (plain, ``DataParallel`` or ``nn.DataParallel``) with SGD.
 
     The module-based twin of ``train_single``: cross-entropy, ``torch.optim.SGD``, train mode
@@ -383,12 +396,16 @@ def train_module(net: nn.Module, train_iter: Iterable, test_iter: Iterable, *, n
         device: where batches are moved (for a data-parallel net: ``device_ids[0]``); None:
             where the net's first parameter lives.
         plot: draw the live plot (default: inside a notebook only).
+        lr_lambda: optional schedule, stepped after every optimizer step by
+            ``torch.optim.lr_scheduler.LambdaLR``: step t uses ``lr * lr_lambda(t)`` (e.g. a
+            linear warm-up). None: ``lr`` at every step.
 
     Returns:
         The history of ``fit``.
     """
     device = as_device(device) if device is not None else next(net.parameters()).device
     opt = torch.optim.SGD(net.parameters(), lr=lr)
+    scheduler = None if lr_lambda is None else torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
 
     def step(X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         X, y = X.to(device), y.to(device)
@@ -397,6 +414,8 @@ def train_module(net: nn.Module, train_iter: Iterable, test_iter: Iterable, *, n
         loss = F.cross_entropy(y_hat, y)             # mean over the whole batch
         loss.backward()
         opt.step()
+        if scheduler is not None:
+            scheduler.step()
         return loss.detach(), (y_hat.detach().argmax(dim=1) == y).sum()
 
     def evaluate() -> float:
