@@ -95,7 +95,7 @@ def test_plots_record_and_draw():
     assert plot.history == {"train loss": [2.0, 1.0], "test acc": [0.5, 0.7]}
     assert len(plot.figure().axes[0].lines) == 2
     assert len(plot_history(plot.history).axes[0].lines) == 2
-    assert len(draw_parallelism(3).axes) == 2
+    assert len(draw_parallelism(3).axes) == 3   # data, model, within a layer
 
 
 def test_live_plot_renders_png_under_any_backend():
