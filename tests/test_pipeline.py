@@ -35,7 +35,7 @@ def _batch(n, shape, classes, seed=0):
 
 
 def test_pipeline_split_balances_params_and_time():
-    net = W.build_model("mlp")        # Linear 7->9 (72), 9->6 (60), 6->8 (56), 8->3 (27), tanh
+    net = W.sequential_model("mlp")        # Linear 7->9 (72), 9->6 (60), 6->8 (56), 8->3 (27), tanh
     assert layer_costs(net) == [72, 0, 60, 0, 56, 0, 27]
     assert balance_stages(net, 2) == [3, 4] and balance_stages(net, 3) == [1, 2, 4]
     stages = split_sequential(net, 3)
@@ -49,20 +49,20 @@ def test_pipeline_split_balances_params_and_time():
 
 @pytest.mark.parametrize("call, error, says", [
     (lambda: split_sequential(LeNet(), 2), TypeError, "expects an nn.Sequential"),
-    (lambda: split_sequential(W.build_model("mlp"), 8), ValueError, "at most 7 stages"),
-    (lambda: split_sequential(W.build_model("mlp"), balance=[3, 3]), ValueError,
+    (lambda: split_sequential(W.sequential_model("mlp"), 8), ValueError, "at most 7 stages"),
+    (lambda: split_sequential(W.sequential_model("mlp"), balance=[3, 3]), ValueError,
      "sums to 6 but the model has 7 layers"),
-    (lambda: split_sequential(W.build_model("mlp"), balance=[7, 0]), ValueError,
+    (lambda: split_sequential(W.sequential_model("mlp"), balance=[7, 0]), ValueError,
      "positive integer layer counts"),
-    (lambda: split_sequential(W.build_model("mlp"), 3, balance=[3, 4]), ValueError,
+    (lambda: split_sequential(W.sequential_model("mlp"), 3, balance=[3, 4]), ValueError,
      "one layer count per stage"),
-    (lambda: split_sequential(W.build_model("mlp")), ValueError, "num_stages or balance"),
-    (lambda: balance_stages(W.build_model("mlp"), 2, by="time"), ValueError, "example="),
-    (lambda: balance_stages(W.build_model("mlp"), 2, by="flops"), ValueError, "by='params'"),
+    (lambda: split_sequential(W.sequential_model("mlp")), ValueError, "num_stages or balance"),
+    (lambda: balance_stages(W.sequential_model("mlp"), 2, by="time"), ValueError, "example="),
+    (lambda: balance_stages(W.sequential_model("mlp"), 2, by="flops"), ValueError, "by='params'"),
     (lambda: split_microbatches(torch.zeros(10, 3), 4), ValueError, "do not divide a batch of 10"),
     (lambda: split_microbatches(torch.zeros(3, 3), 4), ValueError, "use at most 3"),
     (lambda: split_microbatches(torch.zeros(4), 0), ValueError, ">= 1"),
-    (lambda: ModelParallel(W.build_model("mlp"), []), ValueError, "one device per stage"),
+    (lambda: ModelParallel(W.sequential_model("mlp"), []), ValueError, "one device per stage"),
     (lambda: PipelineStage(nn.Linear(2, 2), 0, 2), RuntimeError, "init_process_group"),
     (lambda: PipelineStage(nn.Linear(2, 2), 2, 2), ValueError, "stage_index in 0 ... 1"),
 ])
@@ -73,7 +73,7 @@ def test_pipeline_bad_splits_are_refused_clearly(call, error, says):
 
 
 def test_pipeline_model_parallel_in_one_process_equals_the_whole_model():
-    net, oracle = W.build_model("mlp"), W.build_model("mlp")
+    net, oracle = W.sequential_model("mlp"), W.sequential_model("mlp")
     X, y = _batch(6, (7,), 3)
     mp = ModelParallel(net, devices(3, warn=False), balance=[2, 4, 1])
     assert [len(s) for s in mp.stages] == [2, 4, 1]

@@ -31,7 +31,7 @@ from course_lib.distributed.pipelining import (
 from course_lib.models.lenet import LeNet
 from course_lib.models.resnet import resnet18
 
-__all__ = ["SCHEDULES", "activation_peaks", "bubbles", "build_model", "check_pipeline",
+__all__ = ["SCHEDULES", "activation_peaks", "bubbles", "sequential_model", "check_pipeline",
            "lenet_sequential", "merge_ranks", "pipeline_timelines", "step_seconds",
            "two_rank_example"]
 
@@ -57,7 +57,7 @@ def _mlp(seed: int) -> nn.Sequential:
                          nn.Tanh(), nn.Linear(8, 3))
 
 
-def build_model(name: str, seed: int = 0) -> nn.Sequential:
+def sequential_model(name: str, seed: int = 0) -> nn.Sequential:
     """``"lenet"`` (10 layers), ``"resnet18"`` (flattened: 14 layers) or ``"mlp"`` (7 layers)."""
     if name == "lenet":
         return lenet_sequential(seed)
@@ -66,7 +66,7 @@ def build_model(name: str, seed: int = 0) -> nn.Sequential:
         return flatten_sequential(resnet18())
     if name == "mlp":
         return _mlp(seed)
-    raise ValueError(f"build_model expects 'lenet', 'resnet18' or 'mlp', got {name!r}.")
+    raise ValueError(f"sequential_model expects 'lenet', 'resnet18' or 'mlp', got {name!r}.")
 
 
 def _has_batch_norm(model: nn.Module) -> bool:
@@ -115,7 +115,7 @@ def check_pipeline(cases: Sequence[tuple[str, str, int, Sequence[int] | None]],
     device = current_device()
     results = []
     for name, schedule, m, balance in cases:
-        model = build_model(name, seed).to(device)
+        model = sequential_model(name, seed).to(device)
         oracle = copy.deepcopy(model)
         stages = split_sequential(model, p, balance=balance)
         oracle_stages = split_sequential(oracle, p, balance=[len(s) for s in stages])
@@ -208,7 +208,7 @@ def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[
     """
     rank, p = dist.get_rank(), dist.get_world_size()
     device = current_device()
-    net = build_model(model).to(device)
+    net = sequential_model(model).to(device)
     stages = split_sequential(net, p, balance=balance)
     stage = PipelineStage(stages[rank], rank, p, device)
     out: dict = {}
@@ -239,7 +239,7 @@ def activation_peaks(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[in
     """
     rank, p = dist.get_rank(), dist.get_world_size()
     device = current_device()
-    net = build_model(model).to(device)
+    net = sequential_model(model).to(device)
     stages = split_sequential(net, p, balance=balance)
     stage = PipelineStage(stages[rank], rank, p, device)
     out: dict = {}
