@@ -36,7 +36,8 @@ def check_scaled_batch(global_batch: int | None, lr: float | None, steps: int | 
         expected = (expected[0], round(expected[1], 9), expected[2])
     return check_answer("batch, lr and steps", answer, expected,
                         hint="(global batch, lr, steps per epoch): the batch grows k times, the "
-                        "lr with it (linear scaling), the steps shrink; round steps up.",
+                        "lr with it (linear scaling, the lr to reach after a warm-up), the "
+                        "steps shrink; round steps up.",
                         strict=strict)
 
 
