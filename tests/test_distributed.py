@@ -294,6 +294,13 @@ def test_many_launches_neither_collide_nor_leak():
 # init_distributed_mode under each launcher
 # ------------------------------------------------------------------------------------------------
 
+def test_hello_records_reads_lines_that_mpirun_glued_together():
+    text = ('$ mpirun ...\nhello_dist {"rank": 1, "sum": [3.0]}hello_dist {"rank": 0, "sum": [3.0]}\n'
+            "rank 0: done\n")
+    assert [r["rank"] for r in hello_records(text)] == [0, 1]
+    assert hello_records(['hello_dist {"rank": 0, ', '"sum": []}\n']) == [{"rank": 0, "sum": []}]
+
+
 @pytest.mark.parametrize("nodelist, host", [
     ("node[01-04]", "node01"), ("node07", "node07"), ("a1,a2", "a1"),
     ("gpu-[3,5-7],cpu1", "gpu-3"), ("rack[1-2]-n[08-09]", "rack1-n08"),

@@ -21,5 +21,10 @@ def hello_records(output: str | list[str]) -> list[dict]:
     """The ``hello_dist {json}`` line each rank of ``hello_dist.py`` printed, parsed and sorted by
     rank; ``output`` is a launcher's output (a string, or a list of strings to join)."""
     text = "".join(output) if isinstance(output, list) else output
-    lines = [ln.split("hello_dist ", 1)[1] for ln in text.splitlines() if "hello_dist {" in ln]
-    return sorted((json.loads(ln) for ln in lines), key=lambda r: r["rank"])
+    # mpirun forwards every rank's output through one stream, and two ranks' lines can arrive
+    # glued together ("...}hello_dist {..."): decode each record where it starts, not by line
+    decoder, records = json.JSONDecoder(), []
+    for part in text.split("hello_dist ")[1:]:
+        if part.startswith("{"):
+            records.append(decoder.raw_decode(part)[0])
+    return sorted(records, key=lambda r: r["rank"])
