@@ -129,8 +129,8 @@ def check_strip_prefix(fn: Callable | None, *, strict: bool = False) -> Exercise
                     if not torch.equal(plain.eval()(X), model.eval()(X)):
                         wrong = "the loaded model's outputs differ from the saved model's"
         if wrong is not None:
-            return verdict(_NAME, False, f"on {what}, prefix {prefix!r}: {wrong}. {_HINT}",
-                           strict)
+            hint = f" {_HINT}" if wrong.startswith("expected key") else ""
+            return verdict(_NAME, False, f"on {what}, prefix {prefix!r}: {wrong}.{hint}", strict)
     return verdict(_NAME, True, f"every key right on {len(cases)} state dicts (two wrappers, a "
                    "plain model, a 'module' inside the names), and each loads into its model.",
                    strict)
