@@ -295,8 +295,8 @@ def test_many_launches_neither_collide_nor_leak():
 # ------------------------------------------------------------------------------------------------
 
 def test_hello_records_reads_lines_that_mpirun_glued_together():
-    text = ('$ mpirun ...\nhello_dist {"rank": 1, "sum": [3.0]}hello_dist {"rank": 0, "sum": [3.0]}\n'
-            "rank 0: done\n")
+    text = ('$ mpirun ...\nhello_dist {"rank": 1, "sum": [3.0]}'
+            'hello_dist {"rank": 0, "sum": [3.0]}\nrank 0: done\n')
     assert [r["rank"] for r in hello_records(text)] == [0, 1]
     assert hello_records(['hello_dist {"rank": 0, ', '"sum": []}\n']) == [{"rank": 0, "sum": []}]
 
