@@ -112,15 +112,31 @@ def test_pipeline_activation_meter_counts_saved_tensors_once():
     assert meter.alive == 0 and meter.peak == (32 * 10 + 32 * 100) * 4
 
 
-def test_pipeline_gradient_oracle_two_ranks_gloo():
+def test_pipeline_gradient_oracle_two_ranks_gloo_seed_example_and_activation_peaks():
     data = {"mlp": _batch(12, (7,), 3), "lenet": _batch(8, (1, 28, 28), 10, seed=1)}
     cases = [("mlp", s, m, None) for s in ("gpipe", "1f1b") for m in (1, 2, 4, 12)]
     cases.append(("lenet", "1f1b", 4, [3, 7]))
-    results = launch(W.check_pipeline, 2, cases, data, timeout=120)
+    Xi, yi = _batch(8, (1, 28, 28), 10)
+    X16, y16 = _batch(16, (7,), 3)
+    ranks = launch(W.in_sequence, 2, [
+        (W.check_pipeline, cases, data),
+        (W.two_rank_example, Xi, yi),
+        (W.activation_peaks, X16, y16, (1, 4), ("gpipe", "1f1b"), None, "mlp"),
+    ], timeout=120)
+    results, seed, peaks = zip(*ranks)                   # each: rank 0's, rank 1's
     for rank in results:      # every rank asserted; here the sizes of what it found
         assert all(r["grad_diff"] < 1e-5 and r["weight_diff"] < 1e-5 for r in rank)
     assert results[1][0]["balance"] == [3, 4] and results[1][-1]["balance"] == [3, 7]
     assert all("output_diff" in r for r in results[1])
+    # the seed: rank 0 sends the activation, rank 1 its gradient back; both match one process
+    assert seed[0]["activation sent"] == seed[1]["gradient sent"] == [8, 128]
+    assert seed[0]["grad_diff"] < 1e-6 and seed[1]["grad_diff"] < 1e-6
+    # activations held: GPipe the whole batch for any m; 1F1B min(p - s, m) of m micro-batches
+    first, last = peaks
+    assert first[("gpipe", 1)]["saved"] == first[("1f1b", 1)]["saved"] > 0
+    assert first[("gpipe", 4)]["saved"] == first[("gpipe", 1)]["saved"]
+    assert first[("1f1b", 4)]["saved"] * 2 == first[("gpipe", 4)]["saved"]   # 2 of 4 in flight
+    assert last[("1f1b", 4)]["saved"] * 4 == last[("gpipe", 4)]["saved"]     # 1 of 4
 
 
 def test_pipeline_gradient_oracle_three_ranks_gloo():
@@ -128,24 +144,6 @@ def test_pipeline_gradient_oracle_three_ranks_gloo():
              ("mlp", "1f1b", 6, [1, 1, 5])]
     results = launch(W.check_pipeline, 3, cases, {"mlp": _batch(12, (7,), 3)}, timeout=120)
     assert [r["balance"] for r in results[0]] == [[1, 2, 4], [2, 2, 3], [1, 2, 4], [1, 1, 5]]
-
-
-def test_pipeline_two_rank_seed_example_by_hand():
-    X, y = _batch(8, (1, 28, 28), 10)
-    seed = launch(W.two_rank_example, 2, X, y, timeout=60)
-    assert seed[0]["activation sent"] == seed[1]["gradient sent"] == [8, 128]
-    assert seed[0]["grad_diff"] < 1e-6 and seed[1]["grad_diff"] < 1e-6
-
-
-def test_pipeline_activation_peaks_gloo_1f1b_holds_fewer_microbatches():
-    X, y = _batch(16, (7,), 3)
-    peaks = launch(W.activation_peaks, 2, X, y, (1, 4), ("gpipe", "1f1b"), None, "mlp",
-                   timeout=60)
-    first = peaks[0]
-    assert first[("gpipe", 1)]["saved"] == first[("1f1b", 1)]["saved"] > 0
-    assert first[("gpipe", 4)]["saved"] == first[("gpipe", 1)]["saved"]
-    assert first[("1f1b", 4)]["saved"] * 2 == first[("gpipe", 4)]["saved"]   # 2 of 4 in flight
-    assert peaks[1][("1f1b", 4)]["saved"] * 4 == peaks[1][("gpipe", 4)]["saved"]  # 1 of 4
 
 
 def test_pipeline_timeline_drawing():

@@ -31,7 +31,8 @@ from course_lib.distributed.pipelining import (
 from course_lib.models.lenet import LeNet
 from course_lib.models.resnet import resnet18
 
-__all__ = ["SCHEDULES", "activation_peaks", "bubbles", "sequential_model", "check_pipeline",
+__all__ = ["SCHEDULES", "activation_peaks", "bubbles", "check_pipeline", "in_sequence",
+           "sequential_model",
            "lenet_sequential", "merge_ranks", "pipeline_timelines", "step_seconds",
            "two_rank_example"]
 
@@ -280,3 +281,13 @@ def merge_ranks(per_rank: Sequence[dict]) -> dict:
     each step's list holding every stage's events."""
     return {key: [[e for rank in per_rank for e in rank[key][i]]
                   for i in range(len(per_rank[0][key]))] for key in per_rank[0]}
+
+
+def in_sequence(calls: Sequence[tuple]) -> list:
+    """Several workers of this module in one launch (one process group, one start-up):
+    ``calls`` is ``[(fn, *args), ...]``; returns this rank's result of each, in order."""
+    results = []
+    for fn, *args in calls:
+        dist.barrier()   # every rank starts each call together
+        results.append(fn(*args))
+    return results
