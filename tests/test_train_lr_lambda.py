@@ -1,12 +1,21 @@
 """The optional learning-rate schedule of train_single and train_module (a warm-up, lessons 04
 and 05): step t uses lr * lr_lambda(t), counted over epochs; oracle: the same steps by hand."""
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
 from course_lib.data import TensorBatches
+from course_lib.devices import cpu_threads
 from course_lib.models.lenet import LeNet, init_lenet_params, lenet, sgd
 from course_lib.train import train_module, train_single
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread is faster and does not stall on a loaded machine."""
+    with cpu_threads(1):
+        yield
 
 
 def _data():
