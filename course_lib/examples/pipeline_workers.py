@@ -197,6 +197,13 @@ def _run_step(sched, stage: PipelineStage, X: torch.Tensor, y: torch.Tensor) -> 
         sched.step()
 
 
+def _this_ranks_stage(model: str, balance) -> tuple[list, PipelineStage]:
+    """Every rank builds the same model, splits it, and keeps its own stage."""
+    rank, p, device = dist.get_rank(), dist.get_world_size(), current_device()
+    stages = split_sequential(sequential_model(model).to(device), p, balance=balance)
+    return stages, PipelineStage(stages[rank], rank, p, device)
+
+
 def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[int],
                        schedules: Sequence[str] = ("gpipe", "1f1b"), balance=None,
                        steps: int = 5, warmup: int = 2, model: str = "lenet") -> dict:
@@ -207,11 +214,8 @@ def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[
     with this rank's ``PipeEvent``s (``time.perf_counter`` seconds: one clock for every process
     of the machine); the notebook joins the ranks.
     """
-    rank, p = dist.get_rank(), dist.get_world_size()
-    device = current_device()
-    net = sequential_model(model).to(device)
-    stages = split_sequential(net, p, balance=balance)
-    stage = PipelineStage(stages[rank], rank, p, device)
+    rank = dist.get_rank()
+    stages, stage = _this_ranks_stage(model, balance)
     out: dict = {}
     for schedule in schedules:
         for m in microbatches:
@@ -238,11 +242,9 @@ def activation_peaks(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[in
     ``torch.cuda.max_memory_allocated`` over the step, minus what was allocated before it.
     Returns ``{(schedule, m): {"saved": bytes, "cuda": bytes or None}}``.
     """
-    rank, p = dist.get_rank(), dist.get_world_size()
-    device = current_device()
-    net = sequential_model(model).to(device)
-    stages = split_sequential(net, p, balance=balance)
-    stage = PipelineStage(stages[rank], rank, p, device)
+    rank = dist.get_rank()
+    stages, stage = _this_ranks_stage(model, balance)
+    device = stage.device
     out: dict = {}
     for schedule in schedules:
         for m in microbatches:
