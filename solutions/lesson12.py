@@ -1,16 +1,22 @@
-"""Lesson 12, exercise: a wrapped model's state dict made loadable into the plain model.
+"""Lesson 11, exercise: the 1F1B order of operations of one pipeline stage.
 
-Checked by ``course_lib.checks.lesson12.check_strip_prefix``.
+Checked by ``course_lib.checks.lesson12.check_one_f_one_b``.
 """
 from __future__ import annotations
 
-__all__ = ["strip_prefix"]
+__all__ = ["one_f_one_b"]
 
 
-def strip_prefix(state_dict: dict, prefix: str = "module.") -> dict:
-    """A new dict whose keys lose ``prefix`` where they START with it; the tensors are kept.
+def one_f_one_b(stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """``[("F", 0), ..., ("B", m - 1)]`` for stage ``stage`` of ``num_stages`` under 1F1B.
 
-    ``str.removeprefix`` touches only the start of a key, and only a key that has the prefix:
-    ``"module.block.module.weight"`` -> ``"block.module.weight"``, ``"conv1.weight"`` unchanged.
+    Warm-up: the stages after this one each need a micro-batch in flight before the first
+    gradient can come back, so stage s starts with p - s - 1 forwards (fewer if there are fewer
+    micro-batches). Then one forward, one backward, while forwards remain; then the backwards.
     """
-    return {key.removeprefix(prefix): value for key, value in state_dict.items()}
+    warmup = min(num_stages - stage - 1, num_microbatches)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(warmup, num_microbatches):
+        order += [("F", i), ("B", i - warmup)]
+    order += [("B", i) for i in range(num_microbatches - warmup, num_microbatches)]
+    return order

@@ -1,4 +1,4 @@
-"""After training (course_lib.deploy, notebook 12): checkpoints loaded on any device and from a
+"""After training (course_lib.deploy, notebook 13): checkpoints loaded on any device and from a
 real 2-process DDP run, fine-tuning that leaves frozen weights bitwise, int8 quantization within
 a stated tolerance of the float model, and the lesson-12 checker."""
 import io
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import torch.serialization
 from torch import nn
 
-from course_lib.checks.lesson12 import check_strip_prefix
+from course_lib.checks.lesson13 import check_strip_prefix
 from course_lib.data import TensorBatches, load_fashion_mnist
 from course_lib.deploy import (
     freeze_all_but,
@@ -27,10 +27,10 @@ from course_lib.examples.deploy_workers import save_wrapped_checkpoint
 from course_lib.models.lenet import LeNet
 from course_lib.models.resnet import resnet18
 from course_lib.train import evaluate_accuracy
-from solutions.lesson12 import strip_prefix as reference_strip_prefix
+from solutions.lesson13 import strip_prefix as reference_strip_prefix
 
 #: int8 accuracy may differ from float32's by at most this much (1 percentage point), the same
-#: tolerance that notebook 12 states and asserts.
+#: tolerance that notebook 13 states and asserts.
 QUANT_TOL = 0.01
 
 

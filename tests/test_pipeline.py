@@ -1,4 +1,4 @@
-"""Model and pipeline parallelism (lesson 11): splits, one-process model parallelism, schedules,
+"""Model and pipeline parallelism (lesson 12): splits, one-process model parallelism, schedules,
 and the pipeline across gloo processes against its oracle (one process, the whole model, the
 whole batch: gradients and the weights after an SGD step)."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks.lesson11 import max_in_flight
+from course_lib.checks.lesson12 import max_in_flight
 from course_lib.devices import devices
 from course_lib.distributed import launch
 from course_lib.distributed.pipelining import (

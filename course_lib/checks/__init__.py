@@ -6,7 +6,7 @@ when right). An answer left as ``None`` is reported as "not answered yet" instea
 notebooks that ship with open exercises still run top to bottom. Pass ``strict=True`` to raise
 ``AssertionError`` on a wrong answer (what an autograder wants).
 
-One module per lesson (``lesson00`` ... ``lesson09``); every checker is importable from here:
+One module per lesson (``lesson00`` ... ``lesson10``); every checker is importable from here:
 ``from course_lib import checks; checks.check_allreduce_fn(my_allreduce)``.
 """
 from ._core import (
@@ -45,9 +45,9 @@ from .lesson06 import (
 )
 from .lesson07 import check_average_gradients
 from .lesson08 import check_exact_accuracy
-from .lesson09 import check_ring_time, ring_time_by_schedule
-from .lesson11 import check_one_f_one_b, max_in_flight
-from .lesson12 import check_strip_prefix
+from .lesson10 import check_ring_time, ring_time_by_schedule
+from .lesson12 import check_one_f_one_b, max_in_flight
+from .lesson13 import check_strip_prefix
 
 __all__ = [
     "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",

@@ -1,136 +1,107 @@
-"""Checkers for the exercises of lesson 12 (after training).
+"""Checkers for the exercises of lesson 12 (model and pipeline parallelism).
 
-``check_strip_prefix`` asks for ``strip_prefix(state_dict, prefix="module.")``: the state dict
-of a wrapped model made loadable into the plain model. Its oracle is torch's
-``consume_prefix_in_state_dict_if_present`` (through ``course_lib.deploy.strip_prefix``), and
-the stripped dict must load, strictly, into the unwrapped model.
+``check_one_f_one_b`` asks for the 1F1B order of one stage. The learner's orders for every stage
+are played together by ``simulate_schedule`` (which finds a deadlock or a backward before its
+forward), then compared with ``one_f_one_b_order``; a valid order that is not 1F1B is told what
+it costs: more activations in flight (GPipe's order, a warm-up too long) or a longer step (a
+warm-up too short).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-import torch
-from torch import nn
-
-from ..deploy import strip_prefix
-from ..models.lenet import LeNet
+from ..distributed.pipelining import (
+    check_order,
+    gpipe_order,
+    one_f_one_b_order,
+    simulate_schedule,
+)
 from ._core import ExerciseResult, call_bounded, failure, verdict
 
-__all__ = ["check_strip_prefix"]
+__all__ = ["check_one_f_one_b", "max_in_flight"]
 
-_NAME = "strip_prefix"
-_HINT = ("remove the prefix only at the START of a key, and only from keys that have it; a "
-         "'module.' in the middle of a key is part of the model's own names.")
+_NAME = "one_f_one_b"
+_HINT = ("stage s of p first runs min(p - s - 1, m) warm-up forwards, then alternates one "
+         "forward and one backward while forwards remain, then runs the remaining backwards; "
+         "micro-batches in order.")
 
-
-class _Residual(nn.Module):
-    """``x + module(x)``: a submodule that is really called ``module``."""
-
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
-        return X + self.module(X)
+#: (stages, micro-batches): fewer, as many and more micro-batches than stages
+_CASES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (3, 2), (3, 3), (3, 8), (4, 1), (4, 3), (4, 8),
+          (5, 7)]
 
 
-class _Tagger(nn.Module):
-    """A small model whose names trip the usual shortcuts: ``embed``, ``linear`` (letters of
-    "module."), ``block.module`` (a ``module.`` inside a key), batch-norm buffers."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(6, 8)
-        self.block = _Residual(nn.Linear(8, 8))
-        self.norm = nn.BatchNorm1d(8)
-        self.linear = nn.Linear(8, 3)
-
-    def forward(self, X: torch.Tensor) -> torch.Tensor:             # (B, 6)
-        return self.linear(self.norm(self.block(self.embed(X))))    # (B, 3)
+def max_in_flight(order: list[tuple[str, int]]) -> int:
+    """The most micro-batches whose forward has run and backward not yet: activations held."""
+    held = most = 0
+    for kind, _ in order:
+        held += 1 if kind == "F" else -1
+        most = max(most, held)
+    return most
 
 
-def _cases() -> list[tuple[str, nn.Module, dict, str, torch.Tensor]]:
-    """(what, plain model, state dict to strip, prefix, an input for the outputs)."""
-    torch.manual_seed(12)
-    lenet, tagger = LeNet(), _Tagger()
-    with torch.no_grad():
-        tagger.train()(torch.randn(16, 6))   # running statistics that differ from the defaults
-    tagger.eval()
-    compiled = {"_orig_mod." + k: v for k, v in tagger.state_dict().items()}
-    return [
-        ("LeNet saved from nn.DataParallel (keys 'module.conv1.weight', ...)", lenet,
-         nn.DataParallel(lenet).state_dict(), "module.", torch.rand(3, 1, 28, 28)),
-        ("a model with layers named embed, block.module, norm, linear, saved from "
-         "nn.DataParallel", tagger, nn.DataParallel(tagger).state_dict(), "module.",
-         torch.randn(5, 6)),
-        ("LeNet saved without a wrapper (no key has the prefix)", lenet, lenet.state_dict(),
-         "module.", torch.rand(2, 1, 28, 28)),
-        ("the same small model saved from torch.compile (prefix '_orig_mod.')", tagger,
-         compiled, "_orig_mod.", torch.randn(4, 6)),
-    ]
+def _given(orders: list[list]):
+    """An order function that returns the orders already collected, stage by stage."""
+    return lambda stage, num_stages, num_microbatches: orders[stage]
 
 
-def _compare(got: object, want: Mapping, given: Mapping, prefix: str) -> str | None:
-    """What is wrong with ``got`` against ``want`` (the oracle's dict), or None."""
-    if not isinstance(got, Mapping):
-        return f"expected a dict of tensors, received {type(got).__name__}"
-    renamed = {k.removeprefix(prefix): k for k in given}   # oracle key -> where it came from
-    missing = [k for k in want if k not in got]
-    extra = [k for k in got if k not in want]
-    if missing or extra:
-        wrong = extra[0] if extra else "(no such key)"
-        example = (f"expected key {missing[0]!r} (from {renamed[missing[0]]!r})" if missing
-                   else "every expected key is there")
-        return (f"{example}; received keys such as {wrong!r} ({len(missing)} expected key(s) "
-                f"missing, {len(extra)} unexpected)")
-    for k in want:
-        if not isinstance(got[k], torch.Tensor) or not torch.equal(got[k], want[k]):
-            return f"the value under {k!r} is not the tensor of {renamed[k]!r}"
-    return None
+def _span(orders: list[list], p: int, m: int) -> float:
+    return max(e.end for e in simulate_schedule(_given(orders), p, m))
 
 
-def check_strip_prefix(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
-    """Exercise 12: ``fn(state_dict, prefix)`` returns the state dict without the prefix.
+def _diagnose(got: list, want: list, stage: int, p: int, m: int, orders: list[list]) -> str:
+    """What a valid order that is not 1F1B's costs."""
+    if got == gpipe_order(stage, p, m):
+        return (" That is GPipe's order (all forwards, then all backwards): valid, but it holds "
+                f"{m} micro-batches' activations at once; 1F1B holds at most "
+                f"{max_in_flight(want)}.")
+    if max_in_flight(got) > max_in_flight(want):
+        return (f" It holds {max_in_flight(got)} micro-batches' activations at once; 1F1B at "
+                f"most {max_in_flight(want)} (is the warm-up one forward too long?).")
+    reference = [one_f_one_b_order(s, p, m) for s in range(p)]
+    mine, best = _span(orders, p, m), _span(reference, p, m)
+    if mine > best:
+        return (f" With backward twice as long as forward the step takes {mine:g} time units "
+                f"instead of 1F1B's {best:g}: a stage waits that need not (warm-up too short?).")
+    return ""
 
-    Four real state dicts: LeNet and a small model with tricky names (``embed``,
-    ``block.module.weight``, ``linear``, batch-norm buffers) saved from ``nn.DataParallel``
-    (``module.``), LeNet saved plain (nothing to strip), and the small model's keys as
-    torch.compile writes them (``_orig_mod.``). The answer's keys and tensors must equal
-    torch's ``consume_prefix_in_state_dict_if_present``'s, and it must load (strictly) into the
-    plain model and give its outputs. Returning None after changing ``state_dict`` in place
-    (as torch's function does) is accepted too.
 
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
+def check_one_f_one_b(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise 11: ``fn(stage, num_stages, num_microbatches)`` is 1F1B's order for one stage.
+
+    The answer is a list of ``("F", i)`` / ``("B", i)``. For p from 1 to 5 stages and m from 1 to
+    8 micro-batches (fewer than, as many as and more than the stages), the orders of all stages
+    are played together: every operation exactly once, no backward before its forward, no
+    deadlock, then the order must be 1F1B's. The first failing case is printed.
     """
     if fn is None:
-        return verdict(_NAME, None, "define strip_prefix(state_dict, prefix='module.') and "
-                       "pass it here.", strict)
-    cases = _cases()
-    for what, model, given, prefix, X in cases:
-        want = strip_prefix(given, prefix)           # the oracle: torch's function
-        mine = type(given)(given)                    # the learner may change it in place
-        try:
-            got = call_bounded(fn, mine, prefix)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return verdict(_NAME, False, f"{failure(exc)} on {what}. {_HINT}", strict)
-        got = mine if got is None else got
-        wrong = _compare(got, want, given, prefix)
-        if wrong is None:
-            plain = type(model)()
+        return verdict(_NAME, None, "define your function and pass it here.", strict)
+    for p, m in _CASES:
+        orders = []
+        for stage in range(p):
+            where = f"stage={stage}, num_stages={p}, num_microbatches={m}"
             try:
-                plain.load_state_dict(got)
-            except RuntimeError as e:
-                wrong = f"load_state_dict refused it: {' '.join(str(e).split())[:200]}"
-            else:
-                with torch.no_grad():
-                    if not torch.equal(plain.eval()(X), model.eval()(X)):
-                        wrong = "the loaded model's outputs differ from the saved model's"
-        if wrong is not None:
-            hint = f" {_HINT}" if wrong.startswith("expected key") else ""
-            return verdict(_NAME, False, f"on {what}, prefix {prefix!r}: {wrong}.{hint}", strict)
-    return verdict(_NAME, True, f"every key right on {len(cases)} state dicts (two wrappers, a "
-                   "plain model, a 'module' inside the names), and each loads into its model.",
-                   strict)
+                got = call_bounded(fn, stage, p, m)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+                return verdict(_NAME, False, f"{failure(exc)} for {where}. {_HINT}", strict)
+            want = one_f_one_b_order(stage, p, m)
+            try:
+                orders.append(check_order(list(got), stage, m))
+            except (TypeError, ValueError) as e:
+                return verdict(_NAME, False, f"for {where}: {e} Expected {want}, received "
+                               f"{got!r}. {_HINT}", strict)
+        try:
+            simulate_schedule(_given(orders), p, m)
+        except ValueError as e:
+            return verdict(_NAME, False, f"with num_stages={p}, num_microbatches={m} your "
+                           f"orders {orders} never finish: {e} {_HINT}", strict)
+        for stage in range(p):
+            want = one_f_one_b_order(stage, p, m)
+            if orders[stage] != want:
+                why = _diagnose(orders[stage], want, stage, p, m, orders)
+                return verdict(_NAME, False, f"for stage={stage}, num_stages={p}, "
+                               f"num_microbatches={m}: expected {want}, received "
+                               f"{orders[stage]}.{why} {_HINT}", strict)
+    return verdict(_NAME, True, f"1F1B's order on every stage for {len(_CASES)} (stages, "
+                   "micro-batches) pairs from (1, 1) to (5, 7).", strict)

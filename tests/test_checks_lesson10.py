@@ -6,8 +6,8 @@ import math
 import pytest
 
 from course_lib.bench import cost_model
-from course_lib.checks.lesson09 import check_ring_time, ring_time_by_schedule
-from solutions.lesson09 import ring_time
+from course_lib.checks.lesson10 import check_ring_time, ring_time_by_schedule
+from solutions.lesson10 import ring_time
 
 
 def forgets_the_latency(n_bytes, p, alpha, beta):  # bandwidth term only

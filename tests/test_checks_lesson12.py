@@ -2,8 +2,8 @@
 reference answer passes, and realistic wrong answers fail with the case shown and what it costs."""
 import pytest
 
-from course_lib.checks.lesson11 import check_one_f_one_b
-from solutions.lesson11 import one_f_one_b
+from course_lib.checks.lesson12 import check_one_f_one_b
+from solutions.lesson12 import one_f_one_b
 
 
 def gpipe(stage, p, m):

@@ -1,6 +1,6 @@
 """Lesson 09, exercise: the alpha-beta cost of a ring all-reduce.
 
-Checked by ``course_lib.checks.lesson09.check_ring_time``.
+Checked by ``course_lib.checks.lesson10.check_ring_time``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkers for the exercises of lesson 09 (timing plots and the alpha-beta model).
+"""Checkers for the exercises of lesson 10 (timing plots and the alpha-beta model).
 
 ``check_ring_time`` asks for the alpha-beta cost of a ring all-reduce. Its oracle is not a copy
 of the formula: it walks the ring's schedule (``2 (p - 1)`` steps, in each of which every rank
