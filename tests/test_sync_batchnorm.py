@@ -148,3 +148,34 @@ def test_convert_replaces_every_batchnorm_and_keeps_its_tensors():
 def test_wrong_channels_say_what_was_expected():
     with pytest.raises(ValueError, match=r"SyncBatchNorm\(4\) expects 4 channels"):
         SyncBatchNorm(4)(torch.randn(2, 3, 5, 5))
+
+
+def eval_without_running_stats_stays_local() -> int:
+    """Worker: eval mode with track_running_stats=False never calls a collective, so a rank may
+    evaluate a different number of batches; each rank normalises with its own batch, as torch."""
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    ours = SyncBatchNorm(3, track_running_stats=False).double().eval()
+    local = nn.BatchNorm2d(3, track_running_stats=False).double().eval()
+    calls = []
+    real = dist.all_reduce
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    dist.all_reduce = counting
+    try:
+        with torch.no_grad():
+            for _ in range(1 + 2 * rank):  # rank r evaluates 1 + 2r batches
+                x = torch.randn(4, 3, 5, 5, dtype=torch.float64) * 3 + 2  # (4, 3, 5, 5)
+                torch.testing.assert_close(ours(x), local(x), **TIGHT)
+    finally:
+        dist.all_reduce = real
+    return len(calls)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_eval_mode_without_running_stats_does_not_communicate(world_size):
+    calls = launch(eval_without_running_stats_stays_local, world_size, timeout=60)
+    assert calls == [0] * world_size  # no all_reduce on any rank

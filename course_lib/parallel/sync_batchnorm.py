@@ -107,8 +107,10 @@ class SyncBatchNorm(_BatchNorm):
     mode inside a process group of two or more ranks, the mean and variance are those of the
     batch joined over the ranks (shards of any sizes), and the running statistics are updated
     with them (the unbiased variance, as torch does). In eval mode it uses the running
-    statistics and does not communicate; without a process group (or with one rank) it is a
-    plain ``BatchNorm``. Every rank must call it the same number of times: it communicates.
+    statistics (with ``track_running_stats=False``, this rank's own batch statistics, as torch)
+    and never communicates; without a process group (or with one rank) it is a plain
+    ``BatchNorm``. In training mode every rank must call it the same number of times: it
+    communicates.
 
     Args:
         num_features: channels C of the input (N, C, *).
@@ -142,9 +144,10 @@ class SyncBatchNorm(_BatchNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise ``x`` (N, C, *) with the global batch's statistics (training mode)."""
         self._check_input_dim(x)
-        uses_batch_stats = self.training or self.running_mean is None
-        if not uses_batch_stats or self._world_size() == 1:
-            return super().forward(x)  # plain BatchNorm: nothing to share
+        if not self.training or self._world_size() == 1:
+            # Eval mode never communicates, as torch's: running statistics if it tracks them,
+            # else this rank's own batch statistics (a rank may evaluate any number of batches).
+            return super().forward(x)
         mean, var, n = global_batch_stats(x, self.process_group)       # (C,), (C,), int
         if self.training and self.track_running_stats:
             self._update_running_stats(mean, var, n)
