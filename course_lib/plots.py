@@ -6,6 +6,7 @@ display handle instead of clearing the cell's output, so outputs do not pile up 
 from __future__ import annotations
 
 import inspect
+import re
 
 import matplotlib.pyplot as plt
 
@@ -42,8 +43,9 @@ class TrainingPlot:
     """Live per-epoch plot of loss and accuracies.
 
     ``plot.update(epoch, train_loss=..., train_acc=..., test_acc=...)`` appends the values and,
-    in a notebook, redraws the figure in place through one display handle. Outside a notebook it
-    only records. ``plot.history`` holds every series; ``plot.close()`` leaves the final figure.
+    in a notebook, redraws the figure in place through one display handle. Outside a notebook, or
+    with ``live=False``, it only records and displays nothing. ``plot.history`` holds every
+    series; ``plot.close()`` leaves the final figure when live.
 
     Args:
         title: figure title.
@@ -92,13 +94,10 @@ class TrainingPlot:
             self._handle.update(self._image())
 
     def close(self) -> None:
-        """Draw the final state once more (also when ``live`` was off but we are in a notebook)."""
+        """Draw the final state once more when ``live``; with ``live=False`` nothing is ever
+        displayed (``plot.figure()`` gives the figure to whoever wants it)."""
         if self.live:
             self._draw()
-        elif _in_notebook():
-            from IPython.display import display
-
-            display(self._image())
 
 
 def draw_parallelism(num_devices: int = 2) -> plt.Figure:
@@ -236,19 +235,29 @@ def draw_ring(tables: list[tuple[str, list[list[str]]]], n: int) -> plt.Figure:
     return fig
 
 
-def show(obj) -> None:
-    """Display the source of a function or class in a notebook: the library is the lesson's code.
+def show(*objs) -> None:
+    """Display the source of functions or classes in a notebook: the library is the lesson's code.
 
-    Outside a notebook the source is printed.
+    Several objects are shown one after the other in one block. The notebook stores one
+    representation per call, a Markdown code block (``text/markdown``), which JupyterLab and
+    GitHub render with Python highlighting. Outside a notebook the source is printed.
     """
-    source = inspect.getsource(obj)
+    if not objs:
+        raise TypeError("show() needs at least one function or class, e.g. show(scatter).")
+    source = "\n\n".join(inspect.getsource(obj).rstrip() for obj in objs) + "\n"
     if _in_notebook():
-        from IPython.display import Code, display
+        from IPython.display import display
 
-        display(Code(source, language="python"))
+        display(_markdown_code(source), raw=True)
     else:
         print(source)
 
+
+def _markdown_code(source: str) -> dict[str, str]:
+    """A display bundle with one mimetype: ``source`` as a fenced Python block in Markdown."""
+    longest = max((len(run) for run in re.findall(r"`+", source)), default=0)
+    fence = "`" * max(3, longest + 1)                  # longer than any backtick run inside
+    return {"text/markdown": f"{fence}python\n{source.rstrip()}\n{fence}"}
 
 
 def draw_pipeline_timeline(events, *, title: str | None = None, ax: plt.Axes | None = None,
