@@ -9,7 +9,7 @@ NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_san
            --nbval-cell-timeout=600
 TESTENV := COURSE_QUICK=1 TQDM_DISABLE=1 MPLBACKEND=agg PYTHONHASHSEED=0
 
-.PHONY: setup lab test unit nbtest notebooks bench lint clean
+.PHONY: setup lab test unit nbtest notebooks bench lint grade clean
 
 setup:
 	@bash scripts/setup.sh
@@ -46,6 +46,12 @@ bench: setup
 	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench ddp
 	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench allreduce
 	$(PY) -m course_lib.bench dataloader
+
+# Grade a learner's copy of a lesson: run it in quick mode, print each exercise's verdict;
+# non-zero exit when an answered exercise is wrong. make grade NB=path/to/my_copy.ipynb
+grade: setup
+	@test -n "$(NB)" || { echo "usage: make grade NB=path/to/notebook.ipynb"; exit 2; }
+	$(PY) -m course_lib.checks.grade "$(NB)"
 
 lint: setup
 	$(VENV)/bin/ruff check course_lib tests

@@ -1,14 +1,16 @@
 """The checking machinery every lesson's checkers share: verdicts, values, functions.
 
 Every checker takes the learner's answer (a value or a function), compares it with the course's
-own computation (the oracle), prints a one-line verdict and returns True or False. An answer left
-as ``None`` is reported as "not answered yet" instead of failing, so notebooks that ship with open
+own computation (the oracle), prints a one-line verdict and returns an ``ExerciseResult``. An
+answer left as ``None``, or a function that still raises ``NotImplementedError``, is reported as
+"not answered yet" instead of failing, so notebooks that ship with open
 exercises still run top to bottom. Pass ``strict=True`` to raise ``AssertionError`` on a wrong
 answer (what an autograder wants).
 """
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import threading
@@ -17,9 +19,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
-           "failure", "first_failure_in_ranks", "resolve", "verdict",
-           "worker_spec"]
+__all__ = ["GRADE_LOG", "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer",
+           "check_function", "failure", "first_failure_in_ranks", "resolve", "unanswered",
+           "verdict", "worker_spec"]
+
+#: Environment variable naming a file: when set (``make grade`` sets it), every verdict is also
+#: appended to that file as one JSON line ``{"name", "ok", "message"}``, for the grader to read.
+GRADE_LOG = "COURSE_GRADE_LOG"
 
 
 class ExerciseResult:
@@ -43,9 +49,19 @@ def verdict(name: str, ok: bool | None, message: str, strict: bool) -> ExerciseR
     """Print the one-line verdict of exercise ``name`` and return it (raise if ``strict``)."""
     result = ExerciseResult(name, ok, message)
     print(repr(result))
+    log = os.environ.get(GRADE_LOG)
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"name": name, "ok": ok, "message": message}) + "\n")
     if strict and not ok:
         raise AssertionError(repr(result))
     return result
+
+
+def unanswered(name: str, strict: bool) -> ExerciseResult:
+    """The verdict for a scaffold whose body still raises ``NotImplementedError``."""
+    return verdict(name, None, "your function still raises NotImplementedError: write its body "
+                   "in place of that line and run the cell again.", strict)
 
 
 class CheckTimeout(Exception):
@@ -139,6 +155,8 @@ def check_function(name: str, fn: Callable | None, oracle: Callable,
             got = call_bounded(fn, *case)
         except KeyboardInterrupt:
             raise
+        except NotImplementedError:
+            return unanswered(name, strict)
         except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
             return verdict(name, False, f"{failure(exc)} on input {_short(case)}. {hint}"
                            .strip(), strict)

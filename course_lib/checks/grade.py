@@ -1,0 +1,202 @@
+"""Grade a learner's copy of a lesson: run it, and list each exercise with its verdict.
+
+``python -m course_lib.checks.grade path/to/copy.ipynb`` (or ``make grade NB=...``) executes the
+notebook in a fresh kernel in quick mode (``COURSE_QUICK=1``), each cell under a time bound,
+collects the verdict of every checker it runs, and prints a table: right, wrong (with the first
+failing case), not answered. The exit status is 1 when an answered exercise is wrong or a cell
+raised an error, 0 otherwise. PyTorch counterpart: none (nbgrader does this for whole courses).
+
+Each exercise cell declares itself with a comment line that this module (and the reveal test,
+``tests/test_reveal.py``) reads::
+
+    # EXERCISE: ring_allreduce mirrors course_lib.parallel.comm.ring_allreduce
+
+the name the learner defines (also the name of the reference answer in ``solutions/lessonNN.py``)
+and, optionally, the library function or value it mirrors, which no earlier cell may display.
+The verdicts come as JSON lines that every checker appends to the file named by
+``COURSE_GRADE_LOG`` (``_core.verdict``), which the grader sets for the kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._core import GRADE_LOG
+
+__all__ = ["Exercise", "GradeReport", "Row", "exercises", "grade", "main"]
+
+#: ``# EXERCISE: name`` or ``# EXERCISE: name mirrors dotted.path``, alone on its line.
+MARKER = re.compile(r"^#\s*EXERCISE:\s*(?P<name>\w+)(?:\s+mirrors\s+(?P<mirrors>[\w.]+))?\s*$",
+                    re.MULTILINE)
+
+#: Seconds one cell may run before the grader gives up on it.
+CELL_TIMEOUT = 600
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """An exercise cell's declaration: the cell, the learner's name, what it mirrors."""
+
+    cell: int
+    name: str
+    mirrors: str | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the grade table."""
+
+    cell: int
+    name: str
+    status: str          # "right", "wrong", "not answered" or "error"
+    message: str
+
+
+@dataclass
+class GradeReport:
+    """What ``grade`` found: one row per verdict (or per exercise cell that gave none)."""
+
+    notebook: str
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        """True when an answered exercise is wrong or a cell raised an error."""
+        return any(r.status in ("wrong", "error") for r in self.rows)
+
+    def table(self) -> str:
+        """The rows as a fixed-width text table, with a count of each status at the end."""
+        width = max([len(r.name) for r in self.rows] + [8])
+        lines = [f"{'cell':>4}  {'exercise':<{width}}  {'verdict':<12}  details"]
+        for r in self.rows:
+            lines.append(f"{r.cell:>4}  {r.name:<{width}}  {r.status:<12}  {r.message}")
+        counts = {s: sum(r.status == s for r in self.rows)
+                  for s in ("right", "wrong", "not answered", "error")}
+        lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ({self.notebook})")
+        return "\n".join(lines)
+
+
+def exercises(nb) -> list[Exercise]:
+    """The exercises a notebook (an ``nbformat`` node) declares, in order of their cells."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            found += [Exercise(i, m["name"], m["mirrors"]) for m in MARKER.finditer(cell.source)]
+    return found
+
+
+@contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Set environment variables (the kernel inherits them); restore the old ones after."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _status(ok: bool | None) -> str:
+    return {True: "right", False: "wrong", None: "not answered"}[ok]
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def grade(path: str | os.PathLike, *, timeout: int = CELL_TIMEOUT,
+          quick: bool = True) -> GradeReport:
+    """Execute the notebook at ``path`` (a copy; the file is not modified) and grade it.
+
+    Args:
+        path: the learner's notebook.
+        timeout: seconds each cell may run.
+        quick: run in quick mode (``COURSE_QUICK=1``: a slice of the data, few epochs).
+
+    Returns:
+        A ``GradeReport``: a row per verdict, in the order the checkers ran (only the cells that
+        declare an exercise count when the notebook declares any: a lesson may run a checker
+        on the course's own code to show what it rejects); a row "error" for
+        each cell that raised (its exception's first line), and for an exercise cell that gave
+        no verdict.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"grade: no notebook at {path}. Pass the path of your copy, e.g. "
+                                "make grade NB=notebooks/02_replicate_and_allreduce.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    declared = exercises(nb)
+    report = GradeReport(str(path))
+    with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:
+        log = Path(tmp) / "verdicts.jsonl"
+        log.touch()
+        env = {GRADE_LOG: str(log), "COURSE_QUICK": "1" if quick else "0", "TQDM_DISABLE": "1",
+               "MPLBACKEND": "agg", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME",
+                                                                          "lo")}
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+                                resources={"metadata": {"path": str(path.parent.resolve())}})
+        with _environment(**env), client.setup_kernel():
+            seen = 0
+            for i, cell in enumerate(nb.cells):
+                if cell.cell_type != "code":
+                    continue
+                try:
+                    client.execute_cell(cell, i)
+                except Exception as exc:  # noqa: BLE001 - a timeout or a dead kernel: a row
+                    report.rows.append(Row(i, "(cell)", "error", _first_line(
+                        f"{type(exc).__name__}: {exc}")))
+                    break
+                lines = log.read_text(encoding="utf-8").splitlines()
+                verdicts = [json.loads(line) for line in lines[seen:]]
+                seen = len(lines)
+                if not declared or any(e.cell == i for e in declared):
+                    report.rows += [Row(i, v["name"], _status(v["ok"]), v["message"])
+                                    for v in verdicts]
+                errors = [o for o in cell.outputs if o.output_type == "error"]
+                for o in errors:
+                    report.rows.append(Row(i, "(cell)", "error",
+                                           _first_line(f"{o.ename}: {o.evalue}")))
+                if not verdicts and not errors:
+                    report.rows += [Row(i, e.name, "error", "this exercise cell ran no checker")
+                                    for e in declared if e.cell == i]
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: grade one notebook, print the table; exit status 1 if anything failed."""
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.checks.grade",
+        description="Run a copy of a lesson in quick mode and list its exercises' verdicts.")
+    parser.add_argument("notebook", help="path of the notebook to grade (it is not modified)")
+    parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT,
+                        help=f"seconds each cell may run (default {CELL_TIMEOUT})")
+    parser.add_argument("--full", action="store_true",
+                        help="run in full mode (all the data, every epoch) instead of quick mode")
+    args = parser.parse_args(argv)
+    try:
+        report = grade(args.notebook, timeout=args.timeout, quick=not args.full)
+    except FileNotFoundError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(report.table())
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
