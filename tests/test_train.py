@@ -175,3 +175,27 @@ def test_recalibrate_batch_norm_restores_mode_momentum_and_statistics_when_inter
     assert torch.equal(bn.running_mean, before)      # not half-computed statistics
     recalibrate_batch_norm(net, [(torch.rand(4, 1, 8, 8), None)])
     assert not net.training and not torch.equal(bn.running_mean, before)
+
+
+def test_plot_false_displays_nothing_even_in_a_notebook(monkeypatch):
+    """plot=False (TrainingPlot(live=False)) used to display the final figure in a notebook:
+    stray plots in stored outputs."""
+    import IPython.display
+    import matplotlib.pyplot as plt
+
+    from course_lib import plots
+    from course_lib.plots import TrainingPlot
+
+    shown = []
+    monkeypatch.setattr(plots, "_in_notebook", lambda: True)
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: shown.append(a))
+    figures = plt.get_fignums()
+    plot = TrainingPlot(live=False)
+    plot.update(1, train_loss=1.0)
+    plot.close()
+    X, y = batch(8)
+    train_single(init_lenet_params(seed=0), [(X, y)], [(X, y)], num_epochs=1, lr=0.1,
+                 plot=False)
+    assert shown == [] and plt.get_fignums() == figures
+    TrainingPlot(live=True).update(1, train_loss=1.0)  # a live plot displays: the counter sees it
+    assert len(shown) == 1
