@@ -9,7 +9,7 @@ NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_san
            --nbval-cell-timeout=600
 TESTENV := COURSE_QUICK=1 TQDM_DISABLE=1 MPLBACKEND=agg PYTHONHASHSEED=0
 
-.PHONY: setup lab test unit nbtest notebooks bench lint grade clean
+.PHONY: setup lab test unit nbtest notebooks bench lint grade clean site sitetest executed
 
 setup:
 	@bash scripts/setup.sh
@@ -20,10 +20,31 @@ lab: setup
 test: setup
 	$(VENV)/bin/ruff check course_lib tests
 	$(VENV)/bin/lint-imports
-	$(TESTENV) $(PY) -m pytest tests notebooks $(NBVAL)
+	$(TESTENV) $(PY) -m pytest tests notebooks -m "not site" $(NBVAL)
 
 unit: setup
-	$(TESTENV) $(PY) -m pytest tests
+	$(TESTENV) $(PY) -m pytest tests -m "not site"
+
+# Every notebook executed in quick mode into build/executed/ (the committed ones are left alone).
+executed: setup
+	mkdir -p build/executed
+	@for nb in notebooks/[0-9]*.ipynb; do \
+	    echo "== $$nb"; \
+	    $(TESTENV) $(VENV)/bin/jupyter nbconvert --to notebook --execute --output-dir build/executed \
+	        --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 "$$nb" || exit 1; \
+	done
+
+# The course as a static website in build/site (lessons with their stored outputs, the README as
+# home page, the API reference from the docstrings); open build/site/index.html.
+site: setup
+	@bash scripts/setup_site.sh
+	NO_MKDOCS_2_WARNING=1 $(PY) scripts/build_site.py
+	@echo "site: build/site/index.html"
+
+# Builds the site and opens it in headless Chromium (screenshot in build/site-screenshots/).
+sitetest: setup
+	@bash scripts/setup_site.sh
+	NO_MKDOCS_2_WARNING=1 $(PY) -m pytest tests/test_site.py -m site -q
 
 nbtest: setup
 	$(TESTENV) $(PY) -m pytest notebooks $(NBVAL)
@@ -58,4 +79,4 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache build
