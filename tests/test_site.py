@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import shutil
 import subprocess
 import sys
@@ -32,8 +33,9 @@ def site_url():
     pytest.importorskip("mkdocs", reason="the site tools are not installed: run `make site`")
     done = subprocess.run([sys.executable, "scripts/build_site.py"], cwd=ROOT, text=True,
                           capture_output=True, timeout=600,
-                          env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
-    assert done.returncode == 0, f"the site did not build:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, \
+        f"the site did not build:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(SITE))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -1,5 +1,5 @@
 """The CI recipes a teacher copies: the GitHub Actions workflows parse, run on the events they
-claim, and every `make` target they call exists in the Makefile; `.ci/run` calls targets that exist."""
+claim, and every `make` target they call (or .ci/run calls) exists in the Makefile."""
 from __future__ import annotations
 
 import re
