@@ -35,6 +35,24 @@ def test_positional_and_keyword_tensors_of_different_batch_sizes_are_refused():
         DataParallel(TwoInputs(), cpus(2))(torch.zeros(8, 3), mask=torch.zeros(4))
 
 
+def test_nested_tensors_of_different_batch_sizes_are_refused():
+    """net((a, b)) with a of 8 rows and b of 3 over 4 devices returned 6 rows: only top-level
+    tensors were compared, and zip cut the shards of a to the 3 of b."""
+    a, b = torch.zeros(8, 2), torch.zeros(3, 2)
+    with pytest.raises(ValueError, match=r"\{'argument 0\[0\]': 8, 'argument 0\[1\]': 3\}"):
+        scatter_kwargs(((a, b),), {}, cpus(4))
+    with pytest.raises(ValueError, match=r"'argument 0': 8, \"extra\['m'\]=\": 3"):
+        scatter_kwargs((a,), {"extra": {"m": b}}, cpus(4))
+
+    class Pair(torch.nn.Module):
+        def forward(self, pair):
+            return pair[0] + pair[1].sum()
+
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        DataParallel(Pair(), cpus(4))((a, b))
+    assert DataParallel(Pair(), cpus(4))((a, a)).shape == (8, 2)  # equal sizes: every row back
+
+
 @pytest.mark.parametrize("reduce", [allreduce, ring_allreduce, ps_allreduce])
 def test_an_allreduce_refuses_tensors_that_share_memory(reduce):
     """train_batch(X, y, [p, p], ...) (replicate forgotten) took a step k times too large."""

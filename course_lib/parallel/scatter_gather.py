@@ -33,14 +33,27 @@ def _scatter_obj(obj: Any, devices: list[torch.device]) -> list[Any]:
     return [obj] * len(devices)
 
 
+def _nested_tensors(obj: Any, path: str):
+    """(path, tensor) for every tensor ``_scatter_obj`` splits inside ``obj``, nested included."""
+    if isinstance(obj, torch.Tensor):
+        if obj.dim() > 0:
+            yield path, obj
+    elif isinstance(obj, (tuple, list)):
+        for i, x in enumerate(obj):
+            yield from _nested_tensors(x, f"{path}[{i}]")
+    elif isinstance(obj, dict):
+        for k, x in obj.items():
+            yield from _nested_tensors(x, f"{path}[{k!r}]")
+
+
 def _batch_tensors(inputs: tuple, kwargs: dict[str, Any]):
-    """(name, tensor) for every top-level tensor argument with a batch dimension."""
+    """(name, tensor) for every tensor argument with a batch dimension, at any depth of tuples,
+    lists and dicts: ``argument 0``, ``argument 1[0]``, ``mask=``, ``extra['a']=``."""
     for i, x in enumerate(inputs):
-        if isinstance(x, torch.Tensor) and x.dim() > 0:
-            yield f"argument {i}", x
+        yield from _nested_tensors(x, f"argument {i}")
     for k, x in kwargs.items():
-        if isinstance(x, torch.Tensor) and x.dim() > 0:
-            yield f"{k}=", x
+        for path, t in _nested_tensors(x, k):
+            yield f"{path}=", t
 
 
 def scatter_kwargs(inputs: tuple, kwargs: dict[str, Any],
@@ -48,7 +61,12 @@ def scatter_kwargs(inputs: tuple, kwargs: dict[str, Any],
     """Split the positional and keyword arguments of a forward call over ``devices``.
 
     Every tensor is split along dim 0 (``course_lib.comm.scatter``: sizes of ``torch.chunk``,
-    so a small batch may use fewer devices); other values go to every device unchanged.
+    so a small batch may use fewer devices), also inside tuples, lists and dicts; other values
+    go to every device unchanged.
+
+    Raises:
+        ValueError: when the tensors it splits (nested ones included) have different batch
+            sizes; the message names each one (``argument 0[1]``, ``mask=``) with its size.
 
     Returns:
         ``(inputs_per_device, kwargs_per_device)``, of equal length k <= ``len(devices)``.
@@ -56,9 +74,10 @@ def scatter_kwargs(inputs: tuple, kwargs: dict[str, Any],
     devices = [as_device(d) for d in devices]
     sizes = {name: t.shape[0] for name, t in _batch_tensors(inputs, kwargs)}
     if len(set(sizes.values())) > 1:
-        raise ValueError(f"scatter_kwargs splits every tensor argument along dim 0, but their "
-                         f"batch sizes differ: {sizes}. Pass tensors with the same batch size "
-                         "(or non-tensor values, which are given to every device).")
+        raise ValueError(f"scatter_kwargs splits every tensor argument (also inside tuples, "
+                         f"lists and dicts) along dim 0, but their batch sizes differ: {sizes}. "
+                         "Pass tensors with the same batch size (or non-tensor values, which "
+                         "are given to every device).")
     if not inputs and not kwargs:             # nothing to split: one call on devices[0]
         return [()], [{}]
     ins = _scatter_obj(tuple(inputs), devices) if inputs else []
