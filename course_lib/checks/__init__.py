@@ -25,7 +25,6 @@ from .lesson02 import (
     check_butterfly,
     check_ring_allreduce,
     check_ring_sends,
-    ring_sends,
 )
 from .lesson03 import (
     check_balanced_sizes,
@@ -54,7 +53,7 @@ __all__ = [
     "failure", "verdict",
     "check_matmul_flops", "check_try_all_gpus",               # lesson 00
     "check_accuracy_fn", "check_sgd_fn",                      # 01
-    "check_allreduce_fn", "check_ring_sends", "ring_sends",   # 02
+    "check_allreduce_fn", "check_ring_sends",                 # 02
     "check_butterfly", "check_ring_allreduce",
     "check_balanced_sizes", "check_devices_used",             # 03
     "check_scatter", "check_split_batch",

@@ -14,10 +14,9 @@ import torch
 
 from ..devices import devices
 from ..distributed.collectives import ring_chunk_bounds
-from ._core import ExerciseResult, call_bounded, check_answer, failure, verdict
+from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
 
-__all__ = ["check_allreduce_fn", "check_butterfly", "check_ring_allreduce", "check_ring_sends",
-           "ring_sends"]
+__all__ = ["check_allreduce_fn", "check_butterfly", "check_ring_allreduce", "check_ring_sends"]
 
 #: (number of devices, shape) tried by check_allreduce_fn: sizes 15, 7 and 24.
 _ALLREDUCE_CASES = [(n, shape) for n in (1, 2, 3, 4, 8) for shape in [(3, 5), (7,), (2, 3, 4)]]
@@ -35,9 +34,11 @@ def _values(t: torch.Tensor) -> str:
 
 
 def _first_wrong_sum(fn: Callable, cases: Sequence[tuple[int, tuple[int, ...]]],
-                     dtype: torch.dtype = torch.float64, seed: int = 0) -> str | None:
+                     dtype: torch.dtype = torch.float64, seed: int = 0,
+                     reraise: type[BaseException] | None = None) -> str | None:
     """Run ``fn`` on each (n devices, shape) case; the first case whose tensors do not all hold
-    the sum afterwards, described (input, expected, received), or None."""
+    the sum afterwards, described (input, expected, received), or None. An exception of type
+    ``reraise`` (a scaffold's NotImplementedError) is raised instead of described."""
     for n, shape in cases:
         devs = devices(n, warn=False)
         gen = torch.Generator().manual_seed(seed)
@@ -50,6 +51,8 @@ def _first_wrong_sum(fn: Callable, cases: Sequence[tuple[int, tuple[int, ...]]],
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: B036 - the learner's code failed: a verdict
+            if reraise is not None and isinstance(exc, reraise):
+                raise
             return f"with {where}: {failure(exc)}."
         untouched = n > 1 and all(torch.equal(t, b) for t, b in zip(held, before))
         for i, t in enumerate(held):
@@ -84,23 +87,89 @@ def check_allreduce_fn(fn: Callable | None, *, device_counts: tuple[int, ...] = 
                    f"devices ({len(cases)} cases).", strict)
 
 
-def check_ring_allreduce(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
-    """Exercise 02: ``fn(tensors)`` is an in-place (ring) allreduce on the hard cases of a ring.
+def _ring_sums(xs: list[torch.Tensor]) -> torch.Tensor:
+    """What the ring leaves on every device: chunk c added up around the ring from device c.
 
-    1 to 8 devices, odd counts included; tensors of 1, 3, 10, 21 and 1001 elements, so that the
-    chunks differ in size and some are empty (fewer elements than devices). A chunk index off by
-    one, or chunks of ``numel // n`` that forget the remainder, fail here.
+    In reduce-scatter step s device i sends chunk (i - s) mod n to device i + 1, which adds it
+    to its own: chunk c starts at device c and collects devices c + 1, c + 2, ... in turn, so
+    its sum is x[c - 1] + (... + (x[c + 1] + x[c])), an order of additions no other schedule
+    shares (floating-point addition is commutative but not associative).
+    """
+    n, flats = len(xs), [x.reshape(-1) for x in xs]
+    out = torch.empty_like(flats[0])
+    for c, (start, end) in enumerate(ring_chunk_bounds(out.numel(), n)):
+        acc = flats[c][start:end].clone()
+        for k in range(1, n):
+            acc = flats[(c + k) % n][start:end] + acc            # the receiver adds its own
+        out[start:end] = acc
+    return out.reshape(xs[0].shape)
+
+
+def _first_wrong_schedule(fn: Callable, device_counts: Sequence[int]) -> str | None:
+    """On float32 values of very different magnitudes, the first (devices, size) case whose
+    result is not, bit for bit, the ring's order of additions; None if there is none."""
+    gen = torch.Generator().manual_seed(3)
+    for n in device_counts:
+        numel = 400 * n + 1                                  # n does not divide it (n > 1)
+        devs = devices(n, warn=False)
+        xs = [torch.randn(numel, generator=gen) * 10.0 ** torch.randint(-4, 5, (numel,),
+                                                                        generator=gen)
+              for _ in range(n)]                                          # (numel,) float32
+        held = [x.to(d, copy=True) for x, d in zip(xs, devs)]
+        try:
+            call_bounded(fn, list(held))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - a verdict, never a crash
+            return f"with {n} device(s), float32, {numel} elements: {failure(exc)}."
+        want = _ring_sums(xs)
+        for i, t in enumerate(held):
+            got = t.detach().cpu()
+            if torch.equal(got, want):
+                continue
+            bounds = ring_chunk_bounds(numel, n)
+            c = next(c for c, (a, b) in enumerate(bounds) if not torch.equal(got[a:b], want[a:b]))
+            a, b = bounds[c]
+            return (f"with {n} devices and {numel} elements: the sums are right to rounding, but "
+                    f"device {i}'s chunk {c} (elements {a}:{b}) was not added up in the ring's "
+                    f"order, which starts at device {c} and goes {c} -> {(c + 1) % n} -> ... -> "
+                    f"{(c - 1) % n}. In reduce-scatter step s, device i sends chunk (i - s) mod "
+                    "n to device (i + 1) mod n, which adds it to its own; cut the chunks with "
+                    "ring_chunk_bounds(numel, n).")
+    return None
+
+
+def check_ring_allreduce(fn: Callable | None, *, device_counts: Sequence[int] = (1, 2, 3, 4, 5, 8),
+                         strict: bool = False) -> ExerciseResult:
+    """Exercise 02: ``fn(tensors)`` is the ring allreduce, in place: the sums *and* the schedule.
+
+    First the sums, on the hard cases of a ring: 1 to 8 devices, odd counts included; tensors
+    of 1, 3, 10, 21 and 1001 elements, so that chunks differ in size and some are empty. Then
+    the schedule: on float32 values of magnitudes 1e-4 to 1e4 and sizes no device count divides,
+    every device must hold, bit for bit, each chunk c added up around the ring starting at
+    device c (reduce-scatter step s: device i sends chunk (i - s) mod n to device i + 1, which
+    adds it to its own), as ``comm.ring_allreduce`` does. The naive allreduce (everything onto
+    device 0), a parameter server and a butterfly get the sums right and fail here from 3
+    devices on.
     """
     name = getattr(fn, "__name__", "ring_allreduce")
     if fn is None:
         return verdict(name, None, "define your function and pass it here.", strict)
-    wrong = _first_wrong_sum(fn, _RING_CASES, seed=1)
+    cases = [(n, shape) for n, shape in _RING_CASES if n in device_counts]
+    try:
+        wrong = _first_wrong_sum(fn, cases, seed=1, reraise=NotImplementedError)
+        if wrong is not None:
+            return verdict(name, False, f"{wrong} Hint: step s of the reduce-scatter sends chunk "
+                           "(i - s) mod n from device i to i + 1; chunk bounds from "
+                           "ring_chunk_bounds(numel, n).", strict)
+        wrong = _first_wrong_schedule(fn, [n for n in device_counts if n > 1])
+    except NotImplementedError:
+        return unanswered(name, strict)
     if wrong is not None:
-        return verdict(name, False, f"{wrong} Hint: step s of the reduce-scatter sends chunk "
-                       "(i - s) mod n from device i to i + 1; chunk bounds from "
-                       "ring_chunk_bounds(numel, n).", strict)
-    return verdict(name, True, f"every tensor holds the sum on {len(_RING_CASES)} cases "
-                   "(1-8 devices, 1 to 1001 elements).", strict)
+        return verdict(name, False, wrong, strict)
+    return verdict(name, True, f"the sums on {len(cases)} cases (1 to 1001 elements) and, bit "
+                   f"for bit, the ring's order of additions on {list(device_counts)} devices.",
+                   strict)
 
 
 # ---- the butterfly: the structure, not only the sum -------------------------------------------
@@ -161,8 +230,11 @@ def check_butterfly(fn: Callable | None, *, device_counts: tuple[int, ...] = (1,
 
 # ---- counting what the ring sends -------------------------------------------------------------
 
-def ring_sends(numel: int, n: int) -> list[int]:
-    """Elements each device sends in ``comm.ring_allreduce`` of ``numel`` elements over n."""
+def _ring_sends(numel: int, n: int) -> list[int]:
+    """Elements each device sends in ``comm.ring_allreduce`` of ``numel`` elements over n.
+
+    Exercise 3's oracle: internal, so that the answer is not one call away from the learner.
+    """
     size = [end - start for start, end in ring_chunk_bounds(numel, n)]
     # step s of 2 (n - 1): device i sends chunk (i - s) mod n to its right neighbour
     return [sum(size[(i - s) % n] for s in range(2 * (n - 1))) for i in range(n)]
@@ -171,7 +243,7 @@ def ring_sends(numel: int, n: int) -> list[int]:
 def check_ring_sends(sent: list[int] | None, n: int = 4, numel: int = 1000, *,
                      strict: bool = False) -> ExerciseResult:
     """Exercise 02: the elements each of ``n`` devices sends in a ring allreduce of ``numel``."""
-    expected = ring_sends(numel, n)
+    expected = _ring_sends(numel, n)
     try:
         sent = None if sent is None else [int(s) for s in sent]
     except (TypeError, ValueError):

@@ -11,7 +11,7 @@ from ._core import (
     verdict,
     worker_spec,
 )
-from .lesson02 import ring_sends
+from .lesson02 import _ring_sends as ring_sends
 
 __all__ = ["check_dist_allreduce", "check_elements_sent", "check_spawn_worker",
            "check_tree_rounds", "elements_sent", "tree_rounds"]
