@@ -83,6 +83,11 @@ def assemble() -> list:
         page = SRC / "api" / f"{module}.md"
         page.write_text(f"# `{module}`\n\n::: {module}\n")
         api.append({module: f"api/{module}.md"})
+    index = ["# API reference", "",
+             "Generated from the docstrings of `course_lib`; one page per public module.", ""]
+    index += [f"- [`{m}`]({m}.md)" for m in public_modules()]
+    (SRC / "api" / "index.md").write_text("\n".join(index) + "\n")
+    api.insert(0, {"Index": "api/index.md"})
     nav = [{"Home": "index.md"}, {"Lessons": lessons}]
     if (SRC / "library.md").exists():
         nav.append({"The library": "library.md"})
