@@ -22,7 +22,13 @@ from torch import nn
 
 from .devices import Device, as_device
 from .models.lenet import lenet, sgd
-from .parallel.comm import allreduce, replicate_params, scatter, split_batch
+from .parallel.comm import (
+    _check_independent_replicas,
+    allreduce,
+    replicate_params,
+    scatter,
+    split_batch,
+)
 from .parallel.parallel_apply import parallel_apply
 from .plots import TrainingPlot
 from .timing import Timer
@@ -298,6 +304,7 @@ def train_batch(X: torch.Tensor, y: torch.Tensor, device_params: Sequence[list[t
     if len(device_params) != len(devices):
         raise ValueError(f"train_batch got {len(device_params)} parameter replicas for "
                          f"{len(devices)} devices; use replicate_params(params, devices).")
+    _check_independent_replicas(device_params, "train_batch")
     B = X.shape[0]
     X_shards, y_shards = split_batch(X, y, devices)          # shard i: (B_i, ...) on devices[i]
     k = len(X_shards)                                         # torch.chunk may use fewer devices

@@ -72,6 +72,33 @@ def test_train_batch_with_one_params_list_for_every_device_is_refused():
         train_batch(X, y, [params, params], cpus(2), lr=0.1)
 
 
+def test_train_batch_with_replicas_sharing_storage_is_refused():
+    """Detached views of the same parameters are two lists of distinct tensors with distinct
+    gradients, but one storage: train_batch took k steps instead of one."""
+    params = init_lenet_params(seed=0)
+    before = [p.detach().clone() for p in params]
+    X, y = torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 2, 3])
+    shared = [[p.detach().requires_grad_() for p in params] for _ in range(2)]
+    with pytest.raises(ValueError, match="parameter 0 of replica 0 and parameter 0 of replica 1 "
+                                         "share memory.*replicate_params"):
+        train_batch(X, y, shared, cpus(2), lr=0.1)
+    assert all(torch.equal(p, b) for p, b in zip(params, before))  # refused before any step
+    crossed = [params[:1], [params[0][1:].detach().requires_grad_()]]  # overlapping views
+    with pytest.raises(ValueError, match="share memory"):
+        train_batch(X, y, crossed, cpus(2), lr=0.1, net=lambda X, p: X.flatten(1)[:, :10])
+    from course_lib.parallel.comm import replicate_params
+    train_batch(X, y, replicate_params(params, cpus(2)), cpus(2), lr=0.1)  # copies: fine
+
+
+@pytest.mark.parametrize("reduce", [allreduce, ring_allreduce, ps_allreduce])
+def test_an_allreduce_of_missing_gradients_says_call_backward_first(reduce):
+    """allreduce([p.grad for p in ...]) before any backward raised AttributeError on None."""
+    with pytest.raises(ValueError, match=r"None for tensors \[0, 1\].*loss.backward\(\) first"):
+        reduce([torch.ones(2, requires_grad=True).grad, torch.ones(2, requires_grad=True).grad])
+    with pytest.raises(TypeError, match=r"list of tensors.*\(1, 'list'\)"):
+        reduce([torch.ones(2), [1.0, 2.0]])
+
+
 @pytest.mark.parametrize("reduce", [allreduce, ring_allreduce, ps_allreduce])
 def test_an_allreduce_refuses_mixed_dtypes(reduce):
     with pytest.raises(ValueError, match=r"one dtype.*\['float32', 'float64'\]"):

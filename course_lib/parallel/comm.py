@@ -149,6 +149,16 @@ def _check_replicas(tensors: Sequence[torch.Tensor], who: str) -> None:
     """One tensor per device: same shape and dtype, and no two sharing memory."""
     if len(tensors) == 0:
         raise ValueError(f"{who} needs at least one tensor, got an empty list.")
+    missing = [i for i, t in enumerate(tensors) if t is None]
+    if missing:
+        raise ValueError(f"{who} got None for tensors {missing} of {len(tensors)}. If these are "
+                         "gradients (p.grad), they do not exist yet: call loss.backward() "
+                         "first (a .grad is None until a backward pass reaches it).")
+    wrong = [(i, type(t).__name__) for i, t in enumerate(tensors)
+             if not isinstance(t, torch.Tensor)]
+    if wrong:
+        raise TypeError(f"{who} needs a list of tensors, one per device; got {wrong} "
+                        "(index, type) among them.")
     shapes = [tuple(t.shape) for t in tensors]
     if len(set(shapes)) > 1:
         raise ValueError(f"{who} needs tensors of one shape, one per device; got shapes "
@@ -167,6 +177,29 @@ def _check_replicas(tensors: Sequence[torch.Tensor], who: str) -> None:
                     f"{who} needs one buffer per device, but tensors {i} and {j} share memory "
                     "(the same tensor twice, or overlapping views of one): every update would "
                     "count twice. Pass copies, e.g. from replicate_params or broadcast.")
+
+
+def _check_independent_replicas(device_params: Sequence[Sequence[torch.Tensor]],
+                                who: str) -> None:
+    """No tensor of one replica shares memory with a tensor of another (within one replica,
+    tied weights may share)."""
+    by_storage: dict[int, list[tuple[int, int, int, int]]] = {}
+    for r, params in enumerate(device_params):
+        for i, t in enumerate(params):
+            if isinstance(t, torch.Tensor) and t.numel() > 0:
+                ptr, lo, hi = _span(t)
+                by_storage.setdefault(ptr, []).append((r, i, lo, hi))
+    for spans in by_storage.values():
+        for a in range(len(spans)):
+            for b in range(a + 1, len(spans)):
+                (ra, ia, a0, a1), (rb, ib, b0, b1) = spans[a], spans[b]
+                if ra != rb and a0 < b1 and b0 < a1:
+                    raise ValueError(
+                        f"{who} needs one independent copy of the parameters per device, but "
+                        f"parameter {ia} of replica {ra} and parameter {ib} of replica {rb} "
+                        "share memory (the same tensors, or detached views of them, e.g. "
+                        "p.detach()): every update would be applied once per replica. Use "
+                        "replicate_params(params, devices), which copies.")
 
 
 @torch.no_grad()
