@@ -236,11 +236,13 @@ def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[
 def activation_peaks(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[int],
                      schedules: Sequence[str] = ("gpipe", "1f1b"), balance=None,
                      model: str = "lenet") -> dict:
-    """Peak bytes of activations saved for backward on this rank's stage, per (schedule, m).
+    """Peak bytes of activations on this rank's stage, per (schedule, m).
 
-    Counted with ``ActivationMeter`` during one step (after a warm-up step); on a GPU also
-    ``torch.cuda.max_memory_allocated`` over the step, minus what was allocated before it.
-    Returns ``{(schedule, m): {"saved": bytes, "cuda": bytes or None}}``.
+    Counted with ``ActivationMeter`` during one step (after a warm-up step): ``"saved"``, the
+    tensors saved for backward; ``"held"``, those and the buffers held for sends (each counted
+    once). On a GPU also ``torch.cuda.max_memory_allocated`` over the step, minus what was
+    allocated before it. Returns ``{(schedule, m): {"saved", "held": bytes, "cuda": bytes or
+    None}}``.
     """
     rank = dist.get_rank()
     stages, stage = _this_ranks_stage(model, balance)
@@ -258,12 +260,16 @@ def activation_peaks(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[in
                 torch.cuda.reset_peak_memory_stats(device)
             dist.barrier()
             with ActivationMeter(exclude=stages[rank].parameters()) as meter:
-                _run_step(sched, stage, X, y)
+                stage.meter = meter                         # count the buffers held for sends
+                try:
+                    _run_step(sched, stage, X, y)
+                finally:
+                    stage.meter = None
             if device.type == "cuda":
                 cuda = torch.cuda.max_memory_allocated(device) - before
             stages[rank].zero_grad(set_to_none=False)
-            assert meter.alive == 0, "saved activations outlived the step"
-            out[(schedule, m)] = {"saved": meter.peak, "cuda": cuda}
+            assert meter.alive == 0, "saved activations or send buffers outlived the step"
+            out[(schedule, m)] = {"saved": meter.saved_peak, "held": meter.peak, "cuda": cuda}
     return out
 
 

@@ -1,7 +1,7 @@
 """Model and pipeline parallelism: a model cut into stages, each on its own device or process.
 
 PyTorch counterpart: ``torch.distributed.pipelining`` (``PipelineStage``, ``ScheduleGPipe``,
-``Schedule1F1B``). Lesson 11. The modules, in the order the lesson uses them:
+``Schedule1F1B``). Lesson 12. The modules, in the order the lesson uses them:
 
 - ``split``: ``split_sequential``, ``balance_stages`` (by parameter count or measured time),
   ``layer_costs``, ``flatten_sequential``;
@@ -10,7 +10,8 @@ PyTorch counterpart: ``torch.distributed.pipelining`` (``PipelineStage``, ``Sche
 - ``stage``: ``PipelineStage`` (one stage per process: activations forward, gradients back with
   point-to-point operations), ``PipeEvent``;
 - ``schedules``: ``ScheduleGPipe``, ``Schedule1F1B``, their orders (``gpipe_order``,
-  ``one_f_one_b_order``), ``simulate_schedule``, ``bubble_fraction`` (theory),
+  ``one_f_one_b_order``), ``simulate_schedule`` (plays orders as NCCL runs their messages),
+  ``p2p_program`` (a stage's sends, receives and waits), ``bubble_fraction`` (theory),
   ``idle_fraction`` (measured), ``check_order``;
 - ``memory``: ``ActivationMeter``, bytes saved for backward, alive and at the peak.
 """
@@ -25,6 +26,7 @@ from .schedules import (
     gpipe_order,
     idle_fraction,
     one_f_one_b_order,
+    p2p_program,
     simulate_schedule,
 )
 from .split import balance_stages, flatten_sequential, layer_costs, split_sequential
@@ -45,6 +47,7 @@ __all__ = [
     "idle_fraction",
     "layer_costs",
     "one_f_one_b_order",
+    "p2p_program",
     "simulate_schedule",
     "split_microbatches",
     "split_sequential",

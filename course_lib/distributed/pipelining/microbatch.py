@@ -3,7 +3,7 @@
 PyTorch counterpart: ``torch.distributed.pipelining.microbatch.split_args_kwargs_into_chunks``
 (which also accepts uneven chunks). Here the micro-batches are equal, so that the mean of their
 mean losses is the mean loss of the batch and a pipeline's gradient equals one process's.
-Lesson 11.
+Lesson 12.
 """
 from __future__ import annotations
 

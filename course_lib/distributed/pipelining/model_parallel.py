@@ -3,7 +3,7 @@
 PyTorch counterpart: none as a class; the PyTorch tutorial "Single-Machine Model Parallel Best
 Practices" writes it by hand (``self.seq1.to('cuda:0')``, ``x.to('cuda:1')``), and autograd moves
 the gradients back across devices by itself. Read more: https://pytorch.org/tutorials/
-intermediate/model_parallel_tutorial.html. Lesson 11.
+intermediate/model_parallel_tutorial.html. Lesson 12.
 """
 from __future__ import annotations
 

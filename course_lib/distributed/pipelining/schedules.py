@@ -10,9 +10,11 @@ is an order of operations per stage, ``[("F", 0), ("F", 1), ..., ("B", 0), ...]`
   remaining backwards. The same bubble, but a stage holds at most ``p - stage`` micro-batches.
 
 Both leave the idle fraction ("bubble") ``(p - 1) / (m + p - 1)`` when every stage takes the same
-time. ``simulate_schedule`` plays any order with given op times. Read more: Huang et al.,
-"GPipe" (2019); Narayanan et al., "PipeDream" (2019) and "Efficient Large-Scale Language Model
-Training on GPU Clusters Using Megatron-LM" (2021). Lesson 11.
+time. ``simulate_schedule`` plays any order with given op times, with the sends and receives
+that ``PipelineStage`` posts (``p2p_program``) run as NCCL runs them: in order, a send done only
+when its receive is reached, so that an order that would hang on GPUs fails here. Read more:
+Huang et al., "GPipe" (2019); Narayanan et al., "PipeDream" (2019) and "Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM" (2021). Lesson 12.
 """
 from __future__ import annotations
 
@@ -24,19 +26,32 @@ from .microbatch import split_microbatches
 from .stage import PipeEvent, PipelineStage
 
 __all__ = ["Schedule1F1B", "ScheduleGPipe", "bubble_fraction", "check_order", "gpipe_order",
-           "idle_fraction", "one_f_one_b_order", "simulate_schedule"]
+           "idle_fraction", "one_f_one_b_order", "p2p_program", "simulate_schedule"]
 
 Op = tuple[str, int]
 
 
+def _check_sizes(who: str, num_stages, num_microbatches, stage=None) -> None:
+    """ValueError unless p >= 1, m >= 1 (integers) and, when given, 0 <= stage < p."""
+    for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{who} expects an integer {name} >= 1, got {value!r}.")
+    if stage is not None and (not isinstance(stage, int) or isinstance(stage, bool)
+                              or not 0 <= stage < num_stages):
+        raise ValueError(f"{who} expects stage in 0 ... {num_stages - 1} (one of num_stages="
+                         f"{num_stages}), got {stage!r}.")
+
+
 def gpipe_order(stage: int, num_stages: int, num_microbatches: int) -> list[Op]:
     """GPipe: all forwards, then all backwards (each in micro-batch order)."""
+    _check_sizes("gpipe_order", num_stages, num_microbatches, stage)
     return ([("F", i) for i in range(num_microbatches)]
             + [("B", i) for i in range(num_microbatches)])
 
 
 def one_f_one_b_order(stage: int, num_stages: int, num_microbatches: int) -> list[Op]:
     """1F1B: warm-up forwards, then forward and backward in turn, then the last backwards."""
+    _check_sizes("one_f_one_b_order", num_stages, num_microbatches, stage)
     warmup = min(num_stages - stage - 1, num_microbatches)  # in flight before the first B
     order = [("F", i) for i in range(warmup)]
     forward, backward = warmup, 0
@@ -49,6 +64,7 @@ def one_f_one_b_order(stage: int, num_stages: int, num_microbatches: int) -> lis
 
 def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
     """Theory: the idle share of a pipeline step with equal stages, (p - 1) / (m + p - 1)."""
+    _check_sizes("bubble_fraction", num_stages, num_microbatches)
     return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 
@@ -57,6 +73,7 @@ def check_order(order: Sequence, stage: int, num_microbatches: int) -> list[Op]:
 
     Every ``("F", i)`` and ``("B", i)`` for i < m exactly once, and ``B(i)`` after ``F(i)``.
     """
+    _check_sizes("check_order", 1, num_microbatches)
     ops: list[Op] = []
     for op in order:
         if (not isinstance(op, (tuple, list)) or len(op) != 2 or op[0] not in ("F", "B")
@@ -77,44 +94,183 @@ def check_order(order: Sequence, stage: int, num_microbatches: int) -> list[Op]:
     return ops
 
 
+# ---- playing orders on every stage, as NCCL would run their messages --------------------------
+
+#: a message between stages: (kind, micro-batch, part); part "shape" is micro-batch 0's header
+Message = tuple[str, int, str]
+
+
+def _receives(kind: str, i: int, s: int, p: int) -> list[list[tuple[str, int, Message]]]:
+    """The receive batches op (kind, i) of stage s needs before it runs, in order."""
+    if kind == "F" and s > 0:          # the activation: micro-batch 0's shape header first
+        data = [[("recv", s - 1, ("F", i, "data"))]]
+        return [[("recv", s - 1, ("F", 0, "shape"))]] + data if i == 0 else data
+    if kind == "B" and s < p - 1:      # the gradient of this stage's output
+        return [[("recv", s + 1, ("B", i, "data"))]]
+    return []
+
+
+def _sends(kind: str, i: int, s: int, p: int) -> list[tuple[str, int, Message]]:
+    """What op (kind, i) of stage s sends once it has run."""
+    if kind == "F" and s < p - 1:
+        head = [("send", s + 1, ("F", 0, "shape"))] if i == 0 else []
+        return head + [("send", s + 1, ("F", i, "data"))]
+    if kind == "B" and s > 0:
+        return [("send", s - 1, ("B", i, "data"))]
+    return []
+
+
+def p2p_program(ops: Sequence[Op], stage: int, num_stages: int, *,
+                fused: bool = True) -> list[tuple]:
+    """What ``PipelineStage`` does for ``ops``: ``("post", n, [(direction, peer, message)])``
+    (batch n of point-to-point operations), ``("wait", n)`` and ``("compute", kind, i)``.
+
+    ``fused=True`` is ``PipelineStage``: an op's sends wait for the next op and go out in one
+    ``batch_isend_irecv`` with its receive (torch's ``Schedule1F1B`` fuses "send activation,
+    receive gradient" so); with no receive to join they go alone, and are waited for (their
+    buffers released) before the next batch. ``fused=False``: every send an ``isend`` of its
+    own, waited for at the end of the step, every receive a blocking ``recv``.
+    """
+    program: list[tuple] = []
+    pending: list = []      # sends of the last op, not posted yet
+    alone: list[int] = []   # batches of sends posted alone, not waited for yet
+
+    def post(batch: list) -> int:
+        program.append(("post", len(program), batch))
+        return program[-1][1]
+
+    for kind, i in ops:
+        receives = _receives(kind, i, stage, num_stages)
+        if fused:
+            program += [("wait", n) for n in alone]
+            alone = []
+            for k, batch in enumerate(receives):
+                program.append(("wait", post((pending if k == 0 else []) + batch)))
+            if pending and not receives:
+                alone = [post(pending)]
+            pending = []
+        else:
+            program += [("wait", post(batch)) for batch in receives]
+        program.append(("compute", kind, i))
+        if fused:
+            pending = _sends(kind, i, stage, num_stages)
+        else:
+            alone += [post([send]) for send in _sends(kind, i, stage, num_stages)]
+    program += [("wait", n) for n in alone]                # the end of the step
+    if pending:
+        program.append(("wait", post(pending)))
+    return program
+
+
+def _describe(op: tuple[str, int, Message], stage: int) -> str:
+    direction, peer, (kind, i, part) = op
+    what = "shape" if part == "shape" else "activation" if kind == "F" else "gradient"
+    if direction == "send":
+        return f"stage {peer} to receive {kind}({i})'s {what}"
+    return f"{kind}({i})'s {what} from stage {peer}"
+
+
+def _play(programs: list[list[tuple]], durations: dict[str, float],
+          comm_time: float) -> list[PipeEvent]:
+    """Run every stage's program as NCCL runs point-to-point operations.
+
+    Each stage's batches run one after another, in the order posted (one stream). An operation
+    of the batch at the head of stage s completes when the head batch of its peer holds the
+    matching one: a send does not finish before the peer has reached its receive. A batch is
+    done when all its operations are; a "wait" blocks the stage until then.
+    """
+    p = len(programs)
+    pc, clock = [0] * p, [0.0] * p
+    queue: list[list[dict]] = [[] for _ in range(p)]       # posted batches not done yet, in order
+    done_at: list[dict[int, float]] = [{} for _ in range(p)]  # batch -> when it was done
+    events: list[PipeEvent] = []
+
+    def head(s: int) -> dict | None:
+        """The batch stage s's stream is running now (with the time it started)."""
+        if not queue[s]:
+            return None
+        batch = queue[s][0]
+        if batch["start"] is None:
+            batch["start"] = max(batch["posted"], max(done_at[s].values(), default=0.0))
+        return batch
+
+    progress = True
+    while progress:
+        progress = False
+        for s in range(p):                                  # run each program until it blocks
+            while pc[s] < len(programs[s]):
+                action = programs[s][pc[s]]
+                if action[0] == "post":
+                    queue[s].append({"n": action[1], "ops": [[*op, None] for op in action[2]],
+                                     "posted": clock[s], "start": None})
+                elif action[0] == "wait":
+                    if action[1] not in done_at[s]:
+                        break
+                    clock[s] = max(clock[s], done_at[s][action[1]])
+                else:
+                    _, kind, i = action
+                    events.append(PipeEvent(s, kind, i, clock[s], clock[s] + durations[kind]))
+                    clock[s] += durations[kind]
+                pc[s] += 1
+                progress = True
+        for s in range(p):                                  # match the head batches' operations
+            mine = head(s)
+            for op in mine["ops"] if mine else []:
+                direction, peer, message, finished = op
+                theirs = head(peer) if finished is None else None
+                want = ("recv" if direction == "send" else "send", s, message)
+                match = next((o for o in theirs["ops"] if tuple(o[:3]) == want and o[3] is None),
+                             None) if theirs else None
+                if match is not None:
+                    op[3] = match[3] = max(mine["start"], theirs["start"]) + comm_time
+                    progress = True
+        for s in range(p):                                  # retire the finished head batches
+            while (batch := head(s)) is not None and all(op[3] is not None for op in batch["ops"]):
+                done_at[s][batch["n"]] = max([batch["start"]] + [op[3] for op in batch["ops"]])
+                queue[s].pop(0)
+                progress = True
+    if any(pc[s] < len(programs[s]) for s in range(p)):
+        waits = []
+        for s in range(p):
+            if pc[s] == len(programs[s]):
+                continue
+            current = next((f"{a[1]}({a[2]})" for a in programs[s][pc[s]:] if a[0] == "compute"),
+                           "the end of the step")
+            blocked = [_describe(op[:3], s) for op in head(s)["ops"] if op[3] is None]
+            waits.append(f"stage {s} waits in {current} for {' and '.join(blocked)}")
+        raise ValueError("deadlock: " + "; ".join(waits) + ", which never comes (each stage's "
+                         "operations run in order, as on NCCL).")
+    return events
+
+
 def simulate_schedule(order: Callable[[int, int, int], Sequence], num_stages: int,
                       num_microbatches: int, *, forward_time: float = 1.0,
-                      backward_time: float = 2.0, comm_time: float = 0.0) -> list[PipeEvent]:
+                      backward_time: float = 2.0, comm_time: float = 0.0,
+                      fused: bool = True) -> list[PipeEvent]:
     """Play ``order(stage, p, m)`` on every stage with fixed op times; the events it gives.
 
-    F(i) on stage s waits for F(i) on stage s - 1 (its activation), B(i) for B(i) on stage s + 1
-    (its gradient), each plus ``comm_time``; a stage runs its ops one at a time, in its order.
-    Sends never block (as ``isend``). Raises ValueError for an invalid order, or when the stages
-    wait on each other forever (a deadlock), naming what each stage waits for.
+    Every stage runs its ops one at a time, in its order, with the point-to-point operations
+    ``PipelineStage`` posts around them (``p2p_program``): F(i) on stage s needs the activation
+    of F(i) on stage s - 1, B(i) the gradient of B(i) on stage s + 1, each ``comm_time`` after
+    both sides reached it. Communication is modelled as NCCL runs it: a stage's operations run
+    in order, and a send completes only when the peer has reached the matching receive (unless
+    they are in one batch). ``fused=False`` plays the unfused order instead (each send an
+    ``isend`` of its own, each receive a blocking ``recv``), which deadlocks under 1F1B.
+
+    Raises ValueError for an invalid order, or when the stages wait on each other forever (a
+    deadlock), naming what each stage waits for.
     """
+    _check_sizes("simulate_schedule", num_stages, num_microbatches)
+    times = {"forward_time": forward_time, "backward_time": backward_time,
+             "comm_time": comm_time}
+    for name, value in times.items():
+        if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise ValueError(f"simulate_schedule expects {name} to be a finite number >= 0, "
+                             f"got {value!r}.")
     p, m = num_stages, num_microbatches
-    orders = [check_order(order(s, p, m), s, m) for s in range(p)]
-    done: dict[tuple[int, str, int], float] = {}    # (stage, kind, microbatch) -> end time
-    free, nxt = [0.0] * p, [0] * p
-    events: list[PipeEvent] = []
-    while any(nxt[s] < len(orders[s]) for s in range(p)):
-        progressed = False
-        for s in range(p):
-            while nxt[s] < len(orders[s]):
-                kind, i = orders[s][nxt[s]]
-                dep = ((s - 1, "F", i) if kind == "F" and s > 0 else
-                       (s + 1, "B", i) if kind == "B" and s < p - 1 else None)
-                if dep is not None and dep not in done:
-                    break
-                ready = free[s] if dep is None else max(free[s], done[dep] + comm_time)
-                end = ready + (forward_time if kind == "F" else backward_time)
-                events.append(PipeEvent(s, kind, i, ready, end))
-                done[(s, kind, i)], free[s], nxt[s] = end, end, nxt[s] + 1
-                progressed = True
-        if not progressed:
-            waits = []
-            for s in range(p):
-                if nxt[s] < len(orders[s]):
-                    kind, i = orders[s][nxt[s]]
-                    src = s - 1 if kind == "F" else s + 1
-                    waits.append(f"stage {s} waits in {kind}({i}) for {kind}({i}) of "
-                                 f"stage {src}")
-            raise ValueError("deadlock: " + "; ".join(waits) + ", which never comes.")
+    programs = [p2p_program(check_order(order(s, p, m), s, m), s, p, fused=fused)
+                for s in range(p)]
+    events = _play(programs, {"F": forward_time, "B": backward_time}, comm_time)
     return sorted(events, key=lambda e: (e.start, e.stage))
 
 
@@ -124,6 +280,9 @@ def idle_fraction(events: Sequence[PipeEvent]) -> float:
     Span: from the first op's start to the last op's end, over every stage; busy: the sum of
     each stage's op durations. ``1 - busy / (stages * span)``.
     """
+    events = list(events)
+    if not events:
+        raise ValueError("idle_fraction expects the events of a step (PipeEvent), got none.")
     stages = {e.stage for e in events}
     span = max(e.end for e in events) - min(e.start for e in events)
     busy = sum(e.end - e.start for e in events)

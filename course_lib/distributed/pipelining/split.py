@@ -3,7 +3,7 @@
 PyTorch counterpart: ``torch.distributed.pipelining.pipeline`` with ``SplitPoint`` (which traces
 any model), and torchgpipe's ``balance_by_size`` / ``balance_by_time`` (which this follows: a
 model that is a sequence of layers, cut into contiguous groups). Read more: Huang et al., "GPipe"
-(2019), and https://pytorch.org/docs/stable/distributed.pipelining.html. Lesson 11.
+(2019), and https://pytorch.org/docs/stable/distributed.pipelining.html. Lesson 12.
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def flatten_sequential(model: nn.Sequential) -> nn.Sequential:
     """One flat ``nn.Sequential``: every nested ``nn.Sequential`` replaced by its layers.
 
     The layers are shared, not copied: ResNet-18's 9 children (stem conv, batch norm, ReLU, four
-    stages of two residual blocks, pool, head) become 13 layers a split can cut between.
+    stages of two residual blocks, pool, head) become 14 layers a split can cut between: 3, the
+    8 residual blocks, the pool, and the head's flatten and linear layer.
     """
     _check_sequential(model, "flatten_sequential")
     layers: list[nn.Module] = []
@@ -58,7 +59,9 @@ def layer_costs(model: nn.Sequential, by: str = "params", example: torch.Tensor 
         model: the layers, in order.
         by: ``"params"`` (elements of its parameters; a layer without any costs 0) or
             ``"time"`` (median seconds of forward + backward on ``example``, measured on a copy
-            of the model so that its gradients and batch-norm statistics stay untouched).
+            of the model so that its gradients and batch-norm statistics stay untouched). Each
+            layer runs as in a pipeline: the first layer's input does not require grad (no
+            stage computes the gradient of the model's input), every later layer's does.
         example: a batch of inputs for the first layer (needed for ``by="time"``).
         repeat: timed calls per layer (``by="time"``).
 
@@ -77,8 +80,9 @@ def layer_costs(model: nn.Sequential, by: str = "params", example: torch.Tensor 
     copied = copy.deepcopy(model)
     costs = []
     X = example
-    for layer in copied:
-        X_in = X.detach().requires_grad_(X.is_floating_point())  # a leaf: backward stops here
+    for k, layer in enumerate(copied):
+        # a leaf, so backward stops here; the model's input needs no gradient, the others do
+        X_in = X.detach().requires_grad_(k > 0 and X.is_floating_point())
 
         def fwd_bwd(layer=layer, X_in=X_in) -> None:
             out = layer(X_in)

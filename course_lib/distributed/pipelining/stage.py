@@ -2,10 +2,13 @@
 
 PyTorch counterpart: ``torch.distributed.pipelining.PipelineStage`` (same constructor
 arguments: the stage's module, its index, the number of stages, its device). Rank i of the
-group holds stage i. Forward: receive the previous stage's activation (``dist.recv``), run the
-module, send the output on (``dist.isend``). Backward: receive the gradient of that output from
-the next stage, run autograd, send the gradient of the input back. The last stage computes the
-loss. Read more: https://pytorch.org/docs/stable/distributed.pipelining.html. Lesson 11.
+group holds stage i. Forward: receive the previous stage's activation, run the module, send the
+output on. Backward: receive the gradient of that output from the next stage, run autograd,
+send the gradient of the input back. The last stage computes the loss. An op's sends go out
+with the next op's receive in one ``dist.batch_isend_irecv`` (as torch's ``Schedule1F1B`` fuses
+"send activation, receive gradient"): NCCL runs a rank's point-to-point operations in order,
+and a send queued before a receive from the same neighbour would wait for a neighbour that
+waits too. Read more: https://pytorch.org/docs/stable/distributed.pipelining.html. Lesson 12.
 """
 from __future__ import annotations
 
@@ -43,8 +46,12 @@ class PipelineStage:
     """Stage ``stage_index`` of ``num_stages``, run by rank ``stage_index`` of ``group``.
 
     Call ``forward_one`` and ``backward_one`` in the order a schedule says (``ScheduleGPipe``,
-    ``Schedule1F1B``); every stage must follow the same schedule. Receives block (bounded by the
-    process group's timeout); sends are asynchronous and ``wait_sends`` finishes them.
+    ``Schedule1F1B``); every stage must follow the same schedule, and ``wait_sends`` ends a
+    step. Receives block (bounded by the process group's timeout). The sends of an op are
+    posted with the next op's receive, as one batch, and released when that batch is done; with
+    no receive to join they go alone and are released before the next batch is posted
+    (``schedules.p2p_program`` writes this order out). Set ``meter`` to an ``ActivationMeter``
+    to count the buffers held for sends beside the activations saved for backward.
 
     Args:
         submodule: this stage's layers (``split_sequential(model, num_stages)[stage_index]``).
@@ -79,13 +86,15 @@ class PipelineStage:
         self.group = group
         self.events: list[PipeEvent] = []
         self.record = False       # True: append a PipeEvent per forward and backward
+        self.meter = None         # an ActivationMeter: counts the buffers held for sends
         # gloo sends CPU tensors; NCCL sends GPU tensors in place
         backend = dist.get_backend(group)
         self._wire = self.device if backend == "nccl" else torch.device("cpu")
         self._inputs: dict[int, torch.Tensor] = {}    # micro-batch -> this stage's input
         self._outputs: dict[int, torch.Tensor] = {}   # micro-batch -> this stage's output
         self._losses: dict[int, torch.Tensor] = {}    # micro-batch -> loss (last stage)
-        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._pending: list[dist.P2POp] = []          # the last op's sends, not posted yet
+        self._alone: list[tuple[list[dist.Work], list[dist.P2POp]]] = []  # posted alone
         self._in_meta: tuple[tuple[int, ...], torch.dtype] | None = None
 
     @property
@@ -102,17 +111,48 @@ class PipelineStage:
 
     # ---- point to point --------------------------------------------------------------------
 
-    def _send(self, t: torch.Tensor, to_stage: int, tag: int) -> None:
-        """Start sending ``t`` (asynchronously); ``wait_sends`` finishes it."""
+    def _queue_send(self, t: torch.Tensor, to_stage: int, tag: int) -> None:
+        """Send ``t`` with the next op's receive (``_post``); the buffer is held until done."""
         t = t.detach().to(self._wire).contiguous()
-        work = dist.isend(t, self._peer(to_stage), group=self.group, tag=tag)
-        self._sends.append((work, t))  # keep the buffer alive until the send is done
+        self._pending.append(dist.P2POp(dist.isend, t, self._peer(to_stage), self.group, tag))
+        if self.meter is not None and tag != _HEADER_TAG:   # the header is not an activation
+            self.meter.hold(t)
+
+    def _release(self, sends: list[dist.P2POp]) -> None:
+        """These sends are done: their buffers may go."""
+        if self.meter is not None:
+            for op in sends:
+                if op.tag != _HEADER_TAG:
+                    self.meter.release(op.tensor)
+
+    def _post(self, receive: dist.P2POp | None = None) -> None:
+        """Post the queued sends and ``receive`` as one batch; wait for it if it receives.
+
+        Sends posted alone earlier are waited for (and released) first, so that a stage holds
+        at most one batch of sends in flight beside the one it is building.
+        """
+        for works, sends in self._alone:
+            for work in works:
+                work.wait()
+            self._release(sends)
+        self._alone.clear()
+        sends, self._pending = self._pending, []
+        ops = sends + ([receive] if receive is not None else [])
+        if not ops:
+            return
+        works = dist.batch_isend_irecv(ops)   # one batch: NCCL runs it as one operation
+        if receive is None:
+            self._alone.append((works, sends))
+            return
+        for work in works:
+            work.wait()
+        self._release(sends)
 
     def _recv(self, shape: tuple[int, ...], dtype: torch.dtype, from_stage: int,
               tag: int) -> torch.Tensor:
         """Block until ``from_stage`` has sent a tensor of this shape; on this stage's device."""
         buffer = torch.empty(shape, dtype=dtype, device=self._wire)
-        dist.recv(buffer, self._peer(from_stage), group=self.group, tag=tag)
+        self._post(dist.P2POp(dist.irecv, buffer, self._peer(from_stage), self.group, tag))
         return buffer.to(self.device)
 
     def _send_header(self, Y: torch.Tensor) -> None:
@@ -124,7 +164,7 @@ class PipelineStage:
         header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64)
         header[0], header[1] = _DTYPES.index(Y.dtype), Y.dim()
         header[2:2 + Y.dim()] = torch.tensor(Y.shape)
-        self._send(header, self.stage_index + 1, _HEADER_TAG)
+        self._queue_send(header, self.stage_index + 1, _HEADER_TAG)
 
     def _recv_header(self) -> None:
         header = self._recv((2 + _MAX_DIMS,), torch.int64, self.stage_index - 1, _HEADER_TAG)
@@ -132,10 +172,9 @@ class PipelineStage:
         self._in_meta = (tuple(header[2:2 + ndim].tolist()), _DTYPES[int(header[0])])
 
     def wait_sends(self) -> None:
-        """Wait until every send started so far is done (end of a schedule's step)."""
-        for work, _ in self._sends:
-            work.wait()
-        self._sends.clear()
+        """Post the sends still queued and wait until every send is done (end of a step)."""
+        self._post()
+        self._post()   # the second call waits for what the first posted alone
 
     # ---- one micro-batch -------------------------------------------------------------------
 
@@ -156,6 +195,7 @@ class PipelineStage:
             if X is None:
                 raise ValueError("the first stage's forward_one needs the micro-batch X.")
             X = X.to(self.device)
+            self._post()                                        # the last op's sends, alone
         else:
             if microbatch == 0:
                 self._recv_header()
@@ -174,7 +214,7 @@ class PipelineStage:
         if not self.is_last:
             if microbatch == 0:
                 self._send_header(Y)
-            self._send(Y, self.stage_index + 1, microbatch)
+            self._queue_send(Y, self.stage_index + 1, microbatch)
         return Y
 
     def backward_one(self, microbatch: int, loss_scale: float = 1.0) -> None:
@@ -190,6 +230,7 @@ class PipelineStage:
             if microbatch not in self._losses:
                 raise RuntimeError("the last stage's backward needs a loss: pass target and "
                                    "loss_fn to forward_one.")
+            self._post()                                        # the last op's sends, alone
             start = time.perf_counter()
             (self._losses[microbatch] * loss_scale).backward()
         else:
@@ -201,7 +242,7 @@ class PipelineStage:
         if self.record:
             self.events.append(PipeEvent(self.stage_index, "B", microbatch, start, end))
         if not self.is_first:
-            self._send(X.grad, self.stage_index - 1, microbatch)
+            self._queue_send(X.grad, self.stage_index - 1, microbatch)
 
     def pop_losses(self) -> list[torch.Tensor]:
         """The last stage's losses of this step, detached, by micro-batch (and forget them)."""
