@@ -6,11 +6,13 @@ PyTorch counterpart: ``torchvision.datasets.FashionMNIST`` with a ``DataLoader``
 
 Search order for the files: the ``root`` argument, ``$FASHION_MNIST_DIR``, the repository's
 ``data/`` folder, the Debian package ``dataset-fashion-mnist`` (``/usr/share/datasets/``), and
-only then torchvision's download.
+only then torchvision's download. A prepared copy records its source (path, size, modification
+time): when the source is replaced, the next load prepares it again.
 """
 from __future__ import annotations
 
 import gzip
+import json
 import operator
 import os
 import shutil
@@ -77,37 +79,83 @@ def _writable(path: Path) -> bool:
     return os.access(path, os.W_OK)
 
 
+#: In a prepared raw folder: where each file was prepared from, with the source's size and
+#: modification time, so that a replaced source is noticed and prepared again.
+_SOURCES = ".course_sources.json"
+
+
+def _stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _read_sources(raw: Path) -> dict[str, dict]:
+    try:
+        return json.loads((raw / _SOURCES).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _changed_sources(raw: Path) -> dict[str, Path]:
+    """The files of ``raw`` whose recorded source still exists but was replaced since (another
+    size or modification time): {name: source}. A source that is gone leaves its copy alone."""
+    changed = {}
+    for name, rec in _read_sources(raw).items():
+        src = Path(rec.get("source", ""))
+        if name in FILES and src.is_file() and _stamp(src) != rec.get("stamp"):
+            changed[name] = src
+    return changed
+
+
+def _copy_one(src: Path, dst: Path) -> None:
+    """Decompress (or copy) ``src`` to ``dst`` through a temporary file, then rename."""
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.part")
+    try:
+        if src.suffix == ".gz":
+            with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+        else:
+            shutil.copyfile(src, tmp)
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        tmp.unlink(missing_ok=True)
+        raise ValueError(f"Fashion-MNIST file {src} is corrupted or truncated "
+                         f"({type(e).__name__}: {e}). Replace it with a good copy "
+                         "(apt-get install --reinstall dataset-fashion-mnist, or "
+                         "download it again).") from None
+    tmp.replace(dst)  # atomic: a crash never leaves a half-written file under its name
+
+
 def _prepare(files: dict[str, Path], source: Path, in_place: bool) -> Path:
     """A torchvision root whose ``FashionMNIST/raw`` holds the four files uncompressed.
 
     The prepared copy goes next to the source when ``in_place`` (a folder the user named),
-    otherwise into the repository's ``data/`` (or the user cache when that is read-only).
+    otherwise into the repository's ``data/`` (or the user cache when that is read-only). Each
+    copy's source is recorded (path, size, modification time): a source replaced later is
+    prepared again instead of the old copy being read for ever.
     """
     raw_here = source / "FashionMNIST" / "raw"
     if all(p.parent == raw_here and p.suffix != ".gz" for p in files.values()):
-        return source  # already prepared
+        changed = _changed_sources(raw_here)  # prepared earlier: is a source newer?
+        if not changed:
+            return source
+        files = changed
     for root in ((source,) if in_place else ()) + (REPO_DATA, _CACHE_DATA):
         raw = root / "FashionMNIST" / "raw"
         if not _writable(raw):
             continue
+        sources = _read_sources(raw)
         for name, src in files.items():
             dst = raw / name
-            if dst.is_file() and dst.stat().st_size > 0:
+            if src == dst:
+                continue  # the file is itself the prepared one
+            rec = {"source": str(src.resolve()), "stamp": _stamp(src)}
+            if dst.is_file() and dst.stat().st_size > 0 and sources.get(name) == rec:
                 continue
-            tmp = dst.with_suffix(".part")
-            try:
-                if src.suffix == ".gz":
-                    with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
-                        shutil.copyfileobj(fin, fout)
-                else:
-                    shutil.copyfile(src, tmp)
-            except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-                tmp.unlink(missing_ok=True)
-                raise ValueError(f"Fashion-MNIST file {src} is corrupted or truncated "
-                                 f"({type(e).__name__}: {e}). Replace it with a good copy "
-                                 "(apt-get install --reinstall dataset-fashion-mnist, or "
-                                 "download it again).") from None
-            tmp.replace(dst)  # atomic: a crash never leaves a half-written file under its name
+            _copy_one(src, dst)
+            sources[name] = rec
+        tmp = raw / f"{_SOURCES}.{os.getpid()}.part"
+        tmp.write_text(json.dumps(sources, indent=1))
+        tmp.replace(raw / _SOURCES)
         return root
     raise PermissionError(
         f"Found Fashion-MNIST in {source} but could not write a prepared copy to {source}, "
@@ -192,19 +240,42 @@ def shown_path(path: str | os.PathLike) -> str:
     return str(path)
 
 
+def _version(root: str) -> tuple:
+    """Sizes and modification times of the prepared files: a new copy is read again."""
+    raw = Path(root) / "FashionMNIST" / "raw"
+    return tuple(tuple(_stamp(raw / n)) if (raw / n).is_file() else None for n in FILES)
+
+
+def _unreadable(raw: Path, what: str, error: Exception) -> ValueError:
+    """The error for a prepared file torchvision cannot read, with the fix that loses nothing:
+    delete only copies whose originals are elsewhere; never the only copy."""
+    sources = {name: Path(rec.get("source", "")) for name, rec in _read_sources(raw).items()}
+    kept = sorted({str(p.parent) for p in sources.values() if p.is_file() and p.parent != raw})
+    if kept:
+        fix = (f"The files there are copies prepared from {', '.join(kept)}: delete the copies "
+               f"({', '.join(n for n in FILES if (raw / n).is_file())} in {raw}; the originals "
+               "stay where they are) and run again to prepare fresh ones.")
+    else:
+        fix = (f"The files in {raw} are the only copy found (nothing was prepared from "
+               "elsewhere), so do not delete them without another copy: replace the damaged "
+               "one with a good copy (apt-get install --reinstall dataset-fashion-mnist, or "
+               "download it again).")
+    return ValueError(f"could not read the Fashion-MNIST {what} files in {raw} "
+                      f"({type(error).__name__}: {error}). A file there is corrupted or "
+                      f"truncated. {fix}")
+
+
 @lru_cache(maxsize=4)
-def _load_split(root: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images uint8 (N, 28, 28), labels int64 (N,)) of one split, read once per process."""
+def _load_split(root: str, train: bool, version: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images uint8 (N, 28, 28), labels int64 (N,)) of one split, read once per process and
+    per ``version`` of the files (``_version``: sizes and modification times)."""
     import torchvision
 
     try:
         ds = torchvision.datasets.FashionMNIST(root=root, train=train, download=False)
     except Exception as e:  # a truncated or corrupted prepared file
-        raw = Path(root) / "FashionMNIST" / "raw"
-        raise ValueError(f"could not read the Fashion-MNIST {'training' if train else 'test'} "
-                         f"files in {raw} ({type(e).__name__}: {e}). A file there is corrupted "
-                         f"or truncated: delete {raw} and run again to prepare a fresh copy."
-                         ) from None
+        raise _unreadable(Path(root) / "FashionMNIST" / "raw",
+                          "training" if train else "test", e) from None
     return ds.data, ds.targets
 
 
@@ -305,8 +376,9 @@ def load_fashion_mnist(batch_size: int, *, resize: int | None = None,
     n_test = QUICK_TEST_SIZE if quick else None
 
     if fast:
-        X_tr, y_tr = _load_split(data_root, True)
-        X_te, y_te = _load_split(data_root, False)
+        version = _version(data_root)
+        X_tr, y_tr = _load_split(data_root, True, version)
+        X_te, y_te = _load_split(data_root, False, version)
         train_iter = TensorBatches(X_tr[:n_train], y_tr[:n_train], batch_size, shuffle=True,
                                    device=device, resize=resize, seed=seed, drop_last=drop_last)
         test_iter = TensorBatches(X_te[:n_test], y_te[:n_test], batch_size, shuffle=False,

@@ -374,11 +374,24 @@ def test_data_parallel_with_gpu_ids_on_a_machine_without_them(no_gpus):
 
 
 def test_a_truncated_prepared_file_is_named_with_how_to_re_prepare(tmp_path):
+    """The message said 'delete FashionMNIST/raw' also when that folder held the only copy of
+    the original files."""
+    import gzip
+
     from course_lib.data import FILES, load_fashion_mnist
 
-    raw = tmp_path / "FashionMNIST" / "raw"
+    raw = tmp_path / "FashionMNIST" / "raw"  # the user's own files, nowhere else
     raw.mkdir(parents=True)
     for name in FILES:
         (raw / name).write_bytes(b"\x00\x00\x08\x03")  # an IDX header cut short
-    with pytest.raises(ValueError, match=r"corrupted or truncated: delete .*FashionMNIST/raw"):
+    with pytest.raises(ValueError, match=r"corrupted or truncated.*only copy.*do not delete"):
         load_fashion_mnist(8, root=tmp_path, download=False)
+
+    src = tmp_path / "originals"  # prepared from originals kept elsewhere: delete the copies
+    src.mkdir()
+    for name in FILES:
+        with gzip.open(src / f"{name}.gz", "wb") as f:
+            f.write(b"\x00\x00\x08\x03")
+    with pytest.raises(ValueError, match=r"copies prepared from .*originals: delete the copies "
+                                         r"\(train-images-idx3-ubyte.*originals stay"):
+        load_fashion_mnist(8, root=src, download=False)

@@ -151,3 +151,37 @@ def test_tensor_batches_rejects_bad_input():
         D.TensorBatches(torch.zeros(4, 28, 28), torch.zeros(4), 0, shuffle=False)
     with pytest.raises(ValueError, match="must match"):
         D.TensorBatches(torch.zeros(4, 28, 28), torch.zeros(3), 2, shuffle=False)
+
+
+def test_a_replaced_source_file_is_prepared_again(nowhere, tmp_path):
+    """The prepared copy of the first load used to win for ever over a replaced .gz."""
+    import os
+
+    src = tmp_path / "mine"
+    _write_idx(src, n_train=6)
+    train_iter, _ = D.load_fashion_mnist(4, root=src, quick=False, download=False, seed=0)
+    assert len(train_iter.y) == 6
+    _write_idx(src, n_train=8)                       # the user replaces the .gz files
+    train_iter, _ = D.load_fashion_mnist(4, root=src, quick=False, download=False, seed=0)
+    assert len(train_iter.y) == 8
+    # the same size, other contents: the modification time tells
+    labels = src / "train-labels-idx1-ubyte.gz"
+    with gzip.open(labels, "wb") as f:
+        f.write(struct.pack(">II", 2049, 8) + bytes([9] * 8))
+    st = labels.stat()
+    os.utime(labels, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    train_iter, _ = D.load_fashion_mnist(4, root=src, quick=False, download=False, seed=0)
+    assert train_iter.y.tolist() == [9] * 8
+    # a source that is gone leaves the prepared copy in use
+    for p in src.glob("*.gz"):
+        p.unlink()
+    train_iter, _ = D.load_fashion_mnist(4, root=src, quick=False, download=False, seed=0)
+    assert train_iter.y.tolist() == [9] * 8
+
+
+def test_a_replaced_debian_file_is_prepared_again_into_data(nowhere):
+    _write_idx(D.DEBIAN_DIR, n_train=6)
+    assert len(D.load_fashion_mnist(4, quick=False, download=False)[0].y) == 6
+    _write_idx(D.DEBIAN_DIR, n_train=7)  # apt-get install --reinstall with another release
+    assert len(D.load_fashion_mnist(4, quick=False, download=False)[0].y) == 7
+    assert not (D.DEBIAN_DIR / "FashionMNIST").exists()
