@@ -1,7 +1,8 @@
 """Lesson 03, exercises: a balanced split that gives every device work; devices torch.chunk uses.
 
 Checked by ``course_lib.checks.lesson03``: ``check_balanced_sizes``, ``check_scatter`` (with
-``balanced=True``), ``check_split_batch`` and ``check_devices_used``.
+``balanced=True``), ``check_split_batch`` and ``check_devices_used``. The names are those the
+notebook's exercise cells define (``# EXERCISE: name``).
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["balanced_scatter", "balanced_sizes", "balanced_split_batch", "devices_used"]
+__all__ = ["balanced_scatter", "balanced_sizes", "balanced_split_batch", "devices_used",
+           "used_17_over_8", "used_9_over_8"]
 
 
 def balanced_sizes(B: int, n: int) -> list[int]:
@@ -34,3 +36,8 @@ def balanced_split_batch(X: torch.Tensor, y: torch.Tensor, devices: Sequence[tor
 def devices_used(B: int, n: int) -> int:
     """Exercise 4: devices that ``torch.chunk`` (so ``comm.scatter``) gives work, B over n."""
     return math.ceil(B / math.ceil(B / n))                   # chunks of ceil(B / n) examples
+
+
+#: Exercise 4's predictions: chunks of ceil(B / 8) examples until the batch runs out.
+used_9_over_8 = devices_used(9, 8)      # chunks of 2: 5 devices
+used_17_over_8 = devices_used(17, 8)    # chunks of 3: 6 devices

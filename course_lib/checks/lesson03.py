@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._core import ExerciseResult, call_bounded, check_answer, failure, verdict
+from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
 
 __all__ = ["check_balanced_sizes", "check_devices_used", "check_scatter", "check_split_batch"]
 
@@ -18,6 +18,8 @@ def check_balanced_sizes(fn: Callable | None, *, strict: bool = False) -> Exerci
             sizes = [int(s) for s in call_bounded(fn, B, n)]
         except KeyboardInterrupt:
             raise
+        except NotImplementedError:
+            return unanswered("balanced_sizes", strict)
         except BaseException as exc:  # noqa: B036 - reported, never raised
             return verdict("balanced_sizes", False, f"{failure(exc)} on B={B}, n={n}.", strict)
         ok = len(sizes) == n and sum(sizes) == B and set(sizes) <= {B // n, B // n + 1}
@@ -109,6 +111,8 @@ def check_scatter(fn: Callable | None, *, balanced: bool = False,
             chunks = call_bounded(fn, X, devs)
         except KeyboardInterrupt:
             raise
+        except NotImplementedError:
+            return unanswered(name, strict)
         except BaseException as exc:  # noqa: B036 - a verdict, never a crash
             return verdict(name, False, f"{failure(exc)} on a batch of {B} over {n} devices.",
                            strict)
@@ -143,6 +147,8 @@ def check_split_batch(fn: Callable | None, *, balanced: bool = True,
             X_shards, y_shards = out
         except KeyboardInterrupt:
             raise
+        except NotImplementedError:
+            return unanswered(name, strict)
         except BaseException as exc:  # noqa: B036 - a verdict, never a crash
             return verdict(name, False, f"{where}: {failure(exc)} (expected (X_shards, "
                            "y_shards)).", strict)
