@@ -201,6 +201,28 @@ def test_check_function_accepts_a_tensor_when_the_oracle_returns_a_list(capsys):
     assert ok
 
 
+def test_check_function_refuses_an_empty_list_of_cases(capsys):
+    """It said "matches the course's answer on 0 inputs"."""
+    from course_lib import checks
+
+    with pytest.raises(ValueError, match=r"at least one case.*got cases=\[\]"):
+        checks.check_function("empty", lambda n: n, lambda n: n, [])
+    assert "0 inputs" not in capsys.readouterr().out
+
+
+def test_bench_collectives_refuses_zero_samples(capsys):
+    """--samples 0 ran 3 samples and recorded 3."""
+    from course_lib.bench import collectives
+
+    for bad in ("0", "-2"):
+        with pytest.raises(SystemExit) as exit_info:
+            collectives.main(["--quick", "--samples", bad, "--out", "-"])
+        assert exit_info.value.code == 2
+        assert f"--samples must be an integer >= 1, got {bad}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="samples must be an integer >= 1, got 0"):
+        collectives.measure_collectives(2, [4096], samples=0)
+
+
 # --- no process outlives its launcher -------------------------------------------------------------
 
 def sleep_after_writing_pid(folder: str) -> None:

@@ -136,6 +136,8 @@ def measure_collectives(world_size: int, sizes: list[int], *, names: list[str] |
         statistics of ``summarize_samples`` (per operation), ``busbw_GBps`` and ``algbw_GBps``
         (from the median), and the raw per-sample ``seconds``.
     """
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"measure_collectives: samples must be an integer >= 1, got {samples!r}.")
     names = list(OPS) if names is None else names
     unknown = sorted(set(names) - set(OPS))
     if unknown:
@@ -179,13 +181,15 @@ def main(argv: list[str]) -> int:
                         help="where to write the JSON (default results/collectives-MACHINE.json"
                         "; quick runs write nothing unless given); '-' writes nothing")
     args = parser.parse_args(argv)
+    if args.samples is not None and args.samples < 1:
+        parser.error(f"--samples must be an integer >= 1, got {args.samples}.")
     if args.sizes:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
     else:
         sizes = [4 * KB, 64 * KB, 256 * KB] if args.quick else DEFAULT_SIZES
     world_sizes = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
                    else [2] if args.quick else _default_world_sizes())
-    samples = args.samples or (3 if args.quick else 9)
+    samples = args.samples if args.samples is not None else (3 if args.quick else 9)
     min_sample_s = (args.min_sample_ms or (5 if args.quick else 30)) / 1e3
     report = report_header("collectives", argv, quick=args.quick)
     start = time.perf_counter()

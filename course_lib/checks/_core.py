@@ -147,6 +147,10 @@ def check_answer(name: str, answer: Any, expected: Any, *, hint: str = "",
 def check_function(name: str, fn: Callable | None, oracle: Callable,
                    cases: list[tuple], *, hint: str = "", strict: bool = False) -> ExerciseResult:
     """Call ``fn(*case)`` and ``oracle(*case)`` on each case; the results must match."""
+    cases = list(cases)
+    if not cases:  # the checker's author's mistake, not the learner's: "correct on 0 inputs"
+        raise ValueError(f"check_function({name!r}) needs at least one case to try the function "
+                         "on, got cases=[]; pass a list of argument tuples, e.g. [(3,), (5,)].")
     if fn is None:
         return verdict(name, None, "define your function and pass it here.", strict)
     for case in cases:
