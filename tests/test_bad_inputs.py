@@ -181,6 +181,65 @@ def test_a_checker_reports_a_function_that_never_returns(monkeypatch, capsys):
     assert "did not return within 0.5 s" in capsys.readouterr().out
 
 
+def _checked_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "checked-function" and t.is_alive()]
+
+
+def test_a_checker_stops_an_endless_loop_instead_of_leaving_it_spinning(monkeypatch, capsys):
+    """The verdict came after the time limit but the thread spun on: after 17 such checks,
+    later checkers overran their own limit (51.6 s for 20 s)."""
+    import time
+
+    from course_lib import checks
+    from course_lib.checks import _core
+
+    monkeypatch.setattr(_core, "TIME_LIMIT", 0.3)
+
+    def forever(y_hat, y):
+        while True:
+            try:  # even a learner's except Exception does not keep it alive
+                time.sleep(0.001)
+            except Exception:
+                pass
+
+    for _ in range(5):
+        start = time.monotonic()
+        assert not checks.check_accuracy_fn(forever)
+        assert time.monotonic() - start < 0.3 + _core.STOP_GRACE + 2
+        assert "did not return within 0.3 s" in capsys.readouterr().out
+        assert _checked_threads() == [], "the learner's endless loop is still running"
+    assert checks.check_accuracy_fn(lambda y_hat, y: int((y_hat.argmax(1) == y).sum()))
+
+
+def test_a_checker_that_cannot_stop_a_function_says_restart_the_kernel(monkeypatch, capsys):
+    """A function blocked in one C call (here a lock) cannot be interrupted from outside: the
+    verdict says to restart the kernel, and no more learner code starts while it runs."""
+    import threading
+
+    from course_lib import checks
+    from course_lib.checks import _core
+
+    monkeypatch.setattr(_core, "TIME_LIMIT", 0.3)
+    monkeypatch.setattr(_core, "STOP_GRACE", 0.3)
+    released = threading.Event()
+    right = lambda y_hat, y: int((y_hat.argmax(1) == y).sum())  # noqa: E731
+    try:
+        assert not checks.check_accuracy_fn(lambda y_hat, y: released.wait())
+        out = capsys.readouterr().out
+        assert "did not return within 0.3 s" in out and "still running" in out
+        assert "restart the kernel" in out
+        assert not checks.check_accuracy_fn(right)  # refused: nothing new started beside it
+        assert "was not run" in capsys.readouterr().out and len(_checked_threads()) == 1
+    finally:
+        released.set()
+    for thread in _checked_threads():
+        thread.join(5)
+    assert checks.check_accuracy_fn(right)  # the stuck function ended: checks run again
+    assert _core._still_running == []
+
+
 def test_a_checker_reports_exit_and_wrong_types_instead_of_raising(capsys):
     import sys
 

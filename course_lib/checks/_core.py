@@ -68,8 +68,46 @@ class CheckTimeout(Exception):
     """The learner's function did not return within the checker's time bound."""
 
 
+class _Stopped(BaseException):
+    """Raised inside a learner's function that overran, to stop its thread (a BaseException,
+    so that an ``except Exception`` in the learner's code does not swallow it)."""
+
+
 #: Seconds a learner's function may take on one input before the checker gives up on it.
 TIME_LIMIT = 20.0
+#: Seconds given to an overrunning function to stop once asked to.
+STOP_GRACE = 3.0
+#: Threads of learner functions that overran and could not be stopped: still running here.
+_still_running: list[tuple[threading.Thread, dict]] = []
+
+
+def _ask_to_stop(thread: threading.Thread) -> None:
+    """Raise ``_Stopped`` inside ``thread`` at its next Python instruction (CPython's
+    ``PyThreadState_SetAsyncExc``; a thread blocked inside one C call sees it only when the
+    call returns)."""
+    import ctypes
+
+    if thread.ident is not None and thread.is_alive():
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                   ctypes.py_object(_Stopped))
+
+
+def _stop(thread: threading.Thread, box: dict, grace: float) -> bool:
+    """Ask ``thread`` to stop, again every 0.1 s (its code may catch the first), for up to
+    ``grace`` seconds, unless the learner's function is over (``box`` filled); True when the
+    thread has ended."""
+    import time
+
+    deadline = time.monotonic() + grace
+    while thread.is_alive() and time.monotonic() < deadline:
+        if not box:
+            _ask_to_stop(thread)
+        thread.join(0.1)
+    return not thread.is_alive()
+
+
+_RESTART = ("restart the kernel (Kernel > Restart Kernel, then run the cells again from the top) "
+            "to stop it")
 
 
 def call_bounded(fn: Callable, *args: Any, timeout: float | None = None) -> Any:
@@ -77,25 +115,44 @@ def call_bounded(fn: Callable, *args: Any, timeout: float | None = None) -> Any:
 
     Returns what ``fn`` returned; re-raises what it raised (``SystemExit`` included, as an
     ordinary exception the checker reports). Raises ``CheckTimeout`` after ``timeout`` seconds
-    (default ``TIME_LIMIT``):
-    the thread is a daemon and is abandoned, so the notebook stays usable (restart the kernel to
-    stop a function that loops forever).
+    (default ``TIME_LIMIT``) and stops the thread: an exception is raised inside it at its
+    next Python instruction. A function blocked inside one long C call (a wait on a lock, a
+    socket) cannot be stopped that way: the verdict then says it is still running and that
+    the kernel must be restarted, and no further function is started while it runs (each would
+    only compete with it for the cores). The learner's function runs in the kernel's own
+    process, not in a worker process, because checkers look at what it changed in place
+    (an allreduce, an SGD step) and it may be defined in a notebook cell.
     """
     timeout = TIME_LIMIT if timeout is None else timeout
+    for old in list(_still_running):
+        if _stop(*old, grace=0.2):
+            _still_running.remove(old)
+    if _still_running:
+        raise CheckTimeout(f"was not run: a function from an earlier check is still running in "
+                           f"this kernel ({len(_still_running)} of them), stuck in a call that "
+                           f"cannot be interrupted; {_RESTART}.")
     box: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            box["value"] = fn(*args)
-        except BaseException as e:  # noqa: B036 - handed to the caller below
-            box["error"] = e
+            try:
+                box["value"] = fn(*args)
+            except BaseException as e:  # noqa: B036 - handed to the caller below
+                box["error"] = e
+        except _Stopped:  # asked to stop just as the function ended
+            box.setdefault("error", CheckTimeout("stopped"))
 
     worker = threading.Thread(target=run, name="checked-function", daemon=True)
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        raise CheckTimeout(f"did not return within {timeout:g} s (an endless loop, or a wait "
-                           "that never ends?)")
+        what = (f"did not return within {timeout:g} s (an endless loop, or a wait that never "
+                "ends?)")
+        if _stop(worker, box, STOP_GRACE):
+            raise CheckTimeout(f"{what}; the checker stopped it")
+        _still_running.append((worker, box))
+        raise CheckTimeout(f"{what}, and it is still running in this kernel, stuck in a call "
+                           f"that cannot be interrupted: {_RESTART}")
     if "error" in box:
         raise box["error"]
     return box.get("value")
