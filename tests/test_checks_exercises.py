@@ -1,4 +1,4 @@
-"""The exercise checkers of notebooks 02-06: None is "not answered yet", a right answer passes,
+"""The exercise checkers of notebooks 01-06: None is "not answered yet", a right answer passes,
 a wrong one fails (and raises with strict=True), and each oracle agrees with the real thing."""
 import math
 import warnings
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from course_lib import checks
+from course_lib.checks.lesson02 import _ring_sends
 from course_lib.devices import devices
 from course_lib.distributed.collectives import ring_chunk_bounds
 from course_lib.models.lenet import LeNet
 from course_lib.parallel import DataParallel
-from course_lib.checks.lesson02 import _ring_sends
 from course_lib.parallel.comm import allreduce, ring_allreduce, scatter
 
 
@@ -153,3 +153,29 @@ def test_a_verdict_prints_once_and_displays_nothing_as_a_cells_last_value(capsys
     result = checks.check_answer("x", 2, 2)
     assert capsys.readouterr().out == "[x] correct: well done.\n"
     assert result._ipython_display_() is None and capsys.readouterr().out == ""
+
+
+# ---- notebook 01 ---------------------------------------------------------------------------------
+
+def test_lesson01_checkers_accept_the_solutions_and_reject_realistic_mistakes():
+    from solutions import lesson01
+
+    def no_zeroing(params, lr):  # the step is right, the gradients pile up
+        with torch.no_grad():
+            for p in params:
+                p -= lr * p.grad
+
+    def rebinds(params, lr):     # new tensors in a list the caller never sees
+        params = [p - lr * p.grad for p in params]
+
+    def scaffold(*args):
+        raise NotImplementedError
+
+    verdicts(checks.check_sgd_fn, None, lesson01.sgd, no_zeroing)
+    assert checks.check_sgd_fn(rebinds).ok is False
+    assert checks.check_sgd_fn(scaffold).ok is None
+    verdicts(checks.check_accuracy_fn, None, lesson01.accuracy,
+             lambda y_hat, y: int((y_hat.argmax(dim=0)[:len(y)] == y).sum()))
+    assert checks.check_accuracy_fn(scaffold).ok is None
+    verdicts(checks.check_initial_loss, None, lesson01.initial_loss_d2l, 0.0)
+    assert checks.check_initial_loss(math.log(10)) and not checks.check_initial_loss(math.log(2))

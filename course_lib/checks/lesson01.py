@@ -1,4 +1,4 @@
-"""Checkers for the exercises of lesson 01 (functional LeNet)."""
+"""Checkers for the exercises of lesson 01 (functional LeNet): sgd, accuracy, the plateau."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -14,7 +14,7 @@ from ._core import (
     verdict,
 )
 
-__all__ = ["check_accuracy_fn", "check_sgd_fn"]
+__all__ = ["check_accuracy_fn", "check_initial_loss", "check_sgd_fn"]
 
 def check_accuracy_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise 01: ``fn(y_hat, y)`` returns the number of correct predictions."""
@@ -61,3 +61,34 @@ def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult
         return verdict("sgd", False, "the step is right but the gradients were not zeroed.",
                         strict)
     return verdict("sgd", True, "same parameters as the course's sgd, gradients zeroed.", strict)
+
+
+def check_initial_loss(answer: float | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise 01: the mean cross-entropy of LeNet at d2l's initialisation (normal times 0.01).
+
+    Judged against the loss measured on random images for three seeds (all within 1e-3 of
+    ln 10 = 2.3026: the logits start near zero); an answer within 0.01 of it is right.
+    """
+    import torch.nn.functional as F
+
+    from ..models.lenet import init_lenet_params, lenet
+
+    name = "initial loss"
+    if answer is None:
+        return verdict(name, None, "replace None with your answer and run the cell again.",
+                       strict)
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.rand(256, 1, 28, 28, generator=g), torch.randint(0, 10, (256,), generator=g)
+    with torch.no_grad():
+        losses = [float(F.cross_entropy(lenet(X, init_lenet_params(scale=0.01, seed=s)), y))
+                  for s in range(3)]
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        return verdict(name, False, f"expected a number, got {answer!r}.", strict)
+    if all(abs(value - loss) <= 0.01 for loss in losses):
+        measured = ", ".join(f"{v:.4f}" for v in losses)
+        return verdict(name, True, f"the measured losses are {measured}: logits near zero, "
+                       "every class equally likely.", strict)
+    return verdict(name, False, f"got {value:.4g}. Hint: with logits near zero, what probability "
+                   "does the softmax give the right class, and what is minus its log?", strict)
