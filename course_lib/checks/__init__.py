@@ -45,6 +45,7 @@ from .lesson06 import (
 from .lesson07 import check_average_gradients
 from .lesson08 import check_exact_accuracy
 from .lesson10 import check_ring_time, ring_time_by_schedule
+from .lesson11 import check_fsdp, check_zero
 from .lesson12 import check_one_f_one_b, max_in_flight
 from .lesson13 import check_strip_prefix
 
@@ -64,6 +65,7 @@ __all__ = [
     "check_average_gradients",                                # 07
     "check_exact_accuracy",                                   # 08
     "check_ring_time", "ring_time_by_schedule",               # 09
+    "check_zero", "check_fsdp",                              # 11 (sharded)
     "check_one_f_one_b", "max_in_flight",                     # 11
     "check_strip_prefix",                                     # 12
 ]

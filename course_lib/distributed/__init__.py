@@ -8,6 +8,9 @@ Where each idea lives (the same split as torch's package):
   ``torch.multiprocessing.spawn``; ``processes``: stopping them, bounded, nothing left behind.
 - ``collectives``: all-reduce, broadcast and all-gather written by hand from ``isend``/``irecv``.
 - ``run``: ``torchrun`` and ``mpirun`` from a notebook cell.
+- ``optim``: ``ZeroRedundancyOptimizer`` (ZeRO-1); ``fsdp``: ``FullyShardedDataParallel``;
+  ``memory``: bytes per rank measured (``PeakMemory``) beside the ZeRO paper's count
+  (``zero_formula``) (lesson 11).
 
 Every public name of those modules is importable from here: ``from course_lib.distributed
 import launch, init_distributed_mode``.
@@ -30,15 +33,21 @@ from .env import (
     is_main_process,
     reduce_value,
 )
+from .fsdp import FullyShardedDataParallel
 from .launch import LaunchTimeout, WorkerError, find_free_port, launch, run_worker
+from .memory import PeakMemory, zero_formula
+from .optim import ZeroRedundancyOptimizer
 from .run import EXAMPLES, example_path, mpirun, run_commands, torchrun
 
 __all__ = [
     "EXAMPLES",
     "BackendChoice",
     "DistInfo",
+    "FullyShardedDataParallel",
     "LaunchTimeout",
+    "PeakMemory",
     "WorkerError",
+    "ZeroRedundancyOptimizer",
     "choose_backend",
     "cleanup",
     "current_device",
@@ -58,4 +67,5 @@ __all__ = [
     "run_worker",
     "torchrun",
     "tree_broadcast",
+    "zero_formula",
 ]

@@ -1,0 +1,321 @@
+"""Checkers for the exercises of lesson 11 (sharded data parallelism).
+
+``check_zero(cls)`` runs the learner's ZeRO-1 optimizer class in real worker processes
+(``course_lib.distributed.launch``) on 2, 3 and 4 ranks and compares it with the unsharded
+optimizer (AdamW with weight decay, SGD with momentum; frozen and tied parameters): same
+parameters after every step, each rank holding state for its own shard only, shards balanced by
+size. ``check_fsdp(cls)`` runs the learner's simplified FSDP unit (a Linear layer kept as one
+flat, padded shard per rank) in a two-layer network against one process on the whole batch: shard
+sizes, averaged gradients, training steps, and that the full weight is not kept between forward
+and backward. Worker processes import the class by module and name, so it must live in a file
+(in the notebook: ``%%writefile my_zero.py``); pass it as a class or as ``"my_zero:ZeRO1"``.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import math
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ._core import ExerciseResult, first_failure_in_ranks, resolve, verdict, worker_spec
+
+__all__ = ["check_fsdp", "check_zero"]
+
+
+def _short(t: torch.Tensor) -> str:
+    values = ", ".join(f"{v:.4g}" for v in t.flatten()[:3].tolist())
+    return f"[{values}{', ...' if t.numel() > 3 else ''}] of shape {tuple(t.shape)}"
+
+
+def _import(spec) -> tuple[Callable | None, str | None]:
+    try:
+        return resolve(spec), None
+    except Exception as e:  # the file is missing, or does not define the class
+        return None, (f"could not import your class in the workers: {type(e).__name__}: {e} "
+                      "(did the %%writefile cell run?)")
+
+
+# ------------------------------------------------------------------------------------------------
+# ZeRO-1
+# ------------------------------------------------------------------------------------------------
+
+class _MLP(nn.Module):
+    """Linear 7 -> 13 -> 5 -> 3: parameter sizes 91, 13, 65, 5, 15, 3."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(7, 13), nn.Linear(13, 5), nn.Linear(5, 3)
+
+    def forward(self, X):                                       # (B, 7)
+        return self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(X)))))  # (B, 3)
+
+
+class _Tied(_MLP):
+    """One weight used by two layers (``parameters()`` lists it once)."""
+
+    def __init__(self):
+        super().__init__()
+        self.again = nn.Linear(7, 13)
+        self.again.weight = self.fc1.weight
+
+    def forward(self, X):
+        h = torch.tanh(self.fc1(X)) + torch.tanh(self.again(X))
+        return self.fc3(torch.tanh(self.fc2(h)))
+
+
+def _frozen() -> nn.Module:
+    net = _MLP()
+    net.fc2.requires_grad_(False)
+    return net
+
+
+_ZERO_MODELS = {"mlp": _MLP, "tied": _Tied, "frozen fc2": _frozen}
+_OPTIMIZERS = {"AdamW(lr=0.01, weight_decay=0.1)": (torch.optim.AdamW,
+                                                    dict(lr=0.01, weight_decay=0.1)),
+               "SGD(lr=0.05, momentum=0.9)": (torch.optim.SGD, dict(lr=0.05, momentum=0.9))}
+_ZERO_HINT = ("assign each parameter to one rank (largest first, to the rank with the fewest "
+              "elements so far), build optimizer_class over this rank's parameters only "
+              "(self.optim), and after self.optim.step() broadcast every parameter from its "
+              "owner, in the same order on every rank.")
+
+
+def _zero_cases(spec, steps: int, seed: int) -> str | None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cls, error = _import(spec)
+    if error:
+        return error
+    for model, build in _ZERO_MODELS.items():
+        for opt_name, (opt_cls, options) in _OPTIMIZERS.items():
+            where = f"world_size={world}, model {model!r}, {opt_name}, rank {rank}"
+            torch.manual_seed(seed)
+            net = build()
+            ref = copy.deepcopy(net)
+            try:
+                zero = cls(net.parameters(), opt_cls, **options)
+            except Exception as e:
+                return f"{where}: your constructor raised {type(e).__name__}: {e}"
+            oracle = opt_cls(ref.parameters(), **options)
+            g = torch.Generator().manual_seed(seed + 1)
+            for step in range(steps):
+                X, y = torch.randn(12, 7, generator=g), torch.randint(0, 3, (12,), generator=g)
+                oracle.zero_grad()
+                F.cross_entropy(ref(X), y).backward()
+                oracle.step()
+                try:  # every rank gets the same (whole-batch) gradient: only the optimizer varies
+                    zero.zero_grad()
+                    F.cross_entropy(net(X), y).backward()
+                    zero.step()
+                except Exception as e:
+                    return f"{where}, step {step}: your optimizer raised {type(e).__name__}: {e}"
+                mine = torch.cat([p.detach().flatten() for p in net.parameters()])
+                first = mine.clone()
+                dist.broadcast(first, src=0)
+                for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+                    if not torch.allclose(p, q, rtol=1e-6, atol=1e-7):
+                        why = ""
+                        if not torch.equal(mine, first):
+                            why = (" The ranks no longer agree: did each owner broadcast its "
+                                   "updated parameters to every rank?")
+                        return (f"{where}, after step {step}: parameter {name} is "
+                                f"{_short(p)}, the unsharded optimizer gives {_short(q)}.{why}")
+            # the state: each rank holds its own shard's only, the shards balanced by size
+            local = getattr(zero, "optim", None)
+            if not isinstance(local, torch.optim.Optimizer):
+                return (f"{where}: expected your class to keep this rank's optimizer as "
+                        f"self.optim (a torch.optim.Optimizer), found {type(local).__name__}.")
+            ids = {id(p): i for i, p in enumerate(net.parameters())}
+            held = sorted(ids[id(p)] for p in local.state if id(p) in ids)
+            everyone = [None] * world
+            dist.all_gather_object(everyone, held)
+            trainable = [i for i, p in enumerate(net.parameters()) if p.requires_grad]
+            if sorted(i for h in everyone for i in h) != trainable:
+                full = [r for r, h in enumerate(everyone) if h == trainable]
+                if full:
+                    return (f"{where}: rank {full[0]} keeps optimizer state for every "
+                            "parameter: each rank should step only the parameters it owns.")
+                return (f"{where}: optimizer states over the ranks cover parameters "
+                        f"{everyone}, expected each of {trainable} exactly once.")
+            sizes = [sum(p.numel() for p in net.parameters() if ids[id(p)] in h)
+                     for h in everyone]
+            largest = max(p.numel() for p in net.parameters() if p.requires_grad)
+            if max(sizes) - min(sizes) > largest:
+                return (f"{where}: the ranks own {sizes} trainable elements: balance the shards "
+                        f"by size (a difference of at most the largest parameter, {largest}).")
+    return None
+
+
+def check_zero(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3, 4),
+               steps: int = 3, timeout: float = 120.0, strict: bool = False) -> ExerciseResult:
+    """Exercise 11.1: ``cls(params, optimizer_class, **defaults)``, a ZeRO-1 optimizer.
+
+    For each world size, ``launch`` starts that many processes; each builds the same small model
+    (an MLP, one with tied weights, one with a frozen layer), gives your optimizer and the
+    unsharded one the same gradients for ``steps`` steps (AdamW with weight decay, SGD with
+    momentum), and compares every parameter after every step. Then: your ``self.optim`` (the
+    local optimizer) must hold state for this rank's parameters only, every trainable parameter
+    on exactly one rank, the ranks' shares of elements balanced.
+
+    Args:
+        cls: your class (importable by worker processes) or ``"module:ClassName"``; None: not
+            answered yet.
+        world_sizes: numbers of processes to try.
+        steps: optimizer steps per case.
+        timeout: seconds for each launch (a class that hangs fails, it does not hang).
+        strict: raise ``AssertionError`` on a wrong answer.
+    """
+    name = "ZeRO-1"
+    if cls is None:
+        return verdict(name, None, "write your class to a file and pass it here.", strict)
+    spec = worker_spec(cls, "my_zero:ZeRO1")
+    if isinstance(spec, str):
+        return verdict(name, False, spec, strict)
+    failure = first_failure_in_ranks(
+        _zero_cases, spec, world_sizes, (steps, 3), timeout=timeout, hint=_ZERO_HINT,
+        hang_hint="Does every rank make the same broadcasts, in the same order?")
+    if failure is not None:
+        return verdict(name, False, failure, strict)
+    return verdict(name, True, f"equal to the unsharded optimizer for world sizes "
+                   f"{list(world_sizes)}, {len(_ZERO_MODELS)} models and "
+                   f"{len(_OPTIMIZERS)} optimizers; each rank steps only its shard.", strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# a simplified FSDP unit
+# ------------------------------------------------------------------------------------------------
+
+_FSDP_HINT = ("flatten [weight, bias] into one vector, pad it with zeros to a multiple of the "
+              "world size, keep slice rank of the padded vector as self.shard; in forward "
+              "all-gather, compute, and save only X and the shard for backward; in backward "
+              "all-gather again, then reduce-scatter the flat gradient and divide by the world "
+              "size.")
+_SIZES = [(16, 12), (12, 5)]  # 204 and 65 elements: 3 divides neither 65 nor 2 and 4 65
+
+
+def _flat(linear: nn.Linear, grad: bool = False) -> torch.Tensor:
+    w, b = (linear.weight.grad, linear.bias.grad) if grad else (linear.weight, linear.bias)
+    return torch.cat([w.detach().flatten(), b.detach()])  # (N,)
+
+
+def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cls, error = _import(spec)
+    if error:
+        return error
+    where = f"world_size={world}, rank {rank}"
+    torch.manual_seed(seed)
+    layers = [nn.Linear(a, b) for a, b in _SIZES]
+    ref = nn.Sequential(layers[0], nn.Tanh(), layers[1])
+    try:
+        units = [cls(copy.deepcopy(layer)) for layer in layers]
+    except Exception as e:
+        return f"{where}: your constructor raised {type(e).__name__}: {e}"
+    ref = copy.deepcopy(ref)
+    del layers
+    net = nn.Sequential(units[0], nn.Tanh(), units[1])
+    for unit, (a, b), layer in zip(units, _SIZES, (ref[0], ref[2])):
+        n = a * b + b
+        size = math.ceil(n / world)
+        shard = getattr(unit, "shard", None)
+        if not isinstance(shard, nn.Parameter) or shard.dim() != 1:
+            return f"{where}: expected self.shard, a 1-D nn.Parameter, found {type(shard)}."
+        if shard.numel() != size:
+            return (f"{where}: Linear({a}, {b}) has {n} elements; each rank's shard should "
+                    f"have ceil({n}/{world}) = {size} (the padded vector split evenly), yours "
+                    f"has {shard.numel()}.")
+        padded = torch.cat([_flat(layer), torch.zeros(size * world - n)])
+        if not torch.equal(shard.detach(), padded[rank * size:(rank + 1) * size]):
+            return (f"{where}: the shard of Linear({a}, {b}) should be elements "
+                    f"{rank * size}:{(rank + 1) * size} of [weight.flatten(), bias] padded "
+                    f"with zeros; it is {_short(shard)}.")
+    sizes = {a * b + b for a, b in _SIZES} | {a * b for a, b in _SIZES}
+    sizes |= {math.ceil(n / world) * world for n in sizes}
+    known = {id(p) for p in ref.parameters()}
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(seed + 1)
+    per_rank = 3
+    for step in range(steps):
+        X = torch.randn(world * per_rank, 16, generator=g)
+        y = torch.randint(0, 5, (world * per_rank,), generator=g)
+        mine = slice(rank * per_rank, (rank + 1) * per_rank)
+        ref_opt.zero_grad()
+        F.cross_entropy(ref(X), y).backward()
+        opt.zero_grad()
+        saved: list[int] = []
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(
+                    lambda t: (saved.append(t.numel()), t)[1], lambda t: t):
+                loss = F.cross_entropy(net(X[mine]), y[mine])
+            gc.collect()
+            kept = [t.numel() for t in gc.get_objects() if issubclass(type(t), torch.Tensor)
+                    and id(t) not in known and t.numel() in sizes
+                    and t.untyped_storage().nbytes() > 0]
+            if any(n in sizes for n in saved) or kept:
+                return (f"{where}: between forward and backward a full weight "
+                        f"({sorted(set(kept) | (set(saved) & sizes))} elements) is still "
+                        "held: FSDP frees the gathered parameters after forward and gathers "
+                        "them again in backward (save X and the shard, not W).")
+            loss.backward()
+        except Exception as e:
+            return f"{where}, step {step}: forward or backward raised {type(e).__name__}: {e}"
+        for unit, layer, (a, b) in zip(units, (ref[0], ref[2]), _SIZES):
+            n = a * b + b
+            size = math.ceil(n / world)
+            want = torch.cat([_flat(layer, grad=True), torch.zeros(size * world - n)])
+            want = want[rank * size:(rank + 1) * size]
+            got = unit.shard.grad
+            if got is None or got.shape != want.shape:
+                return (f"{where}, step {step}: the shard of Linear({a}, {b}) has .grad "
+                        f"{None if got is None else tuple(got.shape)}, expected {size} "
+                        "elements.")
+            if not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
+                why = ""
+                if torch.allclose(got, want * world, rtol=1e-4, atol=1e-6):
+                    why = f" It is {world} times too large: the sum, not the average."
+                return (f"{where}, step {step}: the gradient of Linear({a}, {b})'s shard is "
+                        f"{_short(got)}, the whole-batch gradient gives {_short(want)}.{why}")
+        opt.step()
+        ref_opt.step()
+    return None
+
+
+def check_fsdp(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3, 4),
+               steps: int = 2, timeout: float = 120.0, strict: bool = False) -> ExerciseResult:
+    """Exercise 11.2: ``cls(linear)``, one Linear layer as a simplified FSDP unit.
+
+    For each world size, ``launch`` starts that many processes; each wraps Linear(16, 12) and
+    Linear(12, 5) (204 and 65 elements: 3 and 4 do not divide them) in your class, checks each
+    ``self.shard`` (a 1-D ``nn.Parameter`` of ``ceil(N / world_size)`` elements: rank's slice of
+    ``[weight.flatten(), bias]`` padded with zeros), trains ``steps`` SGD steps with each rank on
+    its slice of the batch, and compares with one process on the whole batch: each shard's
+    ``.grad`` must be the slice of the whole-batch gradient (the average over ranks). Between
+    forward and backward, no full weight may stay alive (gathered, used, freed).
+
+    Args:
+        cls: your class (importable by worker processes) or ``"module:ClassName"``; None: not
+            answered yet.
+        world_sizes: numbers of processes to try.
+        steps: training steps.
+        timeout: seconds for each launch.
+        strict: raise ``AssertionError`` on a wrong answer.
+    """
+    name = "FSDP unit"
+    if cls is None:
+        return verdict(name, None, "write your class to a file and pass it here.", strict)
+    spec = worker_spec(cls, "my_fsdp:ShardedLinear")
+    if isinstance(spec, str):
+        return verdict(name, False, spec, strict)
+    failure = first_failure_in_ranks(
+        _fsdp_cases, spec, world_sizes, (steps, 5), timeout=timeout, hint=_FSDP_HINT,
+        hang_hint="Does every rank make the same collectives (all-gather in forward and in "
+                  "backward, reduce-scatter in backward)?")
+    if failure is not None:
+        return verdict(name, False, failure, strict)
+    return verdict(name, True, f"shards, averaged gradients and {steps} training steps equal one "
+                   f"process on the whole batch for world sizes {list(world_sizes)}; the full "
+                   "weights are freed between forward and backward.", strict)
