@@ -49,14 +49,10 @@ sitetest: setup
 nbtest: setup
 	$(TESTENV) $(PY) -m pytest notebooks $(NBVAL)
 
-# Re-execute every notebook in place in full mode (refreshes the stored outputs).
+# Re-execute lessons in place in full mode (refreshes the stored outputs), each after waiting for a
+# quiet machine; wall times go to results/notebook-times-MACHINE.json. NB=path runs only that one.
 notebooks: setup
-	@for nb in notebooks/[0-9]*.ipynb; do \
-	    echo "== $$nb"; \
-	    TQDM_DISABLE=1 $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
-	        --ExecutePreprocessor.record_timing=False \
-	        --ExecutePreprocessor.timeout=3600 --ExecutePreprocessor.kernel_name=python3 "$$nb" || exit 1; \
-	done
+	GLOO_SOCKET_IFNAME=lo $(PY) scripts/execute_notebooks.py $(NB)
 
 # Every benchmark, each writing its JSON to results/NAME-MACHINE.json (the stored results), with
 # the command, machine, date and load average that made it.
