@@ -10,6 +10,8 @@ linear 800->128 -> linear 128->10 logits. ReLU after each conv and after the fir
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,23 +22,53 @@ __all__ = ["LENET_SHAPES", "LeNet", "init_lenet_params", "lenet", "sgd"]
 LENET_SHAPES = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (800, 128), (128,), (128, 10), (10,)]
 
 
-def init_lenet_params(scale: float = 0.01, seed: int | None = None,
-                      device: torch.device | str | None = None) -> list[torch.Tensor]:
-    """The 8 LeNet parameters: weights normal times ``scale``, biases zero; leaves requiring grad.
+def init_lenet_params(scale: float | None = None, seed: int | None = None,
+                      device: torch.device | str | None = None, *,
+                      init: str | None = None) -> list[torch.Tensor]:
+    """The 8 LeNet parameters, leaves requiring grad.
+
+    Two initialisations:
+
+    - ``init="torch"`` (the default): what ``nn.Conv2d`` and ``nn.Linear`` do, scaled by each
+      layer's fan-in: weights and biases uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``
+      (``kaiming_uniform_(a=sqrt(5))``; He et al. 2015, "Delving deep into rectifiers"). The
+      signal keeps its size through the layers, so training leaves the starting plateau at once.
+    - ``init="d2l"`` (or any ``scale`` given): d2l's, weights normal times ``scale`` (0.01 unless
+      given), biases zero. Every layer shrinks the signal about a hundredfold: the logits start
+      near zero, the loss near ln 10, and whether a run leaves that plateau can depend on float
+      rounding (thread count, machine, kernel order). Lesson 01 shows it as an experiment.
 
     Args:
-        scale: standard deviation of the weights.
+        scale: standard deviation of the weights (implies ``init="d2l"``).
         seed: seed for a private generator (the same seed gives the same weights anywhere).
         device: where to create them (default CPU).
+        init: ``"torch"`` or ``"d2l"``.
     """
+    if init is None:
+        init = "torch" if scale is None else "d2l"
+    if init not in ("torch", "d2l"):
+        raise ValueError(f"init_lenet_params: init must be 'torch' (fan-in scaled, the default) "
+                         f"or 'd2l' (normal times scale), got {init!r}.")
+    if init == "torch" and scale is not None:
+        raise ValueError(f"init_lenet_params: scale={scale} applies to init='d2l' only; the "
+                         f"'torch' initialisation scales each layer by its fan-in.")
+    scale = 0.01 if scale is None else scale
     gen = torch.Generator()
     if seed is not None:
         gen.manual_seed(seed)
     else:
         gen.seed()
     params = []
+    fan_in = 1
     for shape in LENET_SHAPES:
-        if len(shape) == 1:  # a bias
+        if len(shape) == 4:    # conv weight (out, in, kh, kw)
+            fan_in = shape[1] * shape[2] * shape[3]
+        elif len(shape) == 2:  # linear weight stored (in, out): X @ W
+            fan_in = shape[0]
+        if init == "torch":    # the bias uses its layer's fan-in, as nn.Linear/nn.Conv2d
+            bound = 1.0 / math.sqrt(fan_in)
+            p = (torch.rand(shape, generator=gen) * 2 - 1) * bound
+        elif len(shape) == 1:  # d2l: biases zero
             p = torch.zeros(shape)
         else:
             p = torch.randn(shape, generator=gen) * scale
