@@ -106,6 +106,7 @@ def _zero_cases(spec, steps: int, seed: int) -> str | None:
                 oracle.zero_grad()
                 F.cross_entropy(ref(X), y).backward()
                 oracle.step()
+                old = [p.detach().clone() for p in net.parameters()]
                 try:  # every rank gets the same (whole-batch) gradient: only the optimizer varies
                     zero.zero_grad()
                     F.cross_entropy(net(X), y).backward()
@@ -113,14 +114,16 @@ def _zero_cases(spec, steps: int, seed: int) -> str | None:
                 except Exception as e:
                     return f"{where}, step {step}: your optimizer raised {type(e).__name__}: {e}"
                 mine = torch.cat([p.detach().flatten() for p in net.parameters()])
-                first = mine.clone()
-                dist.broadcast(first, src=0)
-                for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+                everyone = [torch.empty_like(mine) for _ in range(world)]
+                dist.all_gather(everyone, mine)
+                agree = all(torch.equal(everyone[0], t) for t in everyone)
+                for (name, p), q, p0 in zip(net.named_parameters(), ref.parameters(), old):
                     if not torch.allclose(p, q, rtol=1e-6, atol=1e-7):
                         why = ""
-                        if not torch.equal(mine, first):
-                            why = (" The ranks no longer agree: did each owner broadcast its "
-                                   "updated parameters to every rank?")
+                        if torch.equal(p, p0) or not agree:
+                            why = (" It did not change on this rank, or the ranks no longer "
+                                   "agree: did each owner broadcast its updated parameters "
+                                   "to every rank?")
                         return (f"{where}, after step {step}: parameter {name} is "
                                 f"{_short(p)}, the unsharded optimizer gives {_short(q)}.{why}")
             # the state: each rank holds its own shard's only, the shards balanced by size
@@ -232,9 +235,9 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
             return (f"{where}: the shard of Linear({a}, {b}) should be elements "
                     f"{rank * size}:{(rank + 1) * size} of [weight.flatten(), bias] padded "
                     f"with zeros; it is {_short(shard)}.")
+    del padded  # the scan below looks for tensors of these sizes
     sizes = {a * b + b for a, b in _SIZES} | {a * b for a, b in _SIZES}
     sizes |= {math.ceil(n / world) * world for n in sizes}
-    known = {id(p) for p in ref.parameters()}
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(seed + 1)
@@ -247,13 +250,20 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
         F.cross_entropy(ref(X), y).backward()
         opt.zero_grad()
         saved: list[int] = []
+
+        def pack(t: torch.Tensor, saved: list[int] = saved) -> torch.Tensor:
+            saved.append(t.numel())
+            return t
+
+        gc.collect()
+        before = {id(t) for t in gc.get_objects() if issubclass(type(t), torch.Tensor)}
         try:
-            with torch.autograd.graph.saved_tensors_hooks(
-                    lambda t: (saved.append(t.numel()), t)[1], lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = F.cross_entropy(net(X[mine]), y[mine])
             gc.collect()
+            # tensors made by the forward and still alive, of a full weight's size
             kept = [t.numel() for t in gc.get_objects() if issubclass(type(t), torch.Tensor)
-                    and id(t) not in known and t.numel() in sizes
+                    and id(t) not in before and t.numel() in sizes
                     and t.untyped_storage().nbytes() > 0]
             if any(n in sizes for n in saved) or kept:
                 return (f"{where}: between forward and backward a full weight "
@@ -267,7 +277,7 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
             n = a * b + b
             size = math.ceil(n / world)
             want = torch.cat([_flat(layer, grad=True), torch.zeros(size * world - n)])
-            want = want[rank * size:(rank + 1) * size]
+            want = want[rank * size:(rank + 1) * size].clone()  # not a view of the full one
             got = unit.shard.grad
             if got is None or got.shape != want.shape:
                 return (f"{where}, step {step}: the shard of Linear({a}, {b}) has .grad "
