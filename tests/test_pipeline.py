@@ -1,9 +1,15 @@
 """Model and pipeline parallelism (lesson 12): splits, one-process model parallelism, schedules,
 and the pipeline across gloo processes against its oracle (one process, the whole model, the
-whole batch: gradients and the weights after an SGD step)."""
+whole batch: gradients and the weights after an SGD step). The stages' point-to-point calls are
+recorded (``P2PTrace``) and must be NCCL-safe and equal what ``simulate_schedule`` plays."""
+import math
+import re
+
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from p2p_trace import P2PTrace
 from torch import nn
 
 from course_lib.checks.lesson12 import max_in_flight
@@ -15,15 +21,18 @@ from course_lib.distributed.pipelining import (
     PipelineStage,
     balance_stages,
     bubble_fraction,
+    check_order,
     flatten_sequential,
     gpipe_order,
     idle_fraction,
     layer_costs,
     one_f_one_b_order,
+    p2p_program,
     simulate_schedule,
     split_microbatches,
     split_sequential,
 )
+from course_lib.distributed.pipelining.stage import _HEADER_TAG
 from course_lib.examples import pipeline_workers as W
 from course_lib.models.lenet import LeNet
 from course_lib.models.resnet import resnet18
@@ -45,6 +54,34 @@ def test_pipeline_split_balances_params_and_time():
     assert len(costs) == 7 and all(c > 0 for c in costs)
     assert sum(balance_stages(net, 4, "time", X, repeat=1)) == 7
     assert len(flatten_sequential(resnet18())) == 14
+    said = re.search(r"become (\d+) layers", flatten_sequential.__doc__)
+    assert said and int(said.group(1)) == 14          # the docstring counts what the code does
+
+
+class _Seen(nn.Module):
+    """A linear layer that notes whether each input it gets requires grad."""
+
+    seen: list = []   # a class attribute: shared by the copies layer_costs makes
+
+    def __init__(self, index: int):
+        super().__init__()
+        self.index, self.linear = index, nn.Linear(4, 4)
+
+    def forward(self, x):
+        _Seen.seen.append((self.index, x.requires_grad))
+        return self.linear(x)
+
+
+def test_layer_costs_by_time_runs_each_layer_as_the_pipeline_does():
+    _Seen.seen.clear()
+    costs = layer_costs(nn.Sequential(_Seen(0), _Seen(1), _Seen(2)), "time", torch.randn(8, 4),
+                        repeat=2)
+    assert len(costs) == 3 and all(c > 0 for c in costs)
+    timed = {}
+    for index, requires_grad in _Seen.seen:
+        timed.setdefault(index, set()).add(requires_grad)
+    # the model's input needs no gradient (no stage computes it); later layers' inputs do
+    assert timed == {0: {False}, 1: {True}, 2: {True}}
 
 
 @pytest.mark.parametrize("call, error, says", [
@@ -65,6 +102,18 @@ def test_pipeline_split_balances_params_and_time():
     (lambda: ModelParallel(W.sequential_model("mlp"), []), ValueError, "one device per stage"),
     (lambda: PipelineStage(nn.Linear(2, 2), 0, 2), RuntimeError, "init_process_group"),
     (lambda: PipelineStage(nn.Linear(2, 2), 2, 2), ValueError, "stage_index in 0 ... 1"),
+    (lambda: bubble_fraction(-1, 4), ValueError, "num_stages >= 1, got -1"),
+    (lambda: bubble_fraction(2, 0), ValueError, "num_microbatches >= 1, got 0"),
+    (lambda: bubble_fraction(2.5, 4), ValueError, "integer num_stages"),
+    (lambda: gpipe_order(2, 2, 4), ValueError, "stage in 0 ... 1"),
+    (lambda: one_f_one_b_order(0, 0, 3), ValueError, "num_stages >= 1, got 0"),
+    (lambda: one_f_one_b_order(-1, 2, 3), ValueError, "stage in 0 ... 1"),
+    (lambda: check_order([], 0, 0), ValueError, "num_microbatches >= 1, got 0"),
+    (lambda: simulate_schedule(gpipe_order, 0, 2), ValueError, "num_stages >= 1, got 0"),
+    (lambda: simulate_schedule(gpipe_order, 2, 2, forward_time=-1), ValueError,
+     "forward_time to be a finite number >= 0, got -1"),
+    (lambda: simulate_schedule(gpipe_order, 2, 2, comm_time=math.nan), ValueError, "comm_time"),
+    (lambda: idle_fraction([]), ValueError, "got none"),
 ])
 def test_pipeline_bad_splits_are_refused_clearly(call, error, says):
     with pytest.raises(error) as info:
@@ -102,6 +151,84 @@ def test_pipeline_simulation_finds_a_deadlock():
         simulate_schedule(backwards_first, 2, 4)
 
 
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_pipeline_simulation_models_nccl_unfused_1f1b_deadlocks(p):
+    # NCCL runs a stage's sends and receives in order, a send done only when the peer reaches
+    # the receive: 1F1B's "send activation" then "receive gradient" as separate operations,
+    # against the next stage's "send gradient" then "receive activation", wait for each other
+    for m in (2, 4, 8):
+        with pytest.raises(ValueError, match="deadlock: ") as info:
+            simulate_schedule(one_f_one_b_order, p, m, fused=False)
+        assert re.search(r"stage \d waits in B\(0\) for stage \d to receive F\(\d\)'s "
+                         "activation", str(info.value))
+        simulate_schedule(gpipe_order, p, m, fused=False)   # GPipe's order survives unfused
+    # fused, as PipelineStage posts them: every schedule of the course finishes, with the bubble
+    # of theory and no extra wait (forward and backward of equal length)
+    for m in range(1, 9):
+        for order in (gpipe_order, one_f_one_b_order):
+            events = simulate_schedule(order, p, m, forward_time=1, backward_time=1)
+            assert idle_fraction(events) == pytest.approx(bubble_fraction(p, m))
+            assert len(events) == 2 * p * m
+
+
+def test_pipeline_p2p_program_fuses_the_send_with_the_next_receive():
+    F0 = ("F", 0, "data")
+    first = p2p_program(one_f_one_b_order(0, 2, 2), 0, 2)
+    assert first == [
+        ("compute", "F", 0),
+        ("post", 1, [("send", 1, ("F", 0, "shape")), ("send", 1, F0)]),   # alone: no receive
+        ("compute", "F", 1),
+        ("wait", 1),                                                      # released first
+        ("post", 4, [("send", 1, ("F", 1, "data")), ("recv", 1, ("B", 0, "data"))]),  # fused
+        ("wait", 4),
+        ("compute", "B", 0),
+        ("post", 7, [("recv", 1, ("B", 1, "data"))]),
+        ("wait", 7),
+        ("compute", "B", 1)]
+    last = p2p_program(one_f_one_b_order(1, 2, 2), 1, 2)
+    assert ("post", 6, [("send", 0, ("B", 0, "data")), ("recv", 0, ("F", 1, "data"))]) in last
+    assert last[-2:] == [("post", 10, [("send", 0, ("B", 1, "data"))]), ("wait", 10)]
+
+
+def stage_p2p(schedule: str, m: int) -> dict:
+    """Runs in every rank: one step of the MLP pipeline with its point-to-point calls recorded;
+    the calls as ``p2p_program``'s entries (computes left out), and the NCCL overlaps found."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    stages, stage = W._this_ranks_stage("mlp", None)
+    sched = W.SCHEDULES[schedule](stage, m, loss_fn=F.cross_entropy)
+    X, y = _batch(2 * m, (7,), 3)
+    with P2PTrace() as trace:
+        W._run_step(sched, stage, X, y)
+    batch_of, post_of, recorded = {}, {}, []   # trace batch -> post number; op id -> post
+    for call in trace.calls:
+        if "op" in call:
+            direction = "send" if call["op"] == "isend" else "recv"
+            forward = call["peer"] == (rank + 1 if direction == "send" else rank - 1)
+            message = (("F", 0, "shape") if call["tag"] == _HEADER_TAG else
+                       ("F" if forward else "B", call["tag"], "data"))
+            if call["batch"] not in batch_of:
+                batch_of[call["batch"]] = len(batch_of)
+                recorded.append(("post", batch_of[call["batch"]], []))
+            recorded[-1][2].append((direction, call["peer"], message))
+            post_of[call["id"]] = batch_of[call["batch"]]
+        else:
+            wait = ("wait", post_of[call["wait"][0]])
+            if recorded[-1] != wait:    # one wait per work: several for a batch
+                recorded.append(wait)
+    order = W.SCHEDULES[schedule].order(rank, p, m)
+    program = [a for a in p2p_program(order, rank, p) if a[0] != "compute"]
+    posts = {a[1]: k for k, a in enumerate(a for a in program if a[0] == "post")}
+    program = [(a[0], posts[a[1]], *a[2:]) for a in program]
+    return {"recorded": recorded, "program": program, "overlaps": trace.unbatched_overlaps(),
+            "alone": [c for c in trace.posts() if c["batch"] is None]}
+
+
+def _check_stage_p2p(per_rank: list[dict]) -> None:
+    for rank in per_rank:
+        assert rank["overlaps"] == [] and rank["alone"] == []   # every op in a batch
+        assert rank["recorded"] == rank["program"]             # what the simulator plays
+
+
 def test_pipeline_activation_meter_counts_saved_tensors_once():
     net = nn.Sequential(nn.Linear(10, 100), nn.ReLU(), nn.Linear(100, 10))
     X = torch.randn(32, 10)
@@ -121,9 +248,13 @@ def test_pipeline_gradient_oracle_two_ranks_gloo_seed_example_and_activation_pea
     ranks = launch(W.in_sequence, 2, [
         (W.check_pipeline, cases, data),
         (W.two_rank_example, Xi, yi),
-        (W.activation_peaks, X16, y16, (1, 4), ("gpipe", "1f1b"), None, "mlp"),
-    ], timeout=120)
-    results, seed, peaks = zip(*ranks)                   # each: rank 0's, rank 1's
+        (W.activation_peaks, X16, y16, (1, 4, 8), ("gpipe", "1f1b"), None, "mlp"),
+        (stage_p2p, "1f1b", 4),
+        (stage_p2p, "gpipe", 3),
+    ], timeout=180)
+    results, seed, peaks, p2p_1f1b, p2p_gpipe = zip(*ranks)   # each: rank 0's, rank 1's
+    _check_stage_p2p(p2p_1f1b)
+    _check_stage_p2p(p2p_gpipe)
     for rank in results:      # every rank asserted; here the sizes of what it found
         assert all(r["grad_diff"] < 1e-5 and r["weight_diff"] < 1e-5 for r in rank)
     assert results[1][0]["balance"] == [3, 4] and results[1][-1]["balance"] == [3, 7]
@@ -137,13 +268,38 @@ def test_pipeline_gradient_oracle_two_ranks_gloo_seed_example_and_activation_pea
     assert first[("gpipe", 4)]["saved"] == first[("gpipe", 1)]["saved"]
     assert first[("1f1b", 4)]["saved"] * 2 == first[("gpipe", 4)]["saved"]   # 2 of 4 in flight
     assert last[("1f1b", 4)]["saved"] * 4 == last[("gpipe", 4)]["saved"]     # 1 of 4
+    # with the buffers held for sends: stage 0 sends its output, (B/m, 6) float32 per micro-batch
+    sent = 16 * 6 * 4
+    assert first[("gpipe", 1)]["held"] == first[("gpipe", 1)]["saved"] + sent
+    for m in (4, 8):
+        # 1F1B releases each sent activation once its send is done: 2 micro-batches' worth
+        assert first[("1f1b", m)]["held"] * m == 2 * first[("gpipe", 1)]["held"]
+        assert first[("1f1b", m)]["held"] < first[("gpipe", m)]["held"]
+        # GPipe: the whole batch saved, two micro-batches' sends (one in flight, one queued)
+        assert first[("gpipe", m)]["held"] == first[("gpipe", 1)]["saved"] + 2 * sent // m
 
 
 def test_pipeline_gradient_oracle_three_ranks_gloo():
     cases = [("mlp", "1f1b", 1, None), ("mlp", "1f1b", 3, [2, 2, 3]), ("mlp", "gpipe", 6, None),
              ("mlp", "1f1b", 6, [1, 1, 5])]
-    results = launch(W.check_pipeline, 3, cases, {"mlp": _batch(12, (7,), 3)}, timeout=120)
+    ranks = launch(W.in_sequence, 3, [(W.check_pipeline, cases, {"mlp": _batch(12, (7,), 3)}),
+                                      (stage_p2p, "1f1b", 5), (stage_p2p, "gpipe", 2)],
+                   timeout=180)
+    results, p2p_1f1b, p2p_gpipe = zip(*ranks)
     assert [r["balance"] for r in results[0]] == [[1, 2, 4], [2, 2, 3], [1, 2, 4], [1, 1, 5]]
+    _check_stage_p2p(p2p_1f1b)
+    _check_stage_p2p(p2p_gpipe)
+
+
+def test_pipeline_gradient_oracle_four_ranks_gloo():
+    cases = [("mlp", "1f1b", 4, None), ("mlp", "gpipe", 6, [1, 2, 2, 2]),
+             ("mlp", "1f1b", 2, [2, 1, 1, 3])]
+    ranks = launch(W.in_sequence, 4, [(W.check_pipeline, cases, {"mlp": _batch(12, (7,), 3)}),
+                                      (stage_p2p, "1f1b", 6)], timeout=180)
+    results, p2p = zip(*ranks)
+    assert [r["balance"] for r in results[0]] == [[1, 2, 2, 2], [1, 2, 2, 2], [2, 1, 1, 3]]
+    assert all("output_diff" in r for r in results[3])
+    _check_stage_p2p(p2p)
 
 
 def test_pipeline_timeline_drawing():
