@@ -1,4 +1,4 @@
-"""Worker functions that notebook 11 (model and pipeline parallelism) hands to ``launch``.
+"""Worker functions that notebook 12 (model and pipeline parallelism) hands to ``launch``.
 
 Rank i runs stage i of a model cut with ``split_sequential``. Every rank builds the whole model
 from the same seed, so each can also compute the oracle itself: one process, the whole model,

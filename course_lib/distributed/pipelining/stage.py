@@ -200,7 +200,7 @@ class PipelineStage:
             if microbatch == 0:
                 self._recv_header()
             shape, dtype = self._in_meta
-            X = self._recv(shape, dtype, self.stage_index - 1, microbatch)
+            X = self._recv(shape, dtype, self.stage_index - 1, microbatch)  # + last op's sends
             X.requires_grad_(True)  # its gradient goes back to the previous stage
         start = time.perf_counter()
         Y = self.submodule(X)                                   # (b, ...)
@@ -234,7 +234,7 @@ class PipelineStage:
             start = time.perf_counter()
             (self._losses[microbatch] * loss_scale).backward()
         else:
-            dY = self._recv(tuple(Y.shape), Y.dtype, self.stage_index + 1, microbatch)
+            dY = self._recv(tuple(Y.shape), Y.dtype, self.stage_index + 1, microbatch)  # + sends
             start = time.perf_counter()
             torch.autograd.backward(Y, dY)                      # fills .grad and X.grad
         synchronize(self.device)
