@@ -101,3 +101,125 @@ def test_a_function_workers_cannot_import_is_explained():
     defined_in_main.__module__ = "__main__"
     result = check_average_gradients(defined_in_main)
     assert result.ok is False and "%%writefile" in result.message
+
+
+# ---- check_ddp: the learner's DDP class against torch's DDP ------------------------------------
+
+from functools import partial  # noqa: E402
+
+from torch import nn  # noqa: E402
+from torch.autograd import Variable  # noqa: E402
+
+from course_lib.checks.lesson07 import check_ddp  # noqa: E402
+from course_lib.parallel.ddp import DistributedDataParallel  # noqa: E402
+from solutions.lesson07 import BucketedDDP, OverlapDDP  # noqa: E402
+
+CAP_MB = 160 / 2 ** 20   # 40 float32 values: MLP buckets [fc2, fc1.bias], [fc1.weight]
+
+
+class SumsInsteadOfAveraging(OverlapDDP):
+    def _finish(self):
+        for work in self.works:
+            work.wait()
+        self.ready, self.works, self.next = set(), [], 0
+
+
+class AllReducesTheParameter(OverlapDDP):  # picotron's bug: the hook receives the parameter
+    def _grad_ready(self, grad):           # ... named as if it were the gradient
+        if not self.ready and not self.works:
+            Variable._execution_engine.queue_callback(self._finish)
+        self.ready.add(id(grad))
+        self.works.append(dist.all_reduce(grad, async_op=True))
+
+    def _finish(self):
+        for work in self.works:
+            work.wait()
+        with torch.no_grad():
+            for p in self.order:
+                p /= dist.get_world_size()
+        self.ready, self.works, self.next = set(), [], 0
+
+
+class LaunchesInArrivalOrder(OverlapDDP):  # each gradient sent from its own hook at once
+    def _grad_ready(self, param):
+        if not self.ready and not self.works:
+            Variable._execution_engine.queue_callback(self._finish)
+        self.ready.add(id(param))
+        self.works.append(dist.all_reduce(param.grad, async_op=True))
+
+
+class DoesNotWait(OverlapDDP):  # divides in the callback without waiting for the all-reduces
+    def _finish(self):
+        for p in self.order:
+            p.grad /= dist.get_world_size()
+        self.ready, self.works, self.next = set(), [], 0
+
+
+class NothingOverlaps(nn.Module):  # right values, all the communication after backward
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+        self.queued = False
+
+    def forward(self, *args):
+        return self.module(*args)
+
+    def _grad_ready(self, param):
+        if not self.queued:
+            Variable._execution_engine.queue_callback(self._finish)
+            self.queued = True
+
+    def _finish(self):
+        average_gradients(self.module)
+        self.queued = False
+
+
+class BucketsInRegistrationOrder(BucketedDDP):  # fills bucket 0 with the first layer
+    def __init__(self, module, bucket_cap_mb=25):
+        flipped = nn.Module()
+        flipped.params = nn.ParameterList(list(module.parameters())[::-1])
+        super().__init__(flipped, bucket_cap_mb)
+        self.module = module
+
+
+def test_ddp_unanswered():
+    assert check_ddp(None).ok is None
+    assert check_ddp(None, bucket_cap_mb=CAP_MB).ok is None
+
+
+def test_ddp_reference_solutions_pass_for_2_3_and_4_ranks(capsys):
+    assert check_ddp(OverlapDDP)
+    assert check_ddp(BucketedDDP, bucket_cap_mb=CAP_MB)
+    assert "world sizes [2, 3, 4]" in capsys.readouterr().out
+
+
+def test_ddp_the_course_version_passes():
+    assert check_ddp(partial(DistributedDataParallel, strategy="overlap"), world_sizes=(3,))
+    assert check_ddp(partial(DistributedDataParallel, strategy="bucketed"),
+                     bucket_cap_mb=CAP_MB, world_sizes=(3,))
+
+
+@pytest.mark.parametrize("wrong, cap, says", [
+    (SumsInsteadOfAveraging, None, "the sum, not the average"),
+    (AllReducesTheParameter, None, "receives the parameter"),
+    (LaunchesInArrivalOrder, None, "different orders"),
+    (DoesNotWait, None, "not waited for"),
+    (NothingOverlaps, None, "nothing overlaps"),
+    (partial(DistributedDataParallel, strategy="naive"), None, "nothing overlaps"),
+    (BucketsInRegistrationOrder, CAP_MB, "filled last parameter first"),
+])
+def test_ddp_wrong_answers_fail_and_are_named(wrong, cap, says):
+    result = check_ddp(wrong, bucket_cap_mb=cap, world_sizes=(2,), timeout=60)
+    assert result.ok is False
+    assert says in result.message, result.message
+    assert "world_size=2" in result.message
+
+
+def test_ddp_a_class_workers_cannot_import_is_explained():
+    class Local(OverlapDDP):
+        pass
+    result = check_ddp(Local)
+    assert result.ok is False and "%%writefile" in result.message

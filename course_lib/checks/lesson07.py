@@ -1,5 +1,11 @@
 """Checkers for the exercises of lesson 07 (DDP from scratch).
 
+``check_ddp`` judges a learner's DDP class (overlapped, or bucketed with ``bucket_cap_mb``)
+against ``torch.nn.parallel.DistributedDataParallel`` step by step, in real worker processes,
+and names the usual mistakes (the sum instead of the average, the parameter all-reduced instead
+of its gradient, all-reduces still running when backward returns, buckets launched in different
+orders on different ranks).
+
 ``check_average_gradients`` runs the learner's ``average_gradients(model)`` in real worker
 processes (``course_lib.distributed.launch``) for several world sizes, and compares every
 parameter's ``.grad`` with the oracle: one process computing the gradient of the whole global
@@ -20,7 +26,7 @@ from torch import nn
 
 from ._core import ExerciseResult, first_failure_in_ranks, resolve, verdict, worker_spec
 
-__all__ = ["check_average_gradients"]
+__all__ = ["check_average_gradients", "check_ddp"]
 
 _NAME = "average_gradients"
 _HINT = ("all-reduce (sum) every parameter's .grad in place, then divide it by "
@@ -170,3 +176,292 @@ def check_average_gradients(fn: Callable | str | None, *,
         return verdict(_NAME, False, failure, strict)
     return verdict(_NAME, True, f"every .grad equals the whole-batch gradient for world sizes "
                    f"{list(world_sizes)} and {len(_MODELS)} models.", strict)
+
+
+# ================================================================================================
+# check_ddp: the learner's DDP class, step by step against torch's DistributedDataParallel
+# ================================================================================================
+
+_DDP_NAME = "ddp"
+_DDP_HINT = ("register p.register_post_accumulate_grad_hook on every parameter that requires "
+             "grad (the hook receives the parameter: all-reduce p.grad), start the all-reduces "
+             "in one fixed order (bucket 0, 1, 2, ... whatever order the gradients arrive in), "
+             "and queue Variable._execution_engine.queue_callback at the first hook of a "
+             "backward to wait for every one and divide by the world size before backward "
+             "returns.")
+#: float32 sums in another order: a right answer differs from torch's by rounding only
+_DDP_RTOL, _DDP_ATOL = 1e-5, 1e-6
+
+
+class _OrderMismatch(RuntimeError):
+    """The ranks called all_reduce on tensors of different sizes at the same position."""
+
+
+class _AllReduceRecorder:
+    """Stands in for ``dist.all_reduce`` in a checker worker: notes every call of a backward.
+
+    Before each real all-reduce every rank shares the size it is about to send (a small
+    all_gather): ranks that launch in different orders get a clear error, not a crash of gloo.
+    """
+
+    def __init__(self):
+        self.real = dist.all_reduce
+        self.sizes: list[int] = []
+        self.works: list = []
+        self.events: list[str] = []       # "grad" and "all_reduce" in the order they happened
+        self.mismatch: str | None = None
+
+    def __call__(self, tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        index = len(self.sizes)
+        mine = torch.tensor([tensor.numel()], dtype=torch.int64)
+        every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(every, mine, group=group)
+        sizes = [int(t) for t in every]
+        if len(set(sizes)) > 1:
+            self.mismatch = (f"all-reduce number {index + 1} of this backward: the ranks sent "
+                             f"tensors of {sizes} elements (rank by rank). The ranks launched "
+                             f"their all-reduces in different orders (in this model the "
+                             f"gradients arrive in a different order on each rank): launch in "
+                             f"one fixed order, bucket index 0, 1, 2, ..., never in arrival "
+                             f"order.")
+            raise _OrderMismatch(self.mismatch)
+        self.sizes.append(tensor.numel())
+        self.events.append("all_reduce")
+        work = self.real(tensor, op=op, group=group, async_op=async_op)
+        if async_op:
+            work = _TrackedWork(work)
+            self.works.append(work)
+        return work
+
+    def start_backward(self) -> None:
+        self.sizes, self.works, self.events, self.mismatch = [], [], [], None
+
+
+class _TrackedWork:
+    """An async all-reduce's work handle that notes whether anyone waited for it."""
+
+    def __init__(self, work):
+        self._work, self.waited = work, False
+
+    def wait(self, *args, **kwargs):
+        self.waited = True
+        return self._work.wait(*args, **kwargs)
+
+    def get_future(self):
+        self.waited = True   # a future handed on: waited through it (or a chained one)
+        return self._work.get_future()
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _expected_buckets(module: nn.Module, cap_bytes: int) -> list[int]:
+    """Sizes (elements) of the buckets in launch order: last parameter first, under the cap."""
+    sizes, numel, used = [], 0, 0
+    for p in reversed([p for p in module.parameters() if p.requires_grad]):
+        size = p.numel() * p.element_size()
+        if numel and used + size > cap_bytes:
+            sizes.append(numel)
+            numel, used = 0, 0
+        numel, used = numel + p.numel(), used + size
+    return sizes + ([numel] if numel else [])
+
+
+def _ddp_diagnose(got: torch.Tensor, want: torch.Tensor, local: torch.Tensor,
+                  world: int) -> str:
+    """Name what a wrong averaged gradient looks like."""
+    if torch.allclose(got, want * world, rtol=1e-4, atol=1e-6):
+        return (f" It is {world} times too large: the sum, not the average (divide by the "
+                "world size).")
+    if torch.allclose(got, local, rtol=1e-6, atol=1e-8):
+        return (" It is this rank's own gradient, unchanged: nothing was averaged into p.grad "
+                "by the time backward returned (was the all-reduce applied to p.grad, and "
+                "waited for, before backward returned?)")
+    return ""
+
+
+def _ddp_cases(spec, per_rank: int, steps: int, cap_mb: float | None, seed: int) -> str | None:
+    """In every rank: each model of ``CASES`` wrapped by the learner's class and by torch's DDP,
+    ``steps`` SGD steps on this rank's shards; the first failure as text, or None."""
+    from ._ddp_cases import CASES
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        cls = resolve(spec)
+    except Exception as e:  # the file is missing, or does not define the class
+        return (f"could not import your class in the workers: {type(e).__name__}: {e} "
+                "(did the %%writefile cell run?)")
+    recorder = _AllReduceRecorder()
+    dist.all_reduce = recorder
+    try:
+        for case, build in CASES.items():
+            failure = _ddp_one_case(cls, case, build, recorder, rank, world, per_rank, steps,
+                                    cap_mb, seed)
+            if failure is not None:
+                return failure
+    finally:
+        dist.all_reduce = recorder.real
+    return None
+
+
+def _ddp_one_case(cls, case: str, build, recorder: _AllReduceRecorder, rank: int, world: int,
+                  per_rank: int, steps: int, cap_mb: float | None, seed: int) -> str | None:
+    """One model: the learner's wrapper against torch's, step by step."""
+    torch.manual_seed(seed)                       # the same initial weights on every rank
+    net = build()
+    plain, theirs_net = copy.deepcopy(net), copy.deepcopy(net)
+    kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+    where = f"world_size={world}, model {case!r}, rank {rank}"
+    try:
+        mine = cls(net, **kwargs)
+    except Exception as e:
+        args = "module" + (f", bucket_cap_mb={cap_mb:g}" if cap_mb is not None else "")
+        return f"{where}: {getattr(cls, '__name__', 'your class')}({args}) raised " \
+               f"{type(e).__name__}: {' '.join(str(e).split())}"
+    theirs = nn.parallel.DistributedDataParallel(theirs_net, bucket_cap_mb=cap_mb or 25)
+    named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
+    for _, p in named:  # after the learner's hooks: runs once the learner's hook has returned
+        p.register_post_accumulate_grad_hook(lambda p: recorder.events.append("grad"))
+    for step in range(steps):
+        failure = _ddp_one_step(mine, net, plain, theirs, theirs_net, recorder, case, step,
+                                steps, where, rank, world, per_rank, cap_mb, seed)
+        # every rank goes on, or every rank stops: a rank that returned alone would leave its
+        # peers waiting in the next collective
+        failures: list[str | None] = [None] * world
+        dist.all_gather_object(failures, failure)
+        failure = next((f for f in failures if f is not None), None)
+        if failure is not None:
+            return failure
+    return None
+
+
+def _ddp_one_step(mine, net, plain, theirs, theirs_net, recorder: _AllReduceRecorder,
+                  case: str, step: int, steps: int, where: str, rank: int, world: int,
+                  per_rank: int, cap_mb: float | None, seed: int) -> str | None:
+    """One SGD step of both wrappers on this rank's shard; what is wrong, or None.
+
+    torch's DDP takes its step on every rank whatever the learner's class did, so that the
+    ranks issue the same collectives.
+    """
+    g = torch.Generator().manual_seed(seed + 100 * step + 1)
+    X = torch.randn(world * per_rank, 7, generator=g)                # (world * per_rank, 7)
+    y = torch.randint(0, 3, (world * per_rank,), generator=g)        # the global batch
+    mine_x = slice(rank * per_rank, (rank + 1) * per_rank)           # this rank's shard
+    at = f"{where}, step {step + 1}"
+    before = [p.detach().clone() for p in net.parameters()]
+    with torch.no_grad():                                            # the local gradient
+        for q, p in zip(plain.parameters(), net.parameters()):
+            q.copy_(p)
+    F.cross_entropy(plain(X[mine_x]), y[mine_x]).backward()
+    recorder.start_backward()
+    try:
+        F.cross_entropy(mine(X[mine_x]), y[mine_x]).backward()
+        raised = None
+    except Exception as e:
+        raised = (recorder.mismatch if recorder.mismatch is not None else
+                  f"forward or backward raised {type(e).__name__}: {' '.join(str(e).split())}")
+    # not waited: neither work.wait() nor work.get_future() (the work's own completion flag
+    # may lag behind its future's, so it says nothing)
+    running = sum(not w.waited for w in recorder.works)
+    F.cross_entropy(theirs(X[mine_x]), y[mine_x]).backward()        # torch's DDP: the answer
+    if raised is not None:
+        return f"{at}: {raised}"
+    if running:
+        return (f"{at}: {running} all-reduce(s) not waited for when backward returned. "
+                f"Wait for every one (work.wait()) in the end-of-backward callback, so that "
+                f".grad holds the average when loss.backward() returns.")
+    changed = [n for (n, p), b in zip(net.named_parameters(), before)
+               if not torch.equal(p.detach(), b)]
+    if changed:
+        return (f"{at}: backward changed the parameter {changed[0]} itself. The "
+                f"post-accumulate-grad hook receives the parameter, not its gradient: "
+                f"all-reduce param.grad.")
+    local = dict(plain.named_parameters())
+    for (name, p), q in zip(net.named_parameters(), theirs_net.parameters()):
+        got, want = p.grad, q.grad
+        if want is None or got is None:
+            if got is not want:
+                return (f"{at}, parameter {name}: expected .grad {_short(want)} (as torch's "
+                        f"DDP), received {_short(got)}.")
+            continue
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=_DDP_RTOL,
+                                                         atol=_DDP_ATOL):
+            hint = (_ddp_diagnose(got, want, local[name].grad, world)
+                    if got.shape == want.shape else "")
+            return (f"{at}, parameter {name}: expected .grad {_short(want)} (as torch's DDP), "
+                    f"received {_short(got)}.{hint}")
+    if step == 0 and case == "mlp" and "grad" in recorder.events:
+        last_grad = len(recorder.events) - 1 - recorder.events[::-1].index("grad")
+        if "all_reduce" not in recorder.events[:last_grad]:
+            return (f"{at}: right values, but no all-reduce started before the last gradient "
+                    f"was ready: nothing overlaps with backward. Start each all-reduce "
+                    f"(async_op=True) from the hook as soon as it can go.")
+    # the bucket sizes, in a step after the first (torch, and the course, send everything in
+    # one bucket in the first step, then rebuild the buckets in arrival order) and on the
+    # models whose gradients arrive in reverse registration order
+    if cap_mb is not None and step == steps - 1 and case in ("mlp", "frozen fc1"):
+        want_sizes = _expected_buckets(net, int(cap_mb * 1024 * 1024))
+        if recorder.sizes != want_sizes:
+            return (f"{at}: right values, but the all-reduces sent {recorder.sizes} elements, "
+                    f"one bucket each, where buckets of at most {int(cap_mb * 1024 * 1024)} "
+                    f"bytes filled last parameter first (reverse registration order, frozen "
+                    f"ones left out) and launched bucket 0 first send {want_sizes}.")
+    with torch.no_grad():                                            # SGD, both wrappers
+        for p, q in zip(net.parameters(), theirs_net.parameters()):
+            if p.grad is not None:
+                p -= 0.1 * p.grad
+                q -= 0.1 * q.grad
+            p.grad, q.grad = None, None
+        for q in plain.parameters():
+            q.grad = None
+    return None
+
+
+def check_ddp(cls: type | str | None, *, bucket_cap_mb: float | None = None,
+              world_sizes: tuple[int, ...] = (2, 3, 4), per_rank: int = 3, steps: int = 3,
+              timeout: float = 120.0, strict: bool = False) -> ExerciseResult:
+    """Exercise 07: a DDP class whose ``.grad`` holds the average when ``backward()`` returns.
+
+    ``cls(module)`` (or ``cls(module, bucket_cap_mb=...)`` when ``bucket_cap_mb`` is given)
+    wraps a model that starts with the same weights on every rank; calling it runs the model.
+    For each world size, ``launch`` starts that many processes; each wraps five small models
+    (an MLP; one registered in another order than it runs; one with a tied weight; one with a
+    frozen layer; one whose branches run in a rank-dependent order) with the learner's class
+    and with ``torch.nn.parallel.DistributedDataParallel``, takes ``steps`` SGD steps on its
+    shard and, after every ``loss.backward()``, compares every ``.grad`` with torch's. It also
+    requires: no all-reduce still running when backward returns, parameters untouched by
+    backward, the same all-reduce sizes in the same order on every rank, at least one
+    all-reduce started before the last gradient (overlap), and, with ``bucket_cap_mb``, one
+    all-reduce per bucket, buckets filled last parameter first under the cap.
+
+    Args:
+        cls: the learner's class, importable by worker processes, or ``"module:Class"``
+            (imported in the workers from the current folder); None: not answered yet.
+        bucket_cap_mb: judge a bucketed class with this cap (MiB, as torch counts it).
+        world_sizes: numbers of processes to try.
+        per_rank: examples per rank and step.
+        steps: SGD steps per model (a class that works once and not twice fails).
+        timeout: seconds for each launch (a class that hangs fails, it does not hang).
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    name = _DDP_NAME if bucket_cap_mb is None else "bucketed ddp"
+    if cls is None:
+        return verdict(name, None, "write your class to a file and pass it here.", strict)
+    if bucket_cap_mb is not None and not bucket_cap_mb > 0:
+        return verdict(name, False, f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}.", strict)
+    spec = worker_spec(cls, "my_ddp:OverlapDDP")
+    if isinstance(spec, str):
+        return verdict(name, False, spec, strict)
+    failure = first_failure_in_ranks(
+        _ddp_cases, spec, world_sizes, (per_rank, steps, bucket_cap_mb, 11), timeout=timeout,
+        hint=_DDP_HINT,
+        hang_hint="Does every rank launch the same all-reduces, and is every one waited for "
+                  "(a hook waiting for a gradient that never comes, a frozen parameter?)")
+    if failure is not None:
+        return verdict(name, False, failure, strict)
+    return verdict(name, True, f"every .grad equals torch's DDP after each of {steps} steps, "
+                   f"for world sizes {list(world_sizes)} and 5 models (out-of-order "
+                   f"registration, tied and frozen parameters, rank-dependent order).", strict)
