@@ -323,6 +323,8 @@ def test_workers_die_within_seconds_when_the_launching_process_is_killed(tmp_pat
             time.sleep(0.1)
         pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
         assert len(pids) == 2, "the workers did not start"
+        mp_folders = _socket_folders(launcher.pid)  # multiprocessing's, for the forkserver
+        assert mp_folders, "the launcher has no forkserver socket"
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=10)
         deadline = time.monotonic() + 10
@@ -335,8 +337,108 @@ def test_workers_die_within_seconds_when_the_launching_process_is_killed(tmp_pat
         while launch_dir.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not launch_dir.exists(), "the launch's temporary folder was left behind"
+        deadline = time.monotonic() + 5
+        while any(f.exists() for f in mp_folders) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(f.exists() for f in mp_folders), f"{mp_folders} left behind"
     finally:
         launcher.kill()
+
+
+def _socket_folders(pid: int) -> set:
+    """multiprocessing's folders (``pymp-*``) of the Unix sockets that process ``pid`` or a
+    descendant (the forkserver) holds open, from /proc."""
+    import os
+    from pathlib import Path
+
+    from course_lib.distributed.processes import descendant_processes
+
+    inodes = set()
+    for p in [pid] + descendant_processes([pid]):
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{p}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    folders = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[6] in inodes and "/pymp-" in fields[7]:
+            folders.add(Path(fields[7]).parent)
+    return folders
+
+
+def test_a_multiprocessing_folder_left_by_a_killed_launcher_is_removed_at_the_next_start(
+        tmp_path):
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = Path(tempfile.gettempdir()) / f"pymp-course-{dead.pid}-test"
+    left.mkdir()
+    (left / "listener-x").write_text("")
+    mine = Path(tempfile.gettempdir()) / f"pymp-course-{os.getpid()}-test"  # alive: kept
+    mine.mkdir(exist_ok=True)
+    try:
+        code = ("from course_lib.distributed.launch import _mp_temp_dir; "
+                "print(_mp_temp_dir())")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, timeout=120, cwd=Path(__file__).parent.parent)
+        assert not left.exists() and mine.exists()
+        made = Path(out.stdout.strip())
+        assert made.name.startswith("pymp-course-") and not made.exists()  # removed at exit
+    finally:
+        mine.rmdir()
+
+
+def start_children_in_new_sessions(folder: str, then_sleep: bool) -> None:
+    """A worker that starts two children outside its process group: a program run with
+    start_new_session=True and a forked copy of itself after setsid()."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    rank = dist.get_rank()
+    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    Path(folder, f"{rank}-exec.pid").write_text(str(child.pid))
+    pid = os.fork()
+    if pid == 0:  # the forked child: a session of its own, then sleep
+        os.setsid()
+        time.sleep(300)
+        os._exit(0)
+    Path(folder, f"{rank}-fork.pid").write_text(str(pid))
+    if then_sleep:
+        time.sleep(300)
+
+
+@pytest.mark.parametrize("then_sleep", [False, True], ids=["returns", "times_out"])
+def test_a_workers_children_in_new_sessions_do_not_outlive_launch(tmp_path, then_sleep):
+    """A child that a worker started with setsid (or start_new_session) was outside the
+    worker's process group and outlived launch."""
+    import time
+
+    if then_sleep:
+        with pytest.raises(D.LaunchTimeout):
+            D.launch(start_children_in_new_sessions, 2, str(tmp_path), True, timeout=20)
+    else:
+        D.launch(start_children_in_new_sessions, 2, str(tmp_path), False, timeout=60)
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 4, "the children did not start"
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "a worker's child outlived launch"
 
 
 def test_run_commands_stops_processes_that_left_the_group_and_closes_its_pipes(tmp_path):

@@ -29,7 +29,13 @@ import torch.multiprocessing as mp
 
 from ..devices import cpu_cores
 from .env import choose_backend
-from .processes import pid_alive, stop_process_groups
+from .processes import (
+    descendant_processes,
+    kill_processes,
+    pid_alive,
+    stop_process_groups,
+    tagged_processes,
+)
 
 __all__ = ["LaunchTimeout", "WorkerError", "find_free_port", "launch", "run_worker"]
 
@@ -90,11 +96,13 @@ def run_worker(rank: int, world_size: int, backend: str, init_method: str, timeo
     """
     os.setpgrp()  # our own process group: launch can kill us and anything we started at once
     _die_with_parent()
-    _watch_launcher(int(env["COURSE_LAUNCHER_PID"]), env["COURSE_LAUNCH_DIR"], rank)
+    tag = f"{env['COURSE_LAUNCH_DIR']}#{rank}"  # in the environment of everything we start
+    _watch_launcher(int(env["COURSE_LAUNCHER_PID"]), env["COURSE_LAUNCH_DIR"], rank, tag)
     try:
         os.environ.update(env)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                          LOCAL_WORLD_SIZE=str(world_size), COURSE_LAUNCH="1")
+                          LOCAL_WORLD_SIZE=str(world_size), COURSE_LAUNCH="1",
+                          COURSE_LAUNCH_TAG=tag)
         torch.set_num_threads(max(1, cpu_cores() // world_size))
         if backend == "nccl":
             torch.cuda.set_device(rank)
@@ -117,20 +125,33 @@ def run_worker(rank: int, world_size: int, backend: str, init_method: str, timeo
         conn.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+    _kill_what_we_started(tag)
 
 
-def _watch_launcher(launcher: int, folder: str, rank: int, every: float = 0.5) -> None:
+def _kill_what_we_started(tag: str) -> None:
+    """Kill this worker's descendants, also those in a session of their own (``setsid``,
+    ``start_new_session=True``), found by parenthood or by ``tag`` in their environment
+    (which survives their parent's death)."""
+    kill_processes(descendant_processes([os.getpid()]) + tagged_processes("COURSE_LAUNCH_TAG",
+                                                                           tag))
+
+
+def _watch_launcher(launcher: int, folder: str, rank: int, tag: str, every: float = 0.5) -> None:
     """Die (with everything this worker started) within ``every`` s of the launcher's death.
 
     ``PR_SET_PDEATHSIG`` is not enough: under the forkserver a worker's parent is the
     forkserver, not the process that called ``launch``, so killing the launcher (kill -9, the
-    OOM killer) would leave the workers running. Rank 0 also removes the rendezvous folder.
+    OOM killer) would leave the workers running. Rank 0 also removes the rendezvous folder and
+    the launcher's multiprocessing folder (``_mp_temp_dir``), which nobody else would.
     """
     def watch() -> None:
         while pid_alive(launcher):
             time.sleep(every)
         if rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
+            if os.environ.get("COURSE_MP_DIR"):
+                shutil.rmtree(os.environ["COURSE_MP_DIR"], ignore_errors=True)
+        _kill_what_we_started(tag)  # children that left our group
         os.killpg(0, signal.SIGKILL)  # our own group: this worker and its children
 
     threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
@@ -147,11 +168,39 @@ def _die_with_parent() -> None:
 
 
 _PRELOADED = False
+#: Prefix of the multiprocessing folder of a process that calls ``launch``; its pid follows.
+_MP_PREFIX = "pymp-course-"
+
+
+def _mp_temp_dir() -> str:
+    """multiprocessing's temporary folder for this process (it holds the forkserver's socket),
+    named after our pid so that one left by a ``kill -9`` can be told from a live one.
+
+    multiprocessing removes its ``pymp-*`` folder at a normal exit only. Unless this process
+    already has one, it gets ``pymp-course-PID-*`` instead; folders of that name whose process
+    is gone are removed here, and the workers remove their launcher's when it dies.
+    """
+    import multiprocessing.process
+    import multiprocessing.util
+
+    config = multiprocessing.process.current_process()._config
+    if config.get("tempdir") is None:
+        base = tempfile.gettempdir()
+        for name in os.listdir(base):  # left behind by launchers killed earlier
+            pid = name[len(_MP_PREFIX):].partition("-")[0]
+            if name.startswith(_MP_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        folder = tempfile.mkdtemp(prefix=f"{_MP_PREFIX}{os.getpid()}-")
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True),
+                                      exitpriority=-100)  # as multiprocessing does for its own
+        config["tempdir"] = folder
+    return config["tempdir"]
 
 
 def _context(start_method: str):
     """A torch.multiprocessing context; the forkserver imports torch once, not per worker."""
     global _PRELOADED
+    _mp_temp_dir()
     ctx = mp.get_context(start_method)
     if start_method == "forkserver" and not _PRELOADED:
         # Workers re-import the main module of a script (or of `python -m pkg.mod`) before they
@@ -212,7 +261,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
 
     tmpdir = tempfile.mkdtemp(prefix=f"course_launch_{os.getpid()}_")  # whose it is, by pid
     env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-           "COURSE_LAUNCHER_PID": str(os.getpid()), "COURSE_LAUNCH_DIR": tmpdir}
+           "COURSE_LAUNCHER_PID": str(os.getpid()), "COURSE_LAUNCH_DIR": tmpdir,
+           "COURSE_MP_DIR": _mp_temp_dir()}
     if init_method == "file":
         url = f"file://{tmpdir}/rendezvous"
     elif init_method == "tcp":
@@ -235,8 +285,13 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
             conns.append(recv_end)
         return _collect(procs, conns, deadline, timeout)
     finally:
-        # Every worker's group, also a finished worker's: something it started may live on.
-        stop_process_groups([p.pid for p in procs if p.pid is not None])
+        # Every worker's group, also a finished worker's: something it started may live on,
+        # also in a session of its own: found by parenthood (while the worker lives) or by the
+        # COURSE_LAUNCH_DIR its environment inherited (after).
+        pids = [p.pid for p in procs if p.pid is not None]
+        escaped = descendant_processes(pids)
+        stop_process_groups(pids)
+        kill_processes(escaped + tagged_processes("COURSE_LAUNCH_DIR", tmpdir))
         for p in procs:  # reap
             p.join(timeout=1)
         for c in conns:

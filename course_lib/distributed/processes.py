@@ -11,8 +11,8 @@ import signal
 import time
 from collections.abc import Sequence
 
-__all__ = ["group_alive", "kill_processes", "pid_alive", "stop_process_groups",
-           "tagged_processes"]
+__all__ = ["descendant_processes", "group_alive", "kill_processes", "pid_alive",
+           "stop_process_groups", "tagged_processes"]
 
 
 def group_alive(pgid: int) -> bool:
@@ -100,6 +100,35 @@ def tagged_processes(key: str, value: str) -> list[int]:
                     found.append(int(entry))
         except OSError:  # gone, or not ours to read
             continue
+    return found
+
+
+def descendant_processes(pids: Sequence[int]) -> list[int]:
+    """Pids of every live descendant of ``pids`` (children, their children, ...; Linux /proc,
+    else ``[]``), also those that started a session or process group of their own.
+
+    Call it while the ancestors are alive: once one exits, its children are reparented (to
+    init) and no longer found through it.
+    """
+    if not os.path.isdir("/proc"):
+        return []
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # it exited while we looked
+            continue
+        if fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(entry))  # state, ppid
+    found, todo = [], list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
     return found
 
 
