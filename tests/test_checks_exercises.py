@@ -135,17 +135,21 @@ def test_check_module_calls_counts_with_a_hook():
 # ---- notebook 06 ---------------------------------------------------------------------------------
 
 def test_check_tree_rounds():
-    assert all(checks.tree_rounds(p) == math.ceil(math.log2(p)) for p in range(1, 65))
+    from course_lib.checks.lesson06 import _tree_rounds
+
+    assert all(_tree_rounds(p) == math.ceil(math.log2(p)) for p in range(1, 65))
     verdicts(checks.check_tree_rounds, None, lambda p: math.ceil(math.log2(p)),
              lambda p: p - 1)
 
 
 def test_check_elements_sent():
+    from course_lib.checks.lesson06 import _elements_sent
+
     for n, p in [(10**6, 8), (1000, 4), (7, 3)]:
-        total = sum(checks.elements_sent(n, p, r) for r in range(p))
+        total = sum(_elements_sent(n, p, r) for r in range(p))
         assert total == 2 * (p - 1) * n                       # every chunk travels 2 (p - 1) hops
-    assert checks.elements_sent(10**6, 4) == 2 * 3 / 4 * 10**6
-    verdicts(checks.check_elements_sent, None, checks.elements_sent,
+    assert _elements_sent(10**6, 4) == 2 * 3 / 4 * 10**6
+    verdicts(checks.check_elements_sent, None, _elements_sent,
              lambda n, p, rank=0: round(2 * (p - 1) / p * n))
 
 

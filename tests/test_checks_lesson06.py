@@ -1,53 +1,113 @@
-"""The checker of lesson 06's canonical-worker exercise: accepts the reference, rejects the
-usual mistakes, never raises, never hangs."""
-import os
+"""The checkers of lesson 06's process exercises: the reference passes, the usual mistakes are
+named, a scaffold is "not answered", nothing raises or hangs."""
 import time
 
 import torch
 import torch.distributed as dist
 
-from course_lib.checks import check_spawn_worker
+from course_lib import checks
+from course_lib.checks import check_dist_allreduce, check_spawn_worker
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-def forgets_to_destroy(rank, world_size, init_method):
+def _join(rank, world_size, init_method):
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+
+
+def _summed(rank):
     x = torch.tensor([rank + 1.0])
     dist.all_reduce(x)
     return x.item()
 
 
-def returns_its_own_value(rank, world_size, init_method):
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
-    x = torch.tensor([rank + 1.0])
-    dist.destroy_process_group()
-    return x.item()
+def returns_the_sum(rank, world_size, init_method, results):
+    """The old framing: spawn would discard this value."""
+    _join(rank, world_size, init_method)
+    try:
+        return _summed(rank)
+    finally:
+        dist.destroy_process_group()
 
 
-def rank_1_never_joins_the_all_reduce(rank, world_size, init_method):
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+def only_rank_0_reports(rank, world_size, init_method, results):
+    _join(rank, world_size, init_method)
+    try:
+        total = _summed(rank)
+        if rank == 0:
+            results.put((rank, total))
+    finally:
+        dist.destroy_process_group()
+
+
+def puts_its_own_value(rank, world_size, init_method, results):
+    """Puts the tensor's value before the all-reduce."""
+    _join(rank, world_size, init_method)
+    try:
+        x = torch.tensor([rank + 1.0])
+        results.put((rank, x.item()))
+        dist.all_reduce(x)
+    finally:
+        dist.destroy_process_group()
+
+
+def puts_a_bare_sum(rank, world_size, init_method, results):
+    _join(rank, world_size, init_method)
+    try:
+        results.put(_summed(rank))
+    finally:
+        dist.destroy_process_group()
+
+
+def forgets_to_destroy(rank, world_size, init_method, results):
+    _join(rank, world_size, init_method)
+    results.put((rank, _summed(rank)))
+
+
+def rank_1_never_joins_the_all_reduce(rank, world_size, init_method, results):
+    _join(rank, world_size, init_method)
     x = torch.tensor([rank + 1.0])
     if rank == 0:
         dist.all_reduce(x)  # rank 1 never comes: rank 0 waits
     else:
         time.sleep(600)
-    dist.destroy_process_group()
-    return x.item()
+    results.put((rank, x.item()))
+
+
+def scaffold(rank, world_size, init_method, results):
+    raise NotImplementedError
+
+
+def allreduce_scaffold(tensor):
+    raise NotImplementedError
 
 
 def test_the_reference_passes(capsys):
-    from solutions.lesson06 import worker
+    from solutions.lesson06 import spawn_worker
 
-    assert check_spawn_worker(worker)
+    assert check_spawn_worker(spawn_worker)
     assert "correct" in capsys.readouterr().out
 
 
+def test_a_worker_that_returns_its_result_is_told_that_spawn_discards_it(capsys):
+    assert not check_spawn_worker(returns_the_sum, world_sizes=(2,))
+    out = capsys.readouterr().out
+    assert "nothing arrived on the queue" in out and "discards" in out
+
+
+def test_a_result_from_rank_0_alone_is_rejected_at_every_world_size(capsys):
+    assert not check_spawn_worker(only_rank_0_reports, world_sizes=(2,))
+    assert "rank(s) [1] put nothing" in capsys.readouterr().out
+    assert not check_spawn_worker(only_rank_0_reports, world_sizes=(3,))
+    assert "rank(s) [1, 2] put nothing" in capsys.readouterr().out
+
+
 def test_usual_mistakes_are_named(capsys):
+    assert not check_spawn_worker(puts_its_own_value, world_sizes=(2,))
+    out = capsys.readouterr().out
+    assert "put 1, expected 3" in out
+    assert not check_spawn_worker(puts_a_bare_sum, world_sizes=(2,))
+    assert "expected a pair" in capsys.readouterr().out
     assert not check_spawn_worker(forgets_to_destroy, world_sizes=(2,))
     assert "destroy_process_group" in capsys.readouterr().out
-    assert not check_spawn_worker(returns_its_own_value, world_sizes=(2,))
-    assert "expected 3 (1 + ... + 2), received 1.0" in capsys.readouterr().out
 
 
 def test_a_hang_is_reported_in_bounded_time(capsys):
@@ -59,5 +119,17 @@ def test_a_hang_is_reported_in_bounded_time(capsys):
 
 def test_not_answered_and_notebook_functions(capsys):
     assert check_spawn_worker(None).ok is None
-    assert not check_spawn_worker(lambda r, w, i: 0.0)
+    assert check_spawn_worker(scaffold, world_sizes=(2,)).ok is None
+    assert "NotImplementedError" in capsys.readouterr().out
+    assert not check_spawn_worker(lambda r, w, i, q: None)
     assert "%%writefile my_worker.py" in capsys.readouterr().out
+
+
+def test_an_allreduce_scaffold_is_not_answered(capsys):
+    assert check_dist_allreduce(allreduce_scaffold, world_sizes=(2,), timeout=30).ok is None
+    assert "not answered" in capsys.readouterr().out
+
+
+def test_the_oracles_are_not_in_the_learners_namespace():
+    for name in ("elements_sent", "tree_rounds"):
+        assert not hasattr(checks, name), f"course_lib.checks.{name} gives the answer away"

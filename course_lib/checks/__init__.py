@@ -39,8 +39,6 @@ from .lesson06 import (
     check_elements_sent,
     check_spawn_worker,
     check_tree_rounds,
-    elements_sent,
-    tree_rounds,
 )
 from .lesson07 import check_average_gradients
 from .lesson08 import check_exact_accuracy
@@ -60,7 +58,7 @@ __all__ = [
     "check_scatter", "check_split_batch",
     "check_lr_for_shard_means", "check_scaled_batch", "check_train_batch",  # 04
     "check_bn_examples_seen", "check_module_calls", "check_data_parallel_fn",  # 05
-    "check_tree_rounds", "tree_rounds", "check_elements_sent", "elements_sent",  # 06
+    "check_tree_rounds", "check_elements_sent",               # 06
     "check_spawn_worker", "check_dist_allreduce",
     "check_average_gradients",                                # 07
     "check_exact_accuracy",                                   # 08

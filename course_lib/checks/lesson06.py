@@ -1,4 +1,10 @@
-"""Checkers for the exercises of lesson 06 (torch.distributed)."""
+"""Checkers for the exercises of lesson 06 (torch.distributed).
+
+The exercises: the rounds of a tree broadcast, what each rank sends in the ring, the canonical
+worker that ``torch.multiprocessing.spawn`` starts (which hands its result back through a queue,
+since spawn discards return values), and an allreduce built from send and recv. The oracles stay
+private here (``_tree_rounds``, ``_elements_sent``): the learner imports ``course_lib.checks``.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -8,16 +14,17 @@ from ._core import (
     check_function,
     first_failure_in_ranks,
     resolve,
+    unanswered,
     verdict,
     worker_spec,
 )
-from .lesson02 import _ring_sends as ring_sends
+from .lesson02 import _ring_sends
 
 __all__ = ["check_dist_allreduce", "check_elements_sent", "check_spawn_worker",
-           "check_tree_rounds", "elements_sent", "tree_rounds"]
+           "check_tree_rounds"]
 
 
-def tree_rounds(p: int) -> int:
+def _tree_rounds(p: int) -> int:
     """Rounds of ``distributed.tree_broadcast`` for p ranks: its loop, run without sending."""
     step, rounds = 1, 0
     while step < p:
@@ -27,14 +34,14 @@ def tree_rounds(p: int) -> int:
 
 def check_tree_rounds(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise 06: ``fn(p)`` is the number of rounds ``tree_broadcast`` needs for p ranks."""
-    return check_function("rounds", fn, tree_rounds, [(p,) for p in range(1, 17)] + [(1000,)],
+    return check_function("rounds", fn, _tree_rounds, [(p,) for p in range(1, 17)] + [(1000,)],
                           hint="the number of ranks holding the data doubles every round.",
                           strict=strict)
 
 
-def elements_sent(n: int, p: int, rank: int = 0) -> int:
+def _elements_sent(n: int, p: int, rank: int = 0) -> int:
     """Elements rank ``rank`` sends in ``distributed.ring_allreduce`` of n elements over p ranks."""
-    return ring_sends(n, p)[rank]  # the same ring schedule and chunking as lesson 02's
+    return _ring_sends(n, p)[rank]  # the same ring schedule and chunking as lesson 02's
 
 
 def check_elements_sent(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -42,40 +49,49 @@ def check_elements_sent(fn: Callable | None, *, strict: bool = False) -> Exercis
     ``course_lib.distributed.ring_allreduce``."""
     cases = [(n, p, r) for n, p in [(10, 2), (1000, 4), (7, 3), (2, 4), (10**6, 8)]
              for r in range(p)]
-    return check_function("elements_sent", fn, elements_sent, cases,
+    return check_function("elements_sent", fn, _elements_sent, cases,
                           hint="2 (p - 1) steps; in step s the rank sends chunk (rank - s) mod p, "
                           "chunk c has n // p elements, one more for the first n % p chunks "
                           "(ring_chunk_bounds).", strict=strict)
 
 
-# ---- the canonical worker: init_process_group, work, destroy_process_group --------------------
+# ---- the canonical worker: join, work, hand the result back, leave ---------------------------
 
-_WORKER = "worker"
-_WORKER_HINT = ("worker(rank, world_size, init_method) must call dist.init_process_group('gloo', "
-                "init_method=init_method, rank=rank, world_size=world_size), all-reduce "
-                "torch.tensor([rank + 1.0]), call dist.destroy_process_group() and return the "
-                "sum as a float.")
+_WORKER = "spawn_worker"
+_WORKER_HINT = ("spawn_worker(rank, world_size, init_method, results) joins with "
+                "dist.init_process_group('gloo', init_method=init_method, rank=rank, "
+                "world_size=world_size), all-reduces torch.tensor([rank + 1.0]), puts the pair "
+                "(rank, sum as a float) on the queue results, and leaves with "
+                "dist.destroy_process_group().")
 
 
-def _run_worker(spec, rank: int, world_size: int, init_method: str, conn) -> None:
-    """One process of the check: call the learner's worker, report (result, group left?)."""
+def _run_worker(spec, rank: int, world_size: int, init_method: str, results, conn) -> None:
+    """One process of the check: call the learner's worker with the queue ``results``; report
+    through ``conn`` (the checker's own channel) what it returned and whether its group is left.
+    """
     import torch.distributed as dist
 
     from ._core import resolve
 
     try:
-        result = resolve(spec)(rank, world_size, init_method)
-        conn.send(("ok", result, dist.is_initialized()))
+        returned = resolve(spec)(rank, world_size, init_method, results)
+        try:
+            returned = float(returned)                        # a tensor, a number: its value
+        except (TypeError, ValueError):
+            returned = None if returned is None else repr(returned)[:60]
+        conn.send(("ok", returned, dist.is_initialized()))
+    except NotImplementedError:
+        conn.send(("unanswered", None, None))
     except BaseException as e:  # noqa: B036 - every failure is a verdict, never a crash
         conn.send(("error", f"{type(e).__name__}: {' '.join(str(e).split())}", None))
     finally:
         conn.close()
 
 
-def _spawn_and_collect(spec, world_size: int, timeout: float) -> list[tuple] | str:
+def _spawn_and_collect(spec, world_size: int, timeout: float) -> tuple[list[tuple], list] | str:
     """Start ``world_size`` fresh processes (like ``torch.multiprocessing.spawn``, through the
-    forkserver); their replies in rank order, or what went wrong. Every process is gone when
-    this returns."""
+    forkserver), each with the same queue; every rank's report in rank order and every item put
+    on the queue, or what went wrong. Every process is gone when this returns."""
     import multiprocessing as mp
     import shutil
     import tempfile
@@ -87,12 +103,13 @@ def _spawn_and_collect(spec, world_size: int, timeout: float) -> list[tuple] | s
     ctx = mp.get_context("forkserver")  # fresh processes, forked from a server that has torch
     folder = tempfile.mkdtemp(prefix="course_check_")
     init_method = f"file://{folder}/rendezvous"
-    procs, conns = [], []
+    results = ctx.SimpleQueue()          # what the learner's workers put; read while they run
+    procs, conns, items = [], [], []
     try:
         for rank in range(world_size):
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_run_worker, args=(spec, rank, world_size, init_method, send),
-                            daemon=True)
+            p = ctx.Process(target=_run_worker,
+                            args=(spec, rank, world_size, init_method, results, send), daemon=True)
             p.start()
             send.close()
             procs.append(p)
@@ -105,32 +122,81 @@ def _spawn_and_collect(spec, world_size: int, timeout: float) -> list[tuple] | s
             if left <= 0:
                 return (f"no result within {timeout:g} s from rank(s) {sorted(pending)} (a rank "
                         "that never reaches the collective, or a wrong world size?)")
-            for conn in wait(list(pending.values()), timeout=left):
+            for conn in wait(list(pending.values()) + [results._reader], timeout=left):
+                if conn is results._reader:
+                    items.append(results.get())     # drained while the senders are alive
+                    continue
                 rank = next(r for r, c in pending.items() if c is conn)
                 del pending[rank]
                 try:
                     replies[rank] = conn.recv()
                 except EOFError:
-                    return f"rank {rank} died without a result (did it call exit()?)"
-        return [replies[r] for r in range(world_size)]
+                    return f"rank {rank} died without a report (did it call exit()?)"
+        while not results.empty():                 # a put completes before its worker returns
+            items.append(results.get())
+        return [replies[r] for r in range(world_size)], items
     finally:
         kill_processes([p.pid for p in procs if p.pid is not None])
         for p in procs:
             p.join(timeout=1)
         for c in conns:
             c.close()
+        results.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _judge_worker(world: int, replies: list[tuple], items: list) -> str | None:
+    """The first problem with one world size's run, or None when every rank did its part."""
+    want = world * (world + 1) / 2
+    for rank, (status, value, _) in enumerate(replies):
+        if status == "error":
+            return f"world_size={world}, rank {rank}: raised {value}."
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            return (f"world_size={world}: found {item!r} on the queue; expected a pair "
+                    "(rank, sum), so that the parent knows which rank each result is from.")
+        try:
+            rank, value = int(item[0]), float(item[1])
+        except (TypeError, ValueError):
+            return f"world_size={world}: found {item!r} on the queue; expected (rank, sum)."
+        if rank in pairs or not 0 <= rank < world:
+            return (f"world_size={world}: found the pair {item!r} on the queue; expected one "
+                    f"pair per rank 0 ... {world - 1}, each with its own rank.")
+        pairs[rank] = value
+    missing = [r for r in range(world) if r not in pairs]
+    returned = [r for r in missing if replies[r][1] is not None]
+    if len(missing) == world and returned:
+        return (f"world_size={world}: nothing arrived on the queue; rank(s) {returned} returned "
+                f"{replies[returned[0]][1]!r} instead. torch.multiprocessing.spawn discards what "
+                "a worker returns: put (rank, sum) on results.")
+    if missing:
+        return (f"world_size={world}: rank(s) {missing} put nothing on the queue (only "
+                f"{sorted(pairs)} did); the parent asks for every rank's result.")
+    for rank in range(world):
+        if pairs[rank] != want:
+            return (f"world_size={world}, rank {rank}: put {pairs[rank]:g}, expected {want:g} "
+                    f"(1 + ... + {world}, the all-reduced sum).")
+    for rank, (_, _, still_in_group) in enumerate(replies):
+        if still_in_group:
+            return (f"world_size={world}, rank {rank}: the process group was still initialised "
+                    "when the worker returned: call dist.destroy_process_group() at the end (in "
+                    "a finally, so that an error leaves too).")
+    return None
 
 
 def check_spawn_worker(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3),
                        timeout: float = 60.0, strict: bool = False) -> ExerciseResult:
     """Exercise 06: the canonical worker that ``torch.multiprocessing.spawn`` starts.
 
-    ``fn(rank, world_size, init_method)`` joins a gloo group with ``dist.init_process_group``,
-    all-reduces ``torch.tensor([rank + 1.0])``, leaves with ``dist.destroy_process_group()`` and
-    returns the sum. The checker starts ``world_size`` fresh processes for each world size
-    (bounded by ``timeout``; a hang is reported, every process is stopped) and checks every
-    rank's result and that no rank left its group behind.
+    ``fn(rank, world_size, init_method, results)`` joins a gloo group with
+    ``dist.init_process_group``, all-reduces ``torch.tensor([rank + 1.0])``, puts
+    ``(rank, sum)`` on the multiprocessing queue ``results`` (spawn discards return values) and
+    leaves with ``dist.destroy_process_group()``. The checker starts ``world_size`` fresh
+    processes for each world size with one queue (bounded by ``timeout``; a hang is reported,
+    every process is stopped), and checks that every rank's pair arrived, once, with the sum,
+    and that no rank left its group behind. A worker that only returns the sum, or whose rank 0
+    alone reports, is wrong: the parent would get nothing, or one rank's word for all.
 
     Args:
         fn: importable by fresh processes, or ``"module:function"`` (a file written with
@@ -140,33 +206,23 @@ def check_spawn_worker(fn: Callable | str | None, *, world_sizes: tuple[int, ...
         strict: raise ``AssertionError`` on a wrong answer.
     """
     if fn is None:
-        return verdict(_WORKER, None, "write worker(rank, world_size, init_method) to a file and "
-                       "pass it here.", strict)
-    spec = worker_spec(fn, "my_worker:worker")
+        return verdict(_WORKER, None, "write spawn_worker(rank, world_size, init_method, "
+                       "results) to a file and pass it here.", strict)
+    spec = worker_spec(fn, "my_worker:spawn_worker")
     if isinstance(spec, str):
         return verdict(_WORKER, False, spec, strict)
     for world in world_sizes:
-        replies = _spawn_and_collect(spec, world, timeout)
-        if isinstance(replies, str):
-            return verdict(_WORKER, False, f"world_size={world}: {replies} {_WORKER_HINT}", strict)
-        want = world * (world + 1) / 2
-        for rank, (status, value, still_in_group) in enumerate(replies):
-            where = f"world_size={world}, rank {rank}"
-            if status == "error":
-                return verdict(_WORKER, False, f"{where}: raised {value}. {_WORKER_HINT}", strict)
-            try:
-                got = float(value)
-            except (TypeError, ValueError):
-                got = None
-            if got != want:
-                return verdict(_WORKER, False, f"{where}: expected {want:g} (1 + ... + {world}), "
-                               f"received {value!r}. {_WORKER_HINT}", strict)
-            if still_in_group:
-                return verdict(_WORKER, False, f"{where}: the process group was still "
-                               "initialised when the worker returned: call "
-                               "dist.destroy_process_group() at the end.", strict)
-    return verdict(_WORKER, True, f"every rank joined, summed and left, for world sizes "
-                   f"{list(world_sizes)}.", strict)
+        run = _spawn_and_collect(spec, world, timeout)
+        if isinstance(run, str):
+            return verdict(_WORKER, False, f"world_size={world}: {run} {_WORKER_HINT}", strict)
+        replies, items = run
+        if any(status == "unanswered" for status, _, _ in replies):
+            return unanswered(_WORKER, strict)
+        problem = _judge_worker(world, replies, items)
+        if problem is not None:
+            return verdict(_WORKER, False, f"{problem} {_WORKER_HINT}", strict)
+    return verdict(_WORKER, True, f"every rank joined, summed, reported on the queue and left, "
+                   f"for world sizes {list(world_sizes)}.", strict)
 
 
 # ---- an allreduce of one's own, in real processes -----------------------------------------------
@@ -175,6 +231,8 @@ _ALLREDUCE = "allreduce"
 _ALLREDUCE_HINT = ("allreduce(tensor) runs in every rank and must leave the sum of every rank's "
                    "tensor in that same tensor (in place: tensor += ..., tensor.copy_(...); "
                    "tensor = ... only rebinds a local name).")
+#: What a rank reports when the learner's function still raises NotImplementedError.
+_UNANSWERED = "not answered: NotImplementedError"
 #: Shapes tried in every rank: 1, 5, 21 and 28 elements (no world size of 2-4 divides them all).
 _DIST_SHAPES = [(1,), (5,), (7, 3), (4, 1, 7)]
 #: The collectives that ``p2p_only`` forbids during the learner's call.
@@ -220,6 +278,8 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
             setattr(dist, name, _refuse(name))
         try:
             returned = fn(mine)
+        except NotImplementedError:
+            problem = _UNANSWERED
         except Exception as e:
             message = " ".join(str(e).split())
             problem = f"{where}: your function raised {type(e).__name__}: {message}"
@@ -285,6 +345,8 @@ def check_dist_allreduce(fn: Callable | str | None, *, world_sizes: tuple[int, .
         _run_allreduce_cases, spec, world_sizes, (11, p2p_only), timeout=timeout,
         hint=_ALLREDUCE_HINT,
         hang_hint="Is every send matched by a recv on the rank it names, in every rank?")
+    if failure is not None and _UNANSWERED in failure:
+        return unanswered(_ALLREDUCE, strict)
     if failure is not None:
         return verdict(_ALLREDUCE, False, failure, strict)
     return verdict(_ALLREDUCE, True, f"every rank holds the sum, for world sizes "
