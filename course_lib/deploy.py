@@ -19,8 +19,10 @@ import copy
 import io
 import logging
 import os
+import pickle
+import zipfile
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -30,8 +32,11 @@ from .devices import Device, as_device, try_gpu
 
 __all__ = [
     "WRAPPER_PREFIXES",
+    "StateDictFit",
+    "fit_state_dict",
     "freeze_all_but",
     "int8_layers",
+    "load_file",
     "load_for_inference",
     "load_weights",
     "quantize_int8",
@@ -62,32 +67,124 @@ def strip_prefix(state_dict: Mapping[str, Any], prefix: str = "module.") -> dict
     return out
 
 
-def _unwrapped_keys(state: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``state`` without the wrapper prefixes that EVERY key carries (``module._orig_mod.``)."""
-    stripped = True
-    while stripped and state:
-        stripped = False
-        for prefix in WRAPPER_PREFIXES:
-            if all(key.startswith(prefix) for key in state):
-                state, stripped = strip_prefix(state, prefix), True
-    return state
+class StateDictFit(NamedTuple):
+    """How a state dict fits a model, key by key (``fit_state_dict``'s answer)."""
+
+    state: Mapping[str, Any]            # the state dict, wrapper prefixes removed
+    fitting: dict[str, Any]             # keys of the model whose tensor has the model's shape
+    missing: list[str]                  # keys of the model not in the state dict
+    unexpected: list[str]               # keys of the state dict not in the model
+    mismatched: list[tuple[str, tuple, tuple]]  # (key, its shape in the file, in the model)
+    prefix: str                         # the wrapper prefix removed ("" if none)
+
+    @property
+    def complete(self) -> bool:
+        """Every key of the model found, with its shape, and nothing else."""
+        return not (self.missing or self.unexpected or self.mismatched)
 
 
-def _state_dict_of(source: str | os.PathLike | Mapping, device: torch.device) -> Mapping:
+def _unwrapped_keys(state: Mapping[str, Any], own: Mapping[str, Any]) -> tuple[Mapping, str]:
+    """``state`` without the wrapper prefixes that EVERY key carries (``module._orig_mod.``),
+    stripped only as far as it makes more keys match the model's ``own`` keys.
+
+    A model whose own first submodule is named ``module`` has keys ``module.weight``: stripping
+    ``module.`` there would break a valid file, so a prefix goes only when the stripped keys
+    fit the model better (ties keep the keys as they are).
+    """
+    candidates, prefix = [(state, "")], ""
+    while state:
+        carried = [w for w in WRAPPER_PREFIXES if all(key.startswith(w) for key in state)]
+        if not carried:
+            break
+        state, prefix = strip_prefix(state, carried[0]), prefix + carried[0]
+        candidates.append((state, prefix))
+    return max(candidates, key=lambda c: sum(k in own for k in c[0]))   # first of the best
+
+
+def _load_file(path: str | os.PathLike, map_location, what: str, fix: str) -> Any:
+    """``torch.load(path, map_location, weights_only=True)`` with errors that say what is wrong.
+
+    A damaged file (cut short by a kill, overwritten, not a torch file) is named as such;
+    torch's own advice to retry with ``weights_only=False`` is not repeated: loading a damaged
+    or foreign file with arbitrary code execution enabled is never the fix.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what}: no file at {path}; {fix}.")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ValueError(f"{what}: {path} is empty (0 bytes): a write was cut short or "
+                         f"the file was truncated. {fix[0].upper() + fix[1:]}.")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if zipfile.is_zipfile(path) and "weights only load failed" in str(e).lower():
+            raise ValueError(
+                f"{what}: {path} holds Python objects other than tensors and plain "
+                f"containers (a whole model or optimizer object?), which a safe load "
+                f"(weights_only=True) refuses. Save a state dict instead "
+                f"(torch.save(model.state_dict(), path)).") from None
+        raise ValueError(f"{what}: {path} ({size} bytes) is damaged or is not a file that "
+                         f"torch.save wrote ({type(e).__name__}). {fix[0].upper() + fix[1:]}."
+                         ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{what}: {path} ({size} bytes) is damaged or is not a file that "
+                         f"torch.save wrote ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'no detail'}). "
+                         f"{fix[0].upper() + fix[1:]}.") from None
+
+
+def load_file(path: str | os.PathLike, *, map_location: Device | None = "cpu",
+              what: str = "load_file", fix: str | None = None) -> Any:
+    """What ``torch.save`` wrote to ``path``, read safely (``weights_only=True``) onto
+    ``map_location``; a missing, empty or damaged file raises an error that says which.
+
+    Args:
+        path: the file.
+        map_location: where every tensor goes, whatever device wrote it (default the CPU).
+        what: who is asking, for the messages (``"--resume"``, say).
+        fix: what to do about a missing or damaged file, for the messages.
+    """
+    return _load_file(path, map_location, what, fix or "pass the path of a file written "
+                      "with torch.save (a checkpoint or a state dict)")
+
+
+def _state_dict_of(source: str | os.PathLike | Mapping, device: torch.device,
+                   what: str = "load_weights") -> Mapping:
     """The model's state dict from a file, a state dict, or a checkpoint holding ``"model"``."""
     if isinstance(source, str | os.PathLike):
-        if not os.path.isfile(source):
-            raise FileNotFoundError(f"load_weights: no file at {source}; pass the path of a "
-                                    "checkpoint written with torch.save (or the state dict "
-                                    "itself).")
         # map_location: every tensor straight onto `device`, whatever device saved it (a file
         # written on cuda:3 loads on a CPU-only machine); weights_only: no arbitrary code.
-        source = torch.load(source, map_location=device, weights_only=True)
+        source = _load_file(source, device, what, "pass the path of a checkpoint written with "
+                            "torch.save (or the state dict itself)")
     if not isinstance(source, Mapping):
-        raise TypeError(f"load_weights expects a path, a state dict or a checkpoint dict, got "
+        raise TypeError(f"{what} expects a path, a state dict or a checkpoint dict, got "
                         f"{type(source).__name__}.")
     inner = source.get("model")
     return inner if isinstance(inner, Mapping) else source   # the recipe's checkpoints
+
+
+def fit_state_dict(model: nn.Module, source: str | os.PathLike | Mapping, *,
+                   device: Device | None = "cpu", what: str = "fit_state_dict"
+                   ) -> StateDictFit:
+    """How the weights of ``source`` fit ``model``: the one reading behind every loader.
+
+    ``source`` is a file written by ``torch.save`` (read with ``weights_only=True`` onto
+    ``device``), a state dict, or a checkpoint dict whose ``"model"`` is the state dict. Wrapper
+    prefixes that EVERY key carries (``module.`` from DDP or DataParallel, ``_orig_mod.`` from
+    torch.compile) are removed when that makes the keys fit the model better: a model's own
+    submodule named ``module`` keeps its name. Nothing is loaded.
+    """
+    device = try_gpu() if device is None else as_device(device)
+    own = model.state_dict()
+    state, prefix = _unwrapped_keys(_state_dict_of(source, device, what), own)
+    mismatched = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in own
+                  if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    shapes = {k for k, _, _ in mismatched}
+    return StateDictFit(state=state,
+                        fitting={k: v for k, v in state.items() if k in own and k not in shapes},
+                        missing=[k for k in own if k not in state],
+                        unexpected=[k for k in state if k not in own],
+                        mismatched=mismatched, prefix=prefix)
 
 
 def load_weights(model: nn.Module, source: str | os.PathLike | Mapping, *,
@@ -99,37 +196,35 @@ def load_weights(model: nn.Module, source: str | os.PathLike | Mapping, *,
         source: a file written by ``torch.save`` (read with ``map_location=device``), a state
             dict, or a checkpoint dict whose ``"model"`` is the state dict (the recipe's).
             Prefixes that a wrapper put on EVERY key (``module.`` from DDP or DataParallel,
-            ``_orig_mod.`` from torch.compile) are removed first.
+            ``_orig_mod.`` from torch.compile) are removed first (``fit_state_dict``), unless
+            the model's own keys carry them.
         device: where the model goes (default ``try_gpu()``).
 
     Returns:
         ``model``, moved to ``device``, with the weights loaded.
 
     Raises:
-        ValueError: keys or shapes do not fit; the message lists them and what to do.
+        ValueError: keys or shapes do not fit, or the file is empty or damaged; the message
+            says which and what to do.
     """
     device = try_gpu() if device is None else as_device(device)
-    state = _unwrapped_keys(_state_dict_of(source, device))
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [f"{k}: checkpoint {tuple(state[k].shape)}, model {tuple(own[k].shape)}"
-              for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
+    fit = fit_state_dict(model, source, device=device, what="load_weights")
+    if not fit.complete:
         def few(names: list[str]) -> str:
             return ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4
                                            else "")
-        found = [f"{len(missing)} key(s) of the model not in the checkpoint ({few(missing)})"
-                 if missing else "",
-                 f"{len(unexpected)} key(s) of the checkpoint not in the model "
-                 f"({few(unexpected)})" if unexpected else "",
+        shapes = [f"{k}: checkpoint {a}, model {b}" for k, a, b in fit.mismatched]
+        found = [f"{len(fit.missing)} key(s) of the model not in the checkpoint "
+                 f"({few(fit.missing)})" if fit.missing else "",
+                 f"{len(fit.unexpected)} key(s) of the checkpoint not in the model "
+                 f"({few(fit.unexpected)})" if fit.unexpected else "",
                  f"{len(shapes)} shape(s) differ ({few(shapes)})" if shapes else ""]
         raise ValueError(
             f"load_weights: the checkpoint does not fit {type(model).__name__}: "
             + "; ".join(f for f in found if f) + ". Build the model the checkpoint was "
             "trained as (same class and sizes); to take only the tensors that fit (a new "
             "head, say), use course_lib.train_ddp.load_fitting_weights.")
-    model.load_state_dict(state)
+    model.load_state_dict(fit.state)
     return model.to(device)
 
 
@@ -151,9 +246,13 @@ def load_for_inference(model: nn.Module, source: str | os.PathLike | Mapping, *,
 def freeze_all_but(model: nn.Module, *keep: str) -> list[str]:
     """Freeze every parameter except those of the submodules or parameters named in ``keep``.
 
-    ``freeze_all_but(net, "fc2")`` leaves ``fc2.weight`` and ``fc2.bias`` trainable. Frozen
-    parameters get no gradient, so an optimizer given only the trainable ones (or any
-    optimizer: a parameter without a gradient is skipped) leaves them bitwise unchanged.
+    ``freeze_all_but(net, "fc2")`` leaves ``fc2.weight`` and ``fc2.bias`` trainable. A frozen
+    parameter gets ``requires_grad=False`` AND its ``.grad`` set to ``None``: torch's optimizers
+    skip a parameter whose ``.grad`` is ``None``, but not one whose ``.grad`` is a tensor, even
+    a zero one (what an earlier backward and ``zero_grad(set_to_none=False)`` leave): SGD with
+    weight decay adds ``weight_decay * p`` to that zero and momentum keeps the step going, so
+    the "frozen" weights would still move. With ``.grad`` None, any optimizer, also one given
+    every parameter, leaves the frozen ones bitwise unchanged.
 
     Returns:
         The names of the parameters left trainable.
@@ -172,6 +271,8 @@ def freeze_all_but(model: nn.Module, *keep: str) -> list[str]:
                          f"with parameters: {modules}.")
     for name, p in model.named_parameters():
         p.requires_grad_(kept(name))
+        if not kept(name):
+            p.grad = None  # a zero .grad still moves under weight decay and momentum
     return [name for name in names if kept(name)]
 
 

@@ -13,6 +13,7 @@ from torch import nn
 from course_lib.checks.lesson13 import check_strip_prefix
 from course_lib.data import TensorBatches, load_fashion_mnist
 from course_lib.deploy import (
+    fit_state_dict,
     freeze_all_but,
     int8_layers,
     load_for_inference,
@@ -120,6 +121,38 @@ def test_checkpoint_prefixes_strip_only_at_the_start_as_torch_does():
     load_weights(LeNet(), twice, device="cpu")
 
 
+def test_a_models_own_module_attribute_is_not_taken_for_a_wrapper(tmp_path):
+    """Every key of a plain Holder starts with "module." (its submodule's name): stripping it
+    broke a valid checkpoint. Stripped only when that makes the keys fit the model."""
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = nn.Linear(2, 2)
+
+    torch.manual_seed(0)
+    saved = Holder()
+    torch.save(saved.state_dict(), tmp_path / "plain.pt")               # module.weight
+    torch.save(nn.DataParallel(saved).state_dict(), tmp_path / "dp.pt")  # module.module.weight
+    for name in ("plain.pt", "dp.pt"):
+        model = load_weights(Holder(), tmp_path / name, device="cpu")
+        assert torch.equal(model.module.weight, saved.module.weight), name
+    fit = fit_state_dict(Holder(), tmp_path / "dp.pt")
+    assert fit.prefix == "module." and fit.complete
+
+
+def test_a_damaged_or_empty_file_is_named_as_such(tmp_path):
+    torch.save(LeNet().state_dict(), tmp_path / "ok.pt")
+    data = (tmp_path / "ok.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 3])
+    (tmp_path / "junk.pt").write_bytes(b"\x80\x02junk" * 20)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    for name, says in (("cut.pt", "is damaged"), ("junk.pt", "is damaged"),
+                       ("empty.pt", "is empty")):
+        with pytest.raises(ValueError, match=f"load_weights: .*{name} .*{says}") as err:
+            load_weights(LeNet(), tmp_path / name, device="cpu")
+        assert "weights_only=False" not in str(err.value), str(err.value)
+
+
 # ------------------------------------------------------------------------------------------------
 # fine-tuning
 # ------------------------------------------------------------------------------------------------
@@ -128,14 +161,20 @@ def test_fine_tuning_the_head_leaves_frozen_weights_bitwise():
     torch.manual_seed(0)
     model = LeNet()
     model.fc2 = nn.Linear(128, 2)
+    X, y = torch.rand(32, 1, 28, 28), torch.randint(0, 2, (32,))
+    # a step taken before freezing: every parameter has a .grad and a momentum buffer, and
+    # zero_grad(set_to_none=False) leaves zero tensors, which SGD would NOT skip
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    F.cross_entropy(model(X), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     assert freeze_all_but(model, "fc2") == ["fc2.weight", "fc2.bias"]
-    # all parameters given to the optimizer, with weight decay and momentum: the frozen ones
-    # get no gradient, so SGD skips them
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
-    X, y = torch.rand(32, 1, 28, 28), torch.randint(0, 2, (32,))
+    assert all(p.grad is None for n, p in model.named_parameters() if not n.startswith("fc2."))
+    # the same optimizer, all parameters, weight decay and momentum: the frozen ones have no
+    # .grad, so SGD skips them (a zero .grad would still move them by weight decay + momentum)
     for _ in range(3):
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=False)
         F.cross_entropy(model(X), y).backward()
         opt.step()
     after = model.state_dict()

@@ -1,9 +1,11 @@
 """Run a script under a launcher from a notebook cell: ``torchrun(...)``, ``mpirun(...)``.
 
 PyTorch counterpart: ``torchrun`` (``python -m torch.distributed.run``); Open MPI's ``mpirun``.
-Each helper streams the script's output into the cell, fails the cell on a non-zero exit and
-kills every process it started on a timeout (``!torchrun ...`` in a cell would do none of these).
-Read more: https://pytorch.org/docs/stable/elastic/run.html and notebook 06.
+Each helper streams the script's output into the cell, fails the cell on a non-zero exit (the
+exception shows the last lines the command printed), kills every process it started on a timeout,
+and takes them all down with it if its own process is killed, even by SIGKILL (``!torchrun ...``
+in a cell would do none of these). Read more: https://pytorch.org/docs/stable/elastic/run.html
+and notebook 06.
 """
 from __future__ import annotations
 
@@ -20,10 +22,96 @@ from pathlib import Path
 from .launch import find_free_port
 from .processes import kill_processes, stop_process_groups, tagged_processes
 
-__all__ = ["EXAMPLES", "example_path", "mpirun", "run_commands", "torchrun"]
+__all__ = ["EXAMPLES", "CommandFailed", "CommandTimeout", "example_path", "mpirun",
+           "run_commands", "torchrun"]
 
 #: Where the runnable example scripts live (``course_lib/examples/``).
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+#: How many of a command's last output lines an error shows.
+TAIL_LINES = 40
+
+
+def _tail(text: str, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of ``text``, indented, with a note of how many were left out."""
+    all_lines = (text or "").rstrip("\n").splitlines()
+    shown = all_lines[-lines:]
+    head = (f"  [... {len(all_lines) - len(shown)} earlier line(s) left out]\n"
+            if len(all_lines) > len(shown) else "")
+    return head + "".join(f"  | {line}\n" for line in shown) if shown else "  (no output)\n"
+
+
+class CommandFailed(subprocess.CalledProcessError):
+    """A command of ``run_commands`` exited with a non-zero status; the message ends with the
+    last lines it printed (``.output`` holds all of it). A ``CalledProcessError``, as before."""
+
+    def __str__(self) -> str:
+        return (f"{super().__str__()}\nIts last output lines:\n{_tail(self.output)}"
+                f"(the whole output is in the exception's .output)")
+
+
+class CommandTimeout(subprocess.TimeoutExpired):
+    """``run_commands`` ran past its timeout; every process was killed. The message ends with
+    the last lines printed (``.output``). A ``subprocess.TimeoutExpired``, as before."""
+
+    def __str__(self) -> str:
+        return (f"{super().__str__()} Everything it started was killed. Its last output "
+                f"lines:\n{_tail(self.output)}(the whole output is in the exception's "
+                f".output; pass a larger timeout if it was only slow)")
+
+
+# The watchdog: a tiny process, in a session of its own, holding the read end of a pipe whose
+# write end only the caller has. When the caller exits, however it exits (SIGKILL included),
+# the kernel closes the write end, the read returns, and the watchdog SIGKILLs every process
+# tagged with the run's tag (torchrun and its workers, which torch elastic starts in sessions
+# of their own, out of reach of a process-group kill). Plain Python without torch: it starts
+# in milliseconds, and it is not tagged itself.
+_WATCHDOG = r"""
+import os, signal, sys, time
+tag = ("COURSE_RUN_TAG=" + sys.argv[1]).encode()
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while os.read(0, 4096):
+    pass
+def tagged():
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/" + entry + "/environ", "rb") as f:
+                    if tag in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    pids = tagged()
+    if not pids:
+        break
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.1)
+"""
+
+
+def _start_watchdog(tag: str) -> tuple[subprocess.Popen | None, int | None]:
+    """The watchdog process and the write end of its pipe (None, None where there is no /proc)."""
+    if not os.path.isdir("/proc"):
+        return None, None
+    read_end, write_end = os.pipe()  # not inherited by the commands (close_fds, non-inheritable)
+    try:
+        watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, tag], stdin=read_end,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return watchdog, write_end
 
 
 
@@ -66,8 +154,11 @@ def run_commands(commands: Sequence[Sequence[str]], timeout: float = 120.0, *,
 
     Each command runs in its own session (process group). Its output lines are printed as
     they come (prefixed with its label when there are several). On a non-zero exit the others
-    are stopped and ``subprocess.CalledProcessError`` is raised; after ``timeout`` seconds
-    every process group is killed and ``subprocess.TimeoutExpired`` is raised.
+    are stopped and ``CommandFailed`` (a ``subprocess.CalledProcessError``) is raised; after
+    ``timeout`` seconds every process group is killed and ``CommandTimeout`` (a
+    ``subprocess.TimeoutExpired``) is raised; both show the last lines printed. Everything the
+    commands start is tagged (``COURSE_RUN_TAG`` in its environment); a watchdog process kills
+    it all if the caller dies without cleaning up (a notebook kernel killed, say).
 
     Returns:
         The combined stdout and stderr of each command.
@@ -80,19 +171,22 @@ def run_commands(commands: Sequence[Sequence[str]], timeout: float = 120.0, *,
     lines: queue.Queue = queue.Queue()
     outputs: list[list[str]] = [[] for _ in commands]
     procs: list[subprocess.Popen] = []
+    pumps: list[threading.Thread] = []
 
     def pump(i: int, stream) -> None:
         for line in stream:
             lines.put((i, line))
         lines.put((i, None))
 
+    watchdog, lifeline = _start_watchdog(tag)
     try:
         for i, cmd in enumerate(commands):
             p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, env=full_env,
                                  start_new_session=True)
             procs.append(p)
-            threading.Thread(target=pump, args=(i, p.stdout), daemon=True).start()
+            pumps.append(threading.Thread(target=pump, args=(i, p.stdout), daemon=True))
+            pumps[-1].start()
         deadline, open_streams, timed_out = time.monotonic() + timeout, len(procs), False
         while open_streams:
             left = deadline - time.monotonic()
@@ -120,16 +214,24 @@ def run_commands(commands: Sequence[Sequence[str]], timeout: float = 120.0, *,
         codes = [p.poll() for p in procs]  # None: still running, stopped below
     finally:
         _stop(procs, tag)
+        for t in pumps:  # the last lines of a stopped command, for the error below
+            t.join(timeout=2)
+        while not lines.empty():
+            i, line = lines.get_nowait()
+            if line is not None:
+                outputs[i].append(line)
         for p in procs:  # one pipe per command: closed whatever happened
             if p.stdout is not None:
                 p.stdout.close()
+        if lifeline is not None:
+            os.close(lifeline)       # the watchdog wakes, finds nothing tagged, and exits
+            watchdog.wait(timeout=10)
     texts = ["".join(o) for o in outputs]
     for cmd, code, text in zip(commands, codes, texts):
         if code not in (None, 0):
-            raise subprocess.CalledProcessError(code, [str(c) for c in cmd], output=text)
+            raise CommandFailed(code, [str(c) for c in cmd], output=text)
     if timed_out or None in codes:
-        raise subprocess.TimeoutExpired([str(c) for c in commands[0]], timeout,
-                                        output="".join(texts))
+        raise CommandTimeout([str(c) for c in commands[0]], timeout, output="".join(texts))
     return texts
 
 
