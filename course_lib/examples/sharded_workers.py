@@ -1,0 +1,175 @@
+"""Worker functions that notebook 11 (sharded data parallelism) hands to ``launch``.
+
+``launch`` starts fresh processes that import each function by module and name, so the workers
+live here, never in a notebook cell. Each runs in every rank of an initialised process group and
+returns small picklable results. The model is an MLP of ``Linear`` layers of the given widths
+(``widths=[a, b, c]``: Linear(a, b), Tanh, Linear(b, c)), the same on every rank.
+
+- ``memory_per_rank``: bytes in parameters, gradients and optimizer state, and the peak of one
+  training step, for DDP, ZeRO-1 and FSDP (AdamW), measured on this rank.
+- ``step_times``: the three timed interleaved in the same processes (``course_lib.timing.compare``).
+- ``compare_with_torch_fsdp``: the course's FSDP against torch's ``fully_shard`` and against one
+  process on the whole batch, after a few steps.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.distributed.fsdp import FullyShardedDataParallel
+from course_lib.distributed.memory import (
+    PeakMemory,
+    grad_bytes,
+    optimizer_state_bytes,
+    tensor_bytes,
+)
+from course_lib.distributed.optim import ZeroRedundancyOptimizer
+from course_lib.parallel.ddp import DistributedDataParallel
+
+__all__ = ["KINDS", "compare_with_torch_fsdp", "memory_per_rank", "mlp", "step_times"]
+
+KINDS = ("DDP", "ZeRO-1", "FSDP")
+
+
+def mlp(widths: list[int]) -> nn.Sequential:
+    """Linear(widths[0], widths[1]), Tanh, ..., Linear(widths[-2], widths[-1])."""
+    layers: list[nn.Module] = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1])
+
+
+def _device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _setup(kind: str, widths: list[int], seed: int = 0, lr: float = 1e-3):
+    """(model, optimizer, the optimizer holding this rank's state) for one kind."""
+    torch.manual_seed(seed)
+    net = mlp(widths).to(_device())
+    if kind == "DDP":
+        model = DistributedDataParallel(net)
+        opt = torch.optim.AdamW(net.parameters(), lr=lr)
+        return model, opt, opt
+    if kind == "ZeRO-1":
+        model = DistributedDataParallel(net)
+        opt = ZeroRedundancyOptimizer(net.parameters(), torch.optim.AdamW, lr=lr)
+        return model, opt, opt.optim
+    if kind == "FSDP":
+        model = FullyShardedDataParallel(net)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        return model, opt, opt
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+
+
+def _batch(widths: list[int], per_rank: int, seed: int):
+    g = torch.Generator().manual_seed(seed + dist.get_rank())
+    X = torch.randn(per_rank, widths[0], generator=g).to(_device())            # (B, in)
+    y = torch.randint(0, widths[-1], (per_rank,), generator=g).to(_device())   # (B,)
+    return X, y
+
+
+def _step(model, opt, X, y) -> None:
+    opt.zero_grad()
+    F.cross_entropy(model(X), y).backward()
+    opt.step()
+
+
+def memory_per_rank(widths: list[int], per_rank: int = 8,
+                    kinds: tuple[str, ...] = KINDS) -> list[dict]:
+    """For each kind: bytes this rank holds after a step, and the peak during one.
+
+    The first step creates AdamW's state; the second is measured with ``PeakMemory`` (CUDA:
+    ``max_memory_allocated``; CPU: live tensors counted). Each kind runs alone: the previous
+    one is deleted and collected first.
+
+    Returns:
+        One dict per kind: ``kind, world, rank, num_params, params, grads, optimizer, peak``.
+    """
+    out = []
+    for kind in kinds:
+        gc.collect()
+        model, opt, local = _setup(kind, widths)
+        X, y = _batch(widths, per_rank, seed=1)
+        _step(model, opt, X, y)
+        with PeakMemory(_device()) as measured:
+            _step(model, opt, X, y)
+        params = list(model.parameters())
+        out.append({"kind": kind, "world": dist.get_world_size(), "rank": dist.get_rank(),
+                    "num_params": sum(p.numel() for p in mlp(widths).parameters()),
+                    "params": tensor_bytes(params), "grads": grad_bytes(params),
+                    "optimizer": optimizer_state_bytes(local), "peak": measured.peak})
+        del model, opt, local, params
+    return out
+
+
+def step_times(widths: list[int], per_rank: int = 8, samples: int = 10,
+               min_sample_seconds: float = 0.05) -> dict:
+    """One training step of DDP, ZeRO-1 and FSDP timed interleaved (``timing.compare``), each
+    sample started behind a barrier, each time the slowest rank's; rank 0's result as JSON."""
+    from course_lib.timing import compare
+
+    setups = {kind: _setup(kind, widths) for kind in KINDS}
+    X, y = _batch(widths, per_rank, seed=1)
+    variants = {kind: (lambda m=m, o=o: _step(m, o, X, y)) for kind, (m, o, _) in setups.items()}
+
+    def slowest(seconds: float) -> float:
+        t = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    result = compare(variants, samples=samples, min_sample_seconds=min_sample_seconds,
+                     before=dist.barrier, reduce=slowest, device=_device())
+    return result.to_json()
+
+
+def compare_with_torch_fsdp(widths: list[int], per_rank: int = 4, steps: int = 3) -> dict:
+    """The course's FSDP, torch's ``fully_shard`` (on every Linear, then the root) and one
+    process on the whole batch, trained ``steps`` AdamW steps from the same weights.
+
+    Returns:
+        ``{"ours_vs_one_process", "torch_vs_one_process", "ours_vs_torch"}``: the largest
+        absolute difference of any parameter; or ``{"error": ...}`` when torch's
+        ``fully_shard`` does not run here (the message says why).
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    base = mlp(widths).to(_device())
+    one = copy.deepcopy(base)
+    ours = FullyShardedDataParallel(copy.deepcopy(base))
+    try:
+        from torch.distributed.fsdp import fully_shard
+
+        theirs = copy.deepcopy(base)
+        for m in theirs:
+            if isinstance(m, nn.Linear):
+                fully_shard(m)
+        fully_shard(theirs)
+    except Exception as e:  # an old torch, or a backend fully_shard refuses: say which
+        return {"error": f"{type(e).__name__}: {e}"}
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (one, ours, theirs)]
+    g = torch.Generator().manual_seed(1)
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    for _ in range(steps):
+        X = torch.randn(world * per_rank, widths[0], generator=g).to(_device())
+        y = torch.randint(0, widths[-1], (world * per_rank,), generator=g).to(_device())
+        _step(one, opts[0], X, y)                 # one process, the whole batch
+        _step(ours, opts[1], X[mine], y[mine])    # each rank its slice
+        _step(theirs, opts[2], X[mine], y[mine])
+    full_ours = ours.full_state_dict()
+    full_theirs = {n: p.full_tensor() for n, p in theirs.named_parameters()}
+    want = dict(one.named_parameters())
+
+    def diff(a: dict, b: dict) -> float:
+        return max((a[n].detach() - b[n].detach()).abs().max().item() for n in want)
+
+    return {"ours_vs_one_process": diff(full_ours, want),
+            "torch_vs_one_process": diff(full_theirs, want),
+            "ours_vs_torch": diff(full_ours, full_theirs)}
