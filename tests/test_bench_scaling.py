@@ -97,9 +97,26 @@ def test_scaling_quick(capsys):
     report = _run(scaling.main, ["--quick", "--models", "lenet", "--workers", "2",
                                  "--out", "-"], capsys)
     assert REQUIRED - {"results"} <= set(report) and report["quick"] is True
+    assert {"load", "taken_on_busy_machine"} <= set(report)
     run = report["models"]["lenet"]["by_workers"]["2"]
-    assert set(run["step"]) == set(scaling.DDP_IMPLS + scaling.SINGLE_IMPLS)
-    assert all(s["median_s"] > 0 for s in run["step"].values())
+    nocomm = [f"{n}_nocomm" for n in scaling.DDP_IMPLS if n != "local"]
+    assert set(run["step"]) == set(scaling.DDP_IMPLS + scaling.SINGLE_IMPLS + nocomm
+                                   + [scaling.BASELINE])
+    assert all(s["median_s"] > 0 and s["loops"] >= 1 for s in run["step"].values())
+    # one launch, every variant interleaved: the order rotates through all of them
+    order = run["comparison"]["order"]
+    assert len(set(order[:len(run["step"])])) == len(run["step"]) and order[0] != order[13]
     derived = report["models"]["lenet"]["derived"]
-    assert set(derived["comm"]["bucketed"]["2"]) == {"exposed_s", "comm_s", "share", "overlap"}
+    lo, hi = derived["speedup_interval"]["bucketed"]["2"]
+    assert lo <= derived["speedup"]["bucketed"]["2"] <= hi
+    assert derived["speedup"][scaling.BASELINE]["2"] == 1.0
+    assert {"exposed_s", "exposed_interval", "comm_s", "share", "overlap", "buckets"} <= set(
+        derived["comm"]["bucketed"]["2"])
+    assert derived["comm"]["bucketed"]["2"]["buckets"] >= 3  # LeNet in several 0.1 MiB buckets
     assert report["models"]["lenet"]["gradient_bytes"] == 516_272  # LeNet's 129,068 floats
+
+
+def test_overlap_reason():
+    assert "one bucket" in scaling.overlap_reason(1, 1, "gloo")
+    assert "one core" in scaling.overlap_reason(3, 1, "gloo")
+    assert "too late" in scaling.overlap_reason(3, None, "nccl")

@@ -5,29 +5,36 @@ JSON and writes ``results/scaling-<machine>.json``. For LeNet and ResNet-18, the
 batch split over 1, 2 (and 4, 8 where the hardware has them) workers, it times one training
 step (forward, backward with the gradient averaging, SGD update) of
 
+- ``baseline``: plain training on ONE worker (the bare module, the whole global batch, one
+  worker's threads, rank 0 alone while the other ranks wait): the common baseline of every
+  speed-up, timed in every launch;
+- ``plain``: the bare module in one process with all k workers' cores as intra-op threads;
 - ``dp_scratch`` (a): ``course_lib.train.train_batch``, one process, a thread per device;
 - ``nn_dataparallel`` (b): ``torch.nn.DataParallel``; on a CPU it keeps ``device_ids=[]`` and
-  just calls the module, so ``plain`` (the bare module, same threads) is timed beside it;
+  just calls the module (compare it with ``plain``);
+- ``local``: each DDP rank's own step on its shard with no communication (the compute floor);
 - ``naive`` / ``overlap`` / ``bucketed`` (c): the course's ``DistributedDataParallel``;
 - ``torch`` (d): ``torch.nn.parallel.DistributedDataParallel``;
-- ``local``: each DDP rank's own step with no communication at all (the compute floor).
+- ``NAME_nocomm`` (k >= 2) for each DDP: the same wrapper with a communication hook that sends
+  nothing, so ``exposed communication = step(NAME) - step(NAME_nocomm)`` is measured as named.
 
-On a CPU a worker is one core: each DDP rank gets ``cores // max(workers)`` torch threads (1 on
-a 2-core machine, 1 worker included), and the single-process runs get the same cores in total.
-Each sample is a few steps; the implementations run interleaved, the order rotating every round,
-so a noisy machine hurts them alike; the slowest rank's time is the step's time. Beside the
-steps, each DDP run times the all-reduces a step makes, alone (one per parameter, and one per
-25 MiB bucket), so that the share of the step spent communicating and how much of it backward
-hides can be read off. PyTorch counterpart: none (torch's DDP is the yardstick).
+One launch per worker count runs every variant interleaved (``course_lib.timing.compare``: the
+order rotating every round, each sample a loop sized from the median of several steps, the
+slowest rank's time is the step's time); each speed-up is ``baseline / variant`` from the same
+launch, with a bootstrap interval. On a CPU a worker is one core: each rank gets
+``cores // max(workers)`` torch threads. LeNet's buckets are capped at 0.1 MiB (several
+buckets, so that overlap can show; torch's DDP gets the same cap); ResNet-18's at 25 MiB
+(torch's default). Beside the steps, the all-reduces one step makes are timed alone (one per
+parameter, and one per bucket). PyTorch counterpart: none (torch's DDP is the yardstick).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import json
 import math
-import os
 import re
 import statistics
 import sys
@@ -40,43 +47,47 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 from torch.func import functional_call
 
-from ..devices import cpu_cores, cpu_threads, devices, hardware_summary, num_gpus, synchronize
+from ..devices import cpu_cores, cpu_threads, devices, hardware_summary, num_gpus
 from ..distributed import current_device, launch
 from ..models.lenet import LeNet, init_lenet_params, lenet
 from ..models.resnet import resnet18
 from ..parallel.comm import replicate_params
 from ..parallel.ddp import MB, DistributedDataParallel, assign_buckets
+from ..timing import bootstrap_ratio, compare, load_average, wait_for_quiet
 from ..train import train_batch
 
-__all__ = ["DDP_IMPLS", "MODELS", "SINGLE_IMPLS", "load_average", "machine_slug", "main",
-           "measure_scaling", "report_header", "results_path", "write_report"]
+__all__ = ["BASELINE", "DDP_IMPLS", "MODELS", "SINGLE_IMPLS", "bootstrap_difference",
+           "load_average", "machine_slug", "main", "measure_scaling", "overlap_reason",
+           "report_header", "results_path", "write_report"]
 
-#: Timed inside the DDP workers: the compute floor, our three strategies, torch's DDP.
+#: The common baseline of every speed-up: plain training on one worker.
+BASELINE = "baseline"
+#: Timed in every rank: the compute floor, our three strategies, torch's DDP.
 DDP_IMPLS = ["local", "naive", "overlap", "bucketed", "torch"]
-#: Timed in one process: (a) from scratch, (b) nn.DataParallel, and the bare module beside it.
+#: Timed in rank 0 alone: (a) from scratch, (b) nn.DataParallel, the bare module beside it.
 SINGLE_IMPLS = ["dp_scratch", "nn_dataparallel", "plain"]
 TRAIN_EXAMPLES = 60_000  # Fashion-MNIST's training set: steps per epoch = ceil(60000 / batch)
-BUCKET_CAP_MB = 25       # the bucketed strategy's and torch's default
 LR = 0.01
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """How one model is timed: global batch, steps per sample, samples (full and ``--quick``)."""
+    """How one model is timed (full run; ``quick`` gives (global batch, samples, sample s))."""
 
     build: Callable[[], nn.Module]
     global_batch: int
-    steps: int
     samples: int
-    quick: tuple[int, int, int]  # (global batch, steps, samples) in --quick
+    min_sample_s: float
+    bucket_cap_mb: float
+    quick: tuple[int, int, float]
 
 
-#: LeNet: 12 samples of 5 steps = 60 steps of batch 256 per implementation and worker count.
-MODELS = {"lenet": ModelSpec(LeNet, 256, 5, 12, (32, 1, 2)),
-          "resnet18": ModelSpec(resnet18, 64, 1, 6, (8, 1, 1))}
-
+#: LeNet: 12 samples of at least 0.3 s; buckets of 0.1 MiB (LeNet's 0.49 MiB in several).
+MODELS = {"lenet": ModelSpec(LeNet, 256, 12, 0.3, 0.1, (32, 2, 0.01)),
+          "resnet18": ModelSpec(resnet18, 64, 10, 0.5, 25, (8, 2, 0.01))}
 
 # ------------------------------------------------------------------------------------------------
 # the report: which machine, when, by which command
@@ -98,16 +109,14 @@ def machine_slug() -> str:
     return f"cpu-{cpu_cores()}core-{family}"
 
 
-def load_average() -> list[float] | None:
-    """The 1-, 5- and 15-minute load averages (None where the OS does not say)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
-
-
-def report_header(name: str, argv: list[str], *, quick: bool) -> dict:
-    """What every results file starts with: the command, machine, hardware, versions, date."""
+def report_header(name: str, argv: list[str], *, quick: bool,
+                  max_wait_s: float | None = None) -> dict:
+    """What every results file starts with: the command, machine, hardware, versions, date, and
+    the load: waits (bounded, ``wait_for_quiet``; 5 minutes, none for quick runs) for a quiet
+    machine, then records ``load`` (``busy``: True when still loaded) and prints its message."""
+    stamp = wait_for_quiet(max_wait_s=(0 if quick else 300) if max_wait_s is None
+                           else max_wait_s)
+    print(f"{name}: {stamp.message}", file=sys.stderr)
     return {
         "benchmark": name,
         "command": " ".join(["python -m course_lib.bench", name, *argv]),
@@ -118,6 +127,8 @@ def report_header(name: str, argv: list[str], *, quick: bool) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "quick": quick,
         "load_average_start": load_average(),
+        "load": stamp.to_json(),
+        "taken_on_busy_machine": stamp.busy,
     }
 
 
@@ -141,8 +152,9 @@ def write_report(report: dict, path: Path | None) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
+
 # ------------------------------------------------------------------------------------------------
-# shared by the workers
+# the workers: one launch per worker count, every variant interleaved
 # ------------------------------------------------------------------------------------------------
 
 def _batch(n: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,36 +165,6 @@ def _batch(n: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch
     return X, y
 
 
-def _timed(step: Callable[[], object], steps: int, device: torch.device) -> float:
-    """Seconds per step of ``steps`` calls of ``step``, synchronized at both ends."""
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    synchronize(device)
-    return (time.perf_counter() - start) / steps
-
-
-def _rounds(steps_by_name: dict[str, Callable[[], object]], samples: int, steps: int,
-            warmup: int, device: torch.device, before: Callable[[], None] = lambda: None,
-            reduce: Callable[[float], float] = lambda t: t) -> dict[str, list[float]]:
-    """Time every step function ``samples`` times, interleaved, the order rotating each round."""
-    names = list(steps_by_name)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(warmup + samples):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            before()
-            t = reduce(_timed(steps_by_name[name], steps, device))
-            if r >= warmup:
-                times[name].append(t)
-    return times
-
-
-# ------------------------------------------------------------------------------------------------
-# (c), (d): one process per worker
-# ------------------------------------------------------------------------------------------------
-
 def _slowest(seconds: float) -> float:
     """The largest ``seconds`` over the ranks: a step is as slow as its slowest rank."""
     t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
@@ -190,70 +172,19 @@ def _slowest(seconds: float) -> float:
     return t.item()
 
 
-def _allreduce_time(sizes: list[int], device: torch.device, min_s: float) -> list[float]:
-    """Seconds for one round of blocking all-reduces of these sizes (bytes), several samples."""
-    flats = [torch.zeros(max(1, n // 4), device=device) for n in sizes]  # fp32, stay zero
+def _wrap(name: str, module: nn.Module, cap_mb: float) -> nn.Module:
+    """``module`` alone (``local``), in torch's DDP, or in ours; ``*_nocomm`` sends nothing."""
+    base = name.removesuffix("_nocomm")
+    if base == "local":
+        return module
+    if base == "torch":
+        net = nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap_mb)
+    else:
+        net = DistributedDataParallel(module, strategy=base, bucket_cap_mb=cap_mb)
+    if name.endswith("_nocomm"):
+        net.register_comm_hook(None, noop_hook)  # returns the bucket, unsent
+    return net
 
-    def one_round() -> None:
-        for t in flats:
-            dist.all_reduce(t)
-
-    once = _slowest(_timed(one_round, 1, device))
-    reps = int(min(200, max(1, math.ceil(min_s / max(once, 1e-7)))))
-    samples = []
-    for _ in range(5):
-        dist.barrier()
-        samples.append(_slowest(_timed(one_round, reps, device)))
-    return samples
-
-
-def _ddp_worker(model: str, per_rank: int, threads: int, samples: int, steps: int,
-                warmup: int, min_comm_s: float) -> dict | None:
-    """Runs in every rank of ``launch``: the DDP implementations' step times, and the comm alone."""
-    device, rank, world = current_device(), dist.get_rank(), dist.get_world_size()
-    if device.type == "cpu":
-        torch.set_num_threads(threads)  # a worker is `threads` cores (this process is ours)
-    torch.manual_seed(0)
-    base = MODELS[model].build().to(device)
-    nets: dict[str, nn.Module] = {}
-    for name in DDP_IMPLS:
-        net = copy.deepcopy(base)
-        if name == "torch":
-            net = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=BUCKET_CAP_MB)
-        elif name != "local":
-            net = DistributedDataParallel(net, strategy=name, bucket_cap_mb=BUCKET_CAP_MB)
-        nets[name] = net
-    opts = {name: torch.optim.SGD(net.parameters(), lr=LR) for name, net in nets.items()}
-    X, y = _batch(per_rank, seed=rank, device=device)
-
-    def stepper(name: str) -> Callable[[], None]:
-        net, opt = nets[name], opts[name]
-
-        def step() -> None:
-            opt.zero_grad()
-            F.cross_entropy(net(X), y).backward()
-            opt.step()
-        return step
-
-    times = _rounds({name: stepper(name) for name in DDP_IMPLS}, samples, steps, warmup, device,
-                    before=dist.barrier, reduce=_slowest)
-    params = list(base.parameters())
-    param_bytes = [p.numel() * p.element_size() for p in params]
-    bucket_bytes = [sum(param_bytes[i] for i in b)
-                    for b in assign_buckets(params, int(BUCKET_CAP_MB * MB))]
-    comm = {}
-    if world > 1:
-        comm = {"per_parameter_s": _allreduce_time(param_bytes, device, min_comm_s),
-                "per_bucket_s": _allreduce_time(bucket_bytes, device, min_comm_s)}
-    if rank != 0:
-        return None
-    return {"times": times, "comm": comm, "param_bytes": param_bytes,
-            "bucket_bytes": bucket_bytes, "backend": dist.get_backend()}
-
-
-# ------------------------------------------------------------------------------------------------
-# (a), (b): one process, k devices
-# ------------------------------------------------------------------------------------------------
 
 class _Functional:
     """``net(X, params)`` for an ``nn.Module``, so ``train_batch`` can run ResNet-18.
@@ -276,63 +207,129 @@ class _Functional:
         return functional_call(self.module, state, (X,))
 
 
-def _single_worker(model: str, k: int, global_batch: int, threads: int, samples: int,
-                   steps: int, warmup: int) -> dict:
-    """Runs in a fresh process (``launch`` with one rank): (a) and (b) over k devices."""
-    gpus = num_gpus()
-    cores = k * threads                     # the k "workers" of this run, in cores
-    if gpus == 0 and k > 1 and cpu_cores() > cores and hasattr(os, "sched_setaffinity"):
-        # parallel_apply caps each device's thread at cores // k: make the cores ours exactly
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
-    devs = devices(k, warn=False)
-    device = devs[0]
-    torch.manual_seed(0)
-    X, y = _batch(global_batch, seed=0, device=device)
 
-    # (a) from scratch: parameters replicated onto each device, train_batch's four steps
+def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
+                    min_sample_s: float, warmup: int, calibration: int) -> dict | None:
+    """Runs in every rank of a launch of k ranks: every variant, interleaved; rank 0 returns."""
+    device, rank, k = current_device(), dist.get_rank(), dist.get_world_size()
+    spec, gpus = MODELS[model], num_gpus()
+    if device.type == "cpu":
+        torch.set_num_threads(threads)  # a worker is `threads` cores (this process is ours)
+    cores = k * threads
+    torch.manual_seed(0)
+    base = spec.build().to(device)
+    variants: dict[str, Callable[[], None]] = {}
+
+    def stepper(net: nn.Module, opt: torch.optim.Optimizer, X: torch.Tensor, y: torch.Tensor,
+                n_threads: int | None = None) -> Callable[[], None]:
+        def step() -> None:
+            opt.zero_grad()
+            F.cross_entropy(net(X), y).backward()
+            opt.step()
+        if n_threads is None or device.type != "cpu":
+            return step
+
+        def step_with_threads() -> None:
+            with cpu_threads(n_threads):
+                step()
+        return step_with_threads
+
+    def rank0(step: Callable[[], None]) -> Callable[[], None]:
+        return step if rank == 0 else (lambda: None)  # the other ranks wait at the max
+
+    # rank 0 alone, the whole global batch
+    Xg, yg = _batch(global_batch, seed=0, device=device)
+    plain = copy.deepcopy(base)
+    variants[BASELINE] = rank0(stepper(plain, torch.optim.SGD(plain.parameters(), lr=LR),
+                                       Xg, yg, threads))
+    if k > 1:
+        wide = copy.deepcopy(base)
+        variants["plain"] = rank0(stepper(wide, torch.optim.SGD(wide.parameters(), lr=LR),
+                                          Xg, yg, cores))
+    devs = devices(k, warn=False) if rank == 0 else [device]
     if model == "lenet":
-        params, net = init_lenet_params(seed=0, device=device), lenet
+        params, fnet = init_lenet_params(seed=0, device=device), lenet
     else:
-        module = MODELS[model].build().to(device)
-        params = [p.detach().clone() for p in module.parameters()]
-        net = _Functional(module)
+        params = [p.detach().clone() for p in base.parameters()]
+        fnet = _Functional(copy.deepcopy(base))
     device_params = replicate_params(params, devs)
-    parallel = (k > 1) if gpus == 0 else None  # threads for several CPU "devices" (each 1 core)
+    parallel = (k > 1) if gpus == 0 else None
 
     def dp_scratch() -> None:
-        train_batch(X, y, device_params, devs, LR, net=net, parallel=parallel)
+        with cpu_threads(cores) if device.type == "cpu" else contextlib.nullcontext():
+            train_batch(Xg, yg, device_params, devs, LR, net=fnet, parallel=parallel)
+    variants["dp_scratch"] = rank0(dp_scratch)
+    wrapped = nn.DataParallel(copy.deepcopy(base), device_ids=list(range(k)) if gpus else None)
+    variants["nn_dataparallel"] = rank0(stepper(
+        wrapped, torch.optim.SGD(wrapped.parameters(), lr=LR), Xg, yg, cores))
 
-    # (b) nn.DataParallel, and the bare module beside it
-    torch.manual_seed(0)
-    plain = MODELS[model].build().to(device)
-    wrapped = nn.DataParallel(copy.deepcopy(plain),
-                              device_ids=list(range(k)) if gpus else None)
-    opts = {"nn_dataparallel": torch.optim.SGD(wrapped.parameters(), lr=LR),
-            "plain": torch.optim.SGD(plain.parameters(), lr=LR)}
+    # every rank, its shard
+    X, y = _batch(global_batch // k, seed=1 + rank, device=device)
+    ddp_names = list(DDP_IMPLS) if k > 1 else [n for n in DDP_IMPLS if n != "local"]
+    if k > 1:
+        ddp_names += [f"{n}_nocomm" for n in DDP_IMPLS if n != "local"]
+    for name in ddp_names:
+        net = _wrap(name, copy.deepcopy(base), spec.bucket_cap_mb)
+        variants[name] = stepper(net, torch.optim.SGD(net.parameters(), lr=LR), X, y)
+    result = compare(variants, samples=samples, min_sample_seconds=min_sample_s, warmup=warmup,
+                     calibration_calls=calibration, baseline=BASELINE, device=device,
+                     before=dist.barrier, reduce=_slowest)
 
-    def stepper(name: str, m: nn.Module) -> Callable[[], None]:
-        def step() -> None:
-            opts[name].zero_grad()
-            F.cross_entropy(m(X), y).backward()
-            opts[name].step()
-        return step
+    # the all-reduces one step makes, alone: one per parameter, one per bucket
+    param_bytes = [p.numel() * p.element_size() for p in base.parameters()]
+    buckets = assign_buckets(list(base.parameters()), int(spec.bucket_cap_mb * MB))
+    bucket_bytes = [sum(param_bytes[i] for i in b) for b in buckets]
+    comm = None
+    if k > 1:
+        flats = {name: [torch.zeros(max(1, n // 4), device=device) for n in sizes]
+                 for name, sizes in (("per_parameter", param_bytes),
+                                     ("per_bucket", bucket_bytes))}
 
-    with cpu_threads(cores if gpus == 0 else torch.get_num_threads()):
-        times = _rounds({"dp_scratch": dp_scratch,
-                         "nn_dataparallel": stepper("nn_dataparallel", wrapped),
-                         "plain": stepper("plain", plain)}, samples, steps, warmup, device)
-    return {"times": times, "nn_dataparallel_device_ids": list(wrapped.device_ids),
-            "threads_in_process": cores if gpus == 0 else None}
+        def rounds(tensors: list[torch.Tensor]) -> Callable[[], None]:
+            def one_round() -> None:
+                for t in tensors:
+                    dist.all_reduce(t)
+            return one_round
+        comm = compare({name: rounds(t) for name, t in flats.items()},
+                       samples=max(5, samples // 2), min_sample_seconds=min_sample_s / 3,
+                       warmup=1, calibration_calls=3,
+                       device=device, before=dist.barrier, reduce=_slowest)
+    if rank != 0:
+        return None
+    return {"comparison": result.to_json(), "comm": comm.to_json() if comm else None,
+            "param_bytes": param_bytes, "bucket_bytes": bucket_bytes,
+            "backend": dist.get_backend(),
+            "nn_dataparallel_device_ids": list(wrapped.device_ids)}
 
 
 # ------------------------------------------------------------------------------------------------
 # the whole run, and what is derived from it
 # ------------------------------------------------------------------------------------------------
 
-def _summary(seconds: list[float]) -> dict[str, float]:
-    q1, _, q3 = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else [seconds[0]] * 3
-    return {"median_s": statistics.median(seconds), "min_s": min(seconds), "q1_s": q1,
-            "q3_s": q3, "iqr_s": q3 - q1, "samples": len(seconds), "seconds": seconds}
+def bootstrap_difference(a: list[float], b: list[float], *, confidence: float = 0.95,
+                         resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """``median(a) - median(b)`` and its percentile bootstrap interval, rounds paired."""
+    import random
+
+    if len(a) != len(b) or not a:
+        raise ValueError(f"bootstrap_difference needs two equally long, non-empty lists, got "
+                         f"{len(a)} and {len(b)}.")
+    rng, n = random.Random(seed), len(a)
+    diffs = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        diffs.append(statistics.median(a[i] for i in idx) - statistics.median(b[i] for i in idx))
+    diffs.sort()
+    tail = (1 - confidence) / 2
+    lo, hi = diffs[int(tail * (resamples - 1))], diffs[int((1 - tail) * (resamples - 1))]
+    return statistics.median(a) - statistics.median(b), lo, hi
+
+
+def _summary(v: dict) -> dict:
+    q1, q3 = v["q1_s"], v["q3_s"]
+    return {"median_s": v["median_s"], "min_s": v["min_s"], "q1_s": q1, "q3_s": q3,
+            "iqr_s": q3 - q1, "samples": v["samples"], "loops": v["loops"],
+            "seconds": v["seconds"]}
 
 
 def default_workers() -> list[int]:
@@ -343,13 +340,13 @@ def default_workers() -> list[int]:
 
 def measure_scaling(models: list[str], *, workers: list[int] | None = None, quick: bool = False,
                     warmup: int = 1, timeout: float = 3600.0) -> dict:
-    """Time every implementation for each model and worker count; a JSON-ready dict.
+    """Time every variant for each model and worker count (one launch per count); a dict.
 
     Args:
         models: names from ``MODELS``.
         workers: worker counts (default ``default_workers()``).
-        quick: the small batches, steps and samples of ``ModelSpec.quick``.
-        warmup: untimed rounds before the samples.
+        quick: the small batches and short samples of ``ModelSpec.quick``.
+        warmup: untimed steps of each variant before calibrating.
         timeout: seconds for each launch.
     """
     workers = workers or default_workers()
@@ -358,28 +355,31 @@ def measure_scaling(models: list[str], *, workers: list[int] | None = None, quic
                  "models": {}}
     for model in models:
         spec = MODELS[model]
-        batch, steps, samples = spec.quick if quick else (spec.global_batch, spec.steps,
-                                                          spec.samples)
-        entry: dict = {"global_batch": batch, "steps_per_sample": steps, "samples": samples,
-                       "steps_per_epoch": math.ceil(TRAIN_EXAMPLES / batch),
-                       "by_workers": {}}
+        batch, samples, min_s = spec.quick if quick else (spec.global_batch, spec.samples,
+                                                          spec.min_sample_s)
+        entry: dict = {"global_batch": batch, "samples": samples, "min_sample_s": min_s,
+                       "threads_per_worker": out["threads_per_worker"],
+                       "steps_per_sample": "sized per variant (loops)",
+                       "bucket_cap_mb": spec.bucket_cap_mb,
+                       "steps_per_epoch": math.ceil(TRAIN_EXAMPLES / batch), "by_workers": {}}
         for k in workers:
             if batch % k:
                 raise ValueError(f"measure_scaling: global batch {batch} of {model} does not "
                                  f"split evenly over {k} workers.")
-            single = launch(_single_worker, 1, model, k, batch, threads, samples, steps,
-                            warmup, timeout=timeout)[0]
-            ddp = launch(_ddp_worker, k, model, batch // k, threads, samples, steps, warmup,
-                         0.02 if quick else 0.2, timeout=timeout)[0]
-            times = {**single["times"], **ddp["times"]}
+            r = launch(_scaling_worker, k, model, batch, threads, samples, min_s, warmup,
+                       1 if quick else 3, timeout=timeout)[0]
+            variants = r["comparison"]["variants"]
+            step = {name: _summary(v) for name, v in variants.items()}
+            if k == 1:  # at one worker the bare module and the compute floor ARE the baseline
+                step["plain"] = step["local"] = step[BASELINE]
             entry["by_workers"][str(k)] = {
-                "per_worker_batch": batch // k,
-                "backend": ddp["backend"],
-                "nn_dataparallel_device_ids": single["nn_dataparallel_device_ids"],
-                "step": {name: _summary(t) for name, t in times.items()},
-                "comm_alone": {name: _summary(t) for name, t in ddp["comm"].items()},
+                "per_worker_batch": batch // k, "backend": r["backend"],
+                "nn_dataparallel_device_ids": r["nn_dataparallel_device_ids"],
+                "step": step, "comparison": r["comparison"],
+                "comm_alone": ({name: _summary(v) for name, v in r["comm"]["variants"].items()}
+                               if r["comm"] else {}),
             }
-            entry["param_bytes"], entry["bucket_bytes"] = ddp["param_bytes"], ddp["bucket_bytes"]
+            entry["param_bytes"], entry["bucket_bytes"] = r["param_bytes"], r["bucket_bytes"]
         entry["gradient_bytes"] = sum(entry["param_bytes"])
         entry["derived"] = derive(entry)
         out["models"][model] = entry
@@ -390,67 +390,112 @@ def _median(entry: dict, k: int, name: str) -> float:
     return entry["by_workers"][str(k)]["step"][name]["median_s"]
 
 
-def derive(entry: dict) -> dict:
-    """Speed-up, efficiency, epoch time, ratio to torch's DDP, communication share and overlap.
+def overlap_reason(n_buckets: int, threads_per_worker: int | None, backend: str) -> str:
+    """Why backward hid none of the communication, in one sentence."""
+    if n_buckets <= 1:
+        return ("one bucket: its all-reduce can start only when backward has produced the last "
+                "gradient, so nothing is left to hide it behind")
+    if backend == "gloo" and threads_per_worker == 1:
+        return ("gloo sums and copies on the CPU, and each worker has one core, which backward "
+                "keeps busy: the all-reduce waits for the core instead of running beside it")
+    return "the buckets became ready too late in backward to overlap with the rest of it"
 
-    - ``speedup[impl][k] = median step(1 worker) / median step(k workers)`` (same global batch,
-      same implementation); ``efficiency = speedup / k``.
+
+def derive(entry: dict) -> dict:
+    """Speed-ups over the common baseline, efficiency, epoch time, ratios to torch's DDP,
+    exposed communication and overlap, each with its interval where it has one.
+
+    - ``speedup[impl][k] = baseline / impl`` (medians, the same launch; the baseline is plain
+      training on one worker), ``speedup_interval[impl][k]`` its 95 % bootstrap interval;
+      ``efficiency = speedup / k``.
     - ``epoch_s[impl][k] = median step * steps_per_epoch`` (derived from the step, not timed).
-    - ``ratio_to_torch[impl][k]``: median step over torch's DDP's, same k, same run;
-      ``paired_ratio_to_torch`` the median of the per-round ratios (steadier under load).
-    - ``comm[impl][k]`` for k >= 2: ``exposed_s = median step - median local step`` (the time
-      communication adds to the step); ``comm_s`` the median time of the same all-reduces alone
-      (one per parameter for naive and overlap, one per 25 MiB bucket for bucketed and torch);
-      ``share = exposed_s / step``; ``overlap = 1 - exposed_s / comm_s`` clipped to [0, 1]
-      (the part of the communication that backward hid).
+    - ``ratio_to_torch[impl][k]`` (medians), ``paired_ratio_to_torch`` (median of the per-round
+      ratios), ``ratio_to_torch_interval`` (bootstrap).
+    - ``comm[impl][k]`` for k >= 2: ``exposed_s = step - step with a hook that sends nothing``
+      (same wrapper, same process) with ``exposed_interval``; ``comm_s`` the same all-reduces
+      alone (one per parameter for naive and overlap, one per bucket for bucketed and torch);
+      ``share = exposed_s / step``; ``overlap = 1 - exposed_s / comm_s`` clipped to [0, 1];
+      ``reason`` when the overlap is zero.
     """
     ks = sorted(int(k) for k in entry["by_workers"])
-    impls = list(entry["by_workers"][str(ks[0])]["step"])
-    d: dict = {"speedup": {}, "efficiency": {}, "epoch_s": {}, "ratio_to_torch": {},
-               "paired_ratio_to_torch": {}, "comm": {}}
+    impls = [n for n in entry["by_workers"][str(ks[-1])]["step"] if not n.endswith("_nocomm")]
+    d: dict = {"baseline": BASELINE, "speedup": {}, "speedup_interval": {}, "efficiency": {},
+               "epoch_s": {}, "ratio_to_torch": {}, "paired_ratio_to_torch": {},
+               "ratio_to_torch_interval": {}, "comm": {}}
     for name in impls:
-        d["speedup"][name], d["efficiency"][name], d["epoch_s"][name] = {}, {}, {}
-        for k in ks:
-            s = _median(entry, ks[0], name) / _median(entry, k, name) if ks[0] == 1 else None
-            d["speedup"][name][str(k)] = s
-            d["efficiency"][name][str(k)] = s / k if s is not None else None
-            d["epoch_s"][name][str(k)] = _median(entry, k, name) * entry["steps_per_epoch"]
-    for name in ("naive", "overlap", "bucketed", "torch"):
-        d["ratio_to_torch"][name], d["paired_ratio_to_torch"][name] = {}, {}
-        d["comm"][name] = {}
+        for key in ("speedup", "speedup_interval", "efficiency", "epoch_s"):
+            d[key][name] = {}
         for k in ks:
             step = entry["by_workers"][str(k)]["step"]
-            d["ratio_to_torch"][name][str(k)] = step[name]["median_s"] / step["torch"]["median_s"]
+            base, mine = step[BASELINE]["seconds"], step[name]["seconds"]
+            s, lo, hi = bootstrap_ratio(base, mine)
+            d["speedup"][name][str(k)] = s
+            d["speedup_interval"][name][str(k)] = [lo, hi]
+            d["efficiency"][name][str(k)] = s / k
+            d["epoch_s"][name][str(k)] = _median(entry, k, name) * entry["steps_per_epoch"]
+    for name in ("naive", "overlap", "bucketed", "torch"):
+        for key in ("ratio_to_torch", "paired_ratio_to_torch", "ratio_to_torch_interval",
+                    "comm"):
+            d[key][name] = {}
+        for k in ks:
+            step = entry["by_workers"][str(k)]["step"]
+            r, lo, hi = bootstrap_ratio(step[name]["seconds"], step["torch"]["seconds"])
+            d["ratio_to_torch"][name][str(k)] = r
+            d["ratio_to_torch_interval"][name][str(k)] = [lo, hi]
             d["paired_ratio_to_torch"][name][str(k)] = statistics.median(
                 a / b for a, b in zip(step[name]["seconds"], step["torch"]["seconds"]))
             alone = entry["by_workers"][str(k)]["comm_alone"]
-            if k < 2 or not alone:
+            if k < 2 or not alone or f"{name}_nocomm" not in step:
                 continue
-            comm_s = alone["per_parameter_s" if name in ("naive", "overlap")
-                           else "per_bucket_s"]["median_s"]
-            exposed = step[name]["median_s"] - step["local"]["median_s"]
-            d["comm"][name][str(k)] = {
-                "exposed_s": exposed, "comm_s": comm_s,
-                "share": max(0.0, exposed) / step[name]["median_s"],
-                "overlap": min(1.0, max(0.0, 1.0 - exposed / comm_s)),
-            }
+            comm_s = alone["per_parameter" if name in ("naive", "overlap")
+                           else "per_bucket"]["median_s"]
+            exposed, elo, ehi = bootstrap_difference(step[name]["seconds"],
+                                                     step[f"{name}_nocomm"]["seconds"])
+            overlap = min(1.0, max(0.0, 1.0 - exposed / comm_s))
+            n_buckets = (len(entry["param_bytes"]) if name in ("naive", "overlap")
+                         else len(entry["bucket_bytes"]))
+            c = {"exposed_s": exposed, "exposed_interval": [elo, ehi], "comm_s": comm_s,
+                 "share": max(0.0, exposed) / step[name]["median_s"], "overlap": overlap,
+                 "buckets": n_buckets}
+            if name == "naive":
+                c["reason"] = "the naive strategy waits for each all-reduce by design"
+            elif overlap == 0.0:
+                c["reason"] = overlap_reason(n_buckets, entry.get("threads_per_worker"),
+                                             entry["by_workers"][str(k)]["backend"])
+            d["comm"][name][str(k)] = c
     return d
 
 
+def _verdict(low: float, high: float, goal: float, *, at_least: bool) -> str:
+    if (low >= goal) if at_least else (high <= goal):
+        return "met"
+    if (high < goal) if at_least else (low > goal):
+        return "not met"
+    return "undecided: the interval contains the goal"
+
+
 def goals(run: dict) -> dict:
-    """The issue's two goals, read off the run (None where the run lacks the numbers)."""
+    """Two targets, read off the run with their intervals (None where the run lacks them)."""
     g: dict = {}
     lenet_run = run["models"].get("lenet")
     if lenet_run and {"1", "2"} <= set(lenet_run["by_workers"]):
-        sp = lenet_run["derived"]["speedup"]
-        g["lenet_speedup_2_vs_1"] = {name: sp[name]["2"] for name in ("bucketed", "torch")}
+        d = lenet_run["derived"]
+        g["lenet_speedup_2_vs_1"] = {n: d["speedup"][n]["2"] for n in ("bucketed", "torch")}
+        g["lenet_speedup_2_vs_1_interval"] = {n: d["speedup_interval"][n]["2"]
+                                              for n in ("bucketed", "torch")}
         g["lenet_speedup_2_vs_1_goal"] = 1.8
-        g["lenet_speedup_2_vs_1_met"] = sp["bucketed"]["2"] >= 1.8
+        g["lenet_speedup_2_vs_1_met"] = _verdict(*d["speedup_interval"]["bucketed"]["2"], 1.8,
+                                                 at_least=True)
     k = str(max(run["workers"]))
-    ratios = {m: e["derived"]["ratio_to_torch"]["bucketed"][k] for m, e in run["models"].items()}
-    g[f"bucketed_over_torch_at_{k}_workers"] = ratios
+    g[f"bucketed_over_torch_at_{k}_workers"] = {
+        m: e["derived"]["ratio_to_torch"]["bucketed"][k] for m, e in run["models"].items()}
+    g["bucketed_over_torch_interval"] = {
+        m: e["derived"]["ratio_to_torch_interval"]["bucketed"][k]
+        for m, e in run["models"].items()}
     g["bucketed_over_torch_goal"] = 1.10
-    g["bucketed_over_torch_met"] = all(r <= 1.10 for r in ratios.values())
+    g["bucketed_over_torch_met"] = {
+        m: _verdict(*e["derived"]["ratio_to_torch_interval"]["bucketed"][k], 1.10,
+                    at_least=False) for m, e in run["models"].items()}
     return g
 
 
@@ -459,7 +504,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench scaling",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="a quick look: tiny batches, one step per sample, two samples")
+                        help="a quick look: tiny batches, short samples, two of them")
     parser.add_argument("--models", default="lenet,resnet18",
                         help=f"comma-separated, from {', '.join(MODELS)}")
     parser.add_argument("--workers", default=None,
@@ -478,6 +523,9 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     run = measure_scaling(models, workers=workers, quick=args.quick)
     report.update({"goals": goals(run), **run, "load_average_end": load_average(),
+                   "method": "one launch per worker count, every variant interleaved "
+                             "(course_lib.timing.compare); speed-ups over the common baseline "
+                             "with 95 % bootstrap intervals",
                    "wall_s": round(time.perf_counter() - start, 1)})
     print(json.dumps(report, indent=2))
     write_report(report, results_path("scaling", args.out, args.quick))
