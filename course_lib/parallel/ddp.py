@@ -17,9 +17,18 @@ Three strategies, in the order the notebook teaches them (``strategy=``):
 Every strategy moves gradients in ``Bucket`` s (in the first two each parameter is a bucket of
 one) and hands each bucket to a communication hook ``hook(state, bucket) -> Future[Tensor]``
 (default ``allreduce_hook``: the average), so torch's hooks and ours work with all three.
+
+As torch's DDP, the buckets are built twice: at construction in reverse registration order (for
+``"bucketed"`` one bucket for everything, unless ``find_unused_parameters=True``), then, before
+the first forward after the first synchronised backward, in the order the gradients actually
+arrived (rank 0's), the first bucket small (1 MiB with the default ``bucket_cap_mb``) so that
+communication starts early, whatever order the model registered its layers in.
 """
 from __future__ import annotations
 
+import json
+import math
+import sys
 import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -42,9 +51,13 @@ __all__ = [
     "assign_buckets",
     "bf16_compress_hook",
     "bytes_on_wire",
+    "gradient_memory_bytes",
 ]
 
 MB = 1024 * 1024  # torch's DDP counts bucket_cap_mb in MiB too
+DEFAULT_BUCKET_CAP_MB = 25  # torch's default
+#: Most bytes in the first bucket after the rebuild with the default cap (torch's constant)
+FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MB)
 CommHook = Callable[[Any, "Bucket"], torch.futures.Future]
 
 
@@ -120,36 +133,68 @@ def bytes_on_wire(ddp: DistributedDataParallel, dtype: torch.dtype | None = None
     return 2 * (p - 1) * payload // p
 
 
+def gradient_memory_bytes(ddp: DistributedDataParallel) -> int:
+    """Bytes of memory holding gradients: the bucket buffers plus every ``.grad`` stored elsewhere.
+
+    Storage shared by several tensors counts once. Without ``gradient_as_bucket_view`` each
+    gradient exists twice (its ``.grad`` and its slot in a bucket); with it, ``.grad`` is a view
+    of the bucket buffer and only the buffers count.
+
+    Args:
+        ddp: a ``DistributedDataParallel`` after a backward pass (before it, ``.grad`` is None).
+
+    Returns:
+        Bytes, on this rank.
+    """
+    storages: dict[tuple, int] = {}  # (device, address) -> bytes
+    tensors = [b.buffer() for b in ddp.reducer.buckets]
+    tensors += [p.grad for p in ddp.module.parameters() if p.grad is not None]
+    for t in tensors:
+        storage = t.untyped_storage()
+        storages[(t.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
 # ------------------------------------------------------------------------------------------------
 # Buckets
 # ------------------------------------------------------------------------------------------------
 
-def assign_buckets(params: Sequence[torch.Tensor], bucket_cap_bytes: int) -> list[list[int]]:
-    """Group parameters into buckets of at most ``bucket_cap_bytes``, last parameter first.
+def assign_buckets(params: Sequence[torch.Tensor], bucket_cap_bytes: int, *,
+                   order: Sequence[int] | None = None,
+                   first_bucket_bytes: int | None = None) -> list[list[int]]:
+    """Group parameters into buckets of at most ``bucket_cap_bytes``, in the order given.
 
-    Backward produces gradients roughly in reverse registration order (last layer first), so
-    bucket 0 fills first. A parameter larger than the cap gets a bucket of its own; a bucket
-    holds one dtype and one device.
+    By default the order is the last parameter first: backward produces gradients roughly in
+    reverse registration order (last layer first), so bucket 0 fills first. After the first
+    iteration DDP passes the order the gradients really arrived in. A parameter larger than the
+    cap gets a bucket of its own; a bucket holds one dtype and one device.
 
     Args:
         params: the parameters in registration order (``module.parameters()``).
         bucket_cap_bytes: most bytes per bucket.
+        order: indices into ``params``, the expected arrival order (default: last one first).
+        first_bucket_bytes: most bytes in the first bucket of each dtype and device (default
+            ``bucket_cap_bytes``); torch's DDP makes it 1 MiB so communication starts early.
 
     Returns:
         For each bucket, in launch order, the indices of its parameters in ``params``.
     """
+    order = list(reversed(range(len(params)))) if order is None else list(order)
+    first = bucket_cap_bytes if first_bucket_bytes is None else first_bucket_bytes
     closed: list[list[int]] = []
-    open_: dict[tuple, tuple[list[int], int]] = {}  # (dtype, device) -> (indices, bytes)
-    for i in reversed(range(len(params))):
+    open_: dict[tuple, tuple[list[int], int, int]] = {}  # (dtype, device) -> (indices, bytes,
+    for i in order:                                       #                    buckets closed)
         p = params[i]
         key, size = (p.dtype, p.device), p.numel() * p.element_size()
-        indices, used = open_.get(key, ([], 0))
-        if indices and used + size > bucket_cap_bytes:  # full: close it, start the next one
+        indices, used, done = open_.get(key, ([], 0, 0))
+        cap = first if done == 0 else bucket_cap_bytes
+        if indices and used + size > cap:  # full: close it, start the next one
             closed.append(indices)
-            indices, used = [], 0
-        open_[key] = (indices + [i], used + size)
-    buckets = closed + [indices for indices, _ in open_.values()]
-    return sorted(buckets, key=lambda b: -b[0])  # as torch: by the first gradient to arrive
+            indices, used, done = [], 0, done + 1
+        open_[key] = (indices + [i], used + size, done)
+    buckets = closed + [indices for indices, _, _ in open_.values()]
+    position = {i: k for k, i in enumerate(order)}
+    return sorted(buckets, key=lambda b: position[b[0]])  # by the first gradient to arrive
 
 
 class Bucket:
@@ -160,26 +205,37 @@ class Bucket:
     when it was the last one), ``launch(hook, state)`` to start the all-reduce, ``wait()`` after
     backward, ``copy_back()`` to write the averaged values into each ``param.grad``.
 
+    With ``as_view=True`` (DDP's ``gradient_as_bucket_view``) each ``param.grad`` becomes a view
+    of the buffer: autograd accumulates into the buffer itself, nothing is copied in or out, and
+    the gradients take half the memory.
+
     It also offers the interface of ``torch.distributed.GradBucket`` (``buffer``, ``index``,
     ``parameters``, ``gradients``, ``is_last``, ``set_buffer``), so communication hooks written
     for torch's DDP run on it unchanged.
 
     Args:
-        index: position in launch order (bucket 0 holds the last layers' parameters).
+        index: position in launch order (bucket 0 holds the first gradients to arrive).
         params: the parameters, all of one dtype and one device.
         names: their qualified names (``"fc2.weight"``), for messages.
         is_last: whether it is the last bucket launched in a step.
+        as_view: make each ``param.grad`` a view of the buffer.
     """
 
     def __init__(self, index: int, params: Sequence[torch.Tensor], names: Sequence[str],
-                 is_last: bool):
+                 is_last: bool, as_view: bool = False):
         self._index, self._params, self.names, self._is_last = index, list(params), names, is_last
+        self.as_view = as_view
         self.numels = [p.numel() for p in self._params]
         self.offsets = [0, *accumulate(self.numels)][:-1]    # where each gradient starts
         self._buffer = torch.zeros(sum(self.numels), dtype=params[0].dtype,
                                    device=params[0].device)  # (n,) on the parameters' device
         self._views = self._shaped(self._buffer)             # [(*p.shape) views of the buffer]
         self._slot = {id(p): i for i, p in enumerate(self._params)}
+        if as_view:
+            with torch.no_grad():
+                for p, view in zip(self._params, self._views):
+                    if p.grad is not None:                   # keep its value, in the buffer
+                        p.grad = view.copy_(p.grad)
         self.reset()
 
     def reset(self) -> None:
@@ -196,17 +252,29 @@ class Bucket:
             raise RuntimeError(f"Bucket {self._index}: the gradient of {self.names[i]} arrived "
                                "twice in one backward; expected each gradient once per "
                                "synchronised backward.")
-        if param.grad is None:
-            self._views[i].zero_()
-        else:
-            self._views[i].copy_(param.grad)                 # (*p.shape) into the flat buffer
+        view, grad = self._views[i], param.grad
+        if grad is None:
+            view.zero_()
+        elif not (self.as_view and grad.data_ptr() == view.data_ptr()):
+            view.copy_(grad)                                 # (*p.shape) into the flat buffer
+            if self.as_view:
+                param.grad = view                            # from now on autograd adds here
         self.ready[i] = True
         self.pending -= 1
         return self.pending == 0
 
     def launch(self, hook: CommHook, state: Any) -> None:
         """Start averaging the buffer: ``hook(state, self)`` returns a future, the work goes on."""
-        self.future = hook(state, self)
+        future = hook(state, self)
+        if not isinstance(future, torch._C.Future):  # torch.futures.Future and get_future()'s
+            name = getattr(hook, "__qualname__", repr(hook))
+            raise TypeError(
+                f"The communication hook {name} returned a {type(future).__name__}; a hook must "
+                f"return a torch.futures.Future whose value is the averaged bucket buffer, for "
+                f"example dist.all_reduce(bucket.buffer(), async_op=True).get_future()"
+                f".then(lambda fut: fut.value()[0]), or fut = torch.futures.Future(); "
+                f"fut.set_result(tensor); return fut.")
+        self.future = future
 
     def wait(self) -> None:
         """Block until the bucket's all-reduce is done and keep its result (the averaged buffer)."""
@@ -220,6 +288,13 @@ class Bucket:
 
     def copy_back(self, skip: Collection[int] = ()) -> None:
         """Write the averaged gradients into each ``param.grad`` (not those whose id is in skip)."""
+        if self.as_view:  # .grad is (or becomes) a view of the buffer: the buffer gets the result
+            if self.result.data_ptr() != self._buffer.data_ptr():
+                self._buffer.copy_(self.result)
+            for p, view in zip(self._params, self._views):
+                if id(p) not in skip and (p.grad is None or p.grad.data_ptr() != view.data_ptr()):
+                    p.grad = view
+            return
         for p, average in zip(self._params, self._shaped(self.result)):  # (*p.shape)
             if id(p) in skip:
                 continue
@@ -273,28 +348,71 @@ class Bucket:
 # ------------------------------------------------------------------------------------------------
 
 class _Strategy:
-    """What the strategies share: the buckets, the hook, and what happens once backward is done."""
+    """What the strategies share: the buckets, the hook, and what happens once backward is done.
+
+    Args:
+        named_params: (name, parameter) of the parameters to average, in registration order.
+        bucket_cap_bytes: most bytes per bucket; ``first_bucket_bytes`` for the first one after
+            the rebuild.
+        initial_cap_bytes: the cap of the buckets built now, before the first iteration.
+        rebuild: rebuild the buckets once, in the order the first synchronised backward
+            produced the gradients (torch: unless ``find_unused_parameters`` without
+            ``static_graph``).
+        gradient_as_bucket_view: make every ``.grad`` a view of its bucket's buffer.
+    """
 
     def __init__(self, named_params: Sequence[tuple[str, torch.Tensor]], *,
-                 bucket_cap_bytes: int, process_group: dist.ProcessGroup,
-                 find_unused_parameters: bool):
-        names = [name for name, _ in named_params]
-        params = [p for _, p in named_params]
-        order = self.assign(params, bucket_cap_bytes)
-        self.buckets = [Bucket(i, [params[j] for j in idx], [names[j] for j in idx],
-                               is_last=i == len(order) - 1) for i, idx in enumerate(order)]
-        self.bucket_of = {id(p): b for b in self.buckets for p in b.parameters()}
+                 bucket_cap_bytes: int, first_bucket_bytes: int, initial_cap_bytes: int,
+                 rebuild: bool, process_group: dist.ProcessGroup, find_unused_parameters: bool,
+                 gradient_as_bucket_view: bool = False):
+        self.names = [name for name, _ in named_params]
+        self.params = [p for _, p in named_params]
+        self.index_of = {id(p): i for i, p in enumerate(self.params)}
         self.name_of = {id(p): name for name, p in named_params}
+        self.bucket_cap_bytes, self.first_bucket_bytes = bucket_cap_bytes, first_bucket_bytes
         self.process_group = process_group
         self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
         self.hook: CommHook = allreduce_hook
         self.state: Any = process_group
-        self.next_bucket = 0  # buckets are launched in index order, the same on every rank
+        self.arrivals: list[int] | None = [] if rebuild else None  # None: no rebuild (any more)
+        self.rebuild_order: list[int] | None = None  # set once the first sync backward is done
+        self.used_since_sync: set[int] = set()       # ids of parameters used under no_sync()
+        self.build(self.assign(self.params, initial_cap_bytes))
 
     @staticmethod
-    def assign(params: Sequence[torch.Tensor], bucket_cap_bytes: int) -> list[list[int]]:
-        """One bucket per parameter, the last parameter first."""
-        return [[i] for i in reversed(range(len(params)))]
+    def assign(params: Sequence[torch.Tensor], bucket_cap_bytes: int,
+               order: Sequence[int] | None = None,
+               first_bucket_bytes: int | None = None) -> list[list[int]]:
+        """One bucket per parameter, in ``order`` (default: the last parameter first)."""
+        return [[i] for i in (reversed(range(len(params))) if order is None else order)]
+
+    def build(self, assignment: list[list[int]]) -> None:
+        """Make the buckets: ``assignment`` lists each bucket's parameter indices, launch order."""
+        self.buckets = [Bucket(i, [self.params[j] for j in idx], [self.names[j] for j in idx],
+                               is_last=i == len(assignment) - 1,
+                               as_view=self.gradient_as_bucket_view)
+                        for i, idx in enumerate(assignment)]
+        self.bucket_of = {id(p): b for b in self.buckets for p in b.parameters()}
+        self.next_bucket = 0  # buckets are launched in index order, the same on every rank
+
+    def rebuild_buckets(self) -> bool:
+        """Once, after the first synchronised backward: buckets in the order gradients arrived.
+
+        Every rank takes rank 0's order (one broadcast), so all launch the same buckets in the
+        same order. Called at the start of a forward pass, as torch does. True if it rebuilt.
+        """
+        if self.rebuild_order is None:
+            return False
+        device = _communication_device(self.process_group, self.params[0].device)
+        order = torch.tensor(self.rebuild_order, dtype=torch.int64, device=device)  # (P,)
+        dist.broadcast(order, src=dist.get_global_rank(self.process_group, 0),
+                       group=self.process_group)
+        with torch.no_grad():
+            self.build(self.assign(self.params, self.bucket_cap_bytes, order=order.tolist(),
+                                   first_bucket_bytes=self.first_bucket_bytes))
+        self.rebuild_order = None
+        return True
 
     def grad_ready(self, param: torch.Tensor) -> None:
         """Called by DDP's hook when ``param.grad`` is final for this backward."""
@@ -303,6 +421,11 @@ class _Strategy:
     def sync(self) -> None:
         """After backward: every bucket launched and waited for."""
         raise NotImplementedError
+
+    def note_arrival(self, param: torch.Tensor) -> None:
+        """Remember the order gradients arrive in, in the first synchronised backward."""
+        if self.arrivals is not None:
+            self.arrivals.append(self.index_of[id(param)])
 
     def launch_ready_buckets(self) -> None:
         """Launch the next buckets, in index order, as long as they are full.
@@ -326,7 +449,11 @@ class _Strategy:
             untouched = self._unused_everywhere(unused)
             for bucket in self.buckets:
                 bucket.copy_back(skip=untouched)
+            if self.arrivals is not None:  # the first one done: rebuild before the next forward
+                self.rebuild_order = self.arrivals + [self.index_of[id(p)] for p in unused]
+                self.arrivals = None
         finally:
+            self.used_since_sync.clear()
             self.reset()
 
     def reset(self) -> None:
@@ -334,29 +461,38 @@ class _Strategy:
         for bucket in self.buckets:
             bucket.reset()
         self.next_bucket = 0
+        if self.arrivals is not None:
+            self.arrivals = []
 
     def _unused_everywhere(self, unused: list[torch.Tensor]) -> set[int]:
-        """Ids of the parameters no rank used: their ``.grad`` stays untouched, as in torch."""
+        """Ids of the parameters no rank used since the last synchronisation.
+
+        Their ``.grad`` stays untouched, as in torch. A parameter used in a ``no_sync()``
+        micro-step counts as used: its accumulated gradient is averaged like any other.
+        """
         if not self.find_unused_parameters:
             return set()
-        params = [p for bucket in self.buckets for p in bucket.parameters()]
-        unused_ids = {id(p) for p in unused}
-        used = torch.tensor([id(p) not in unused_ids for p in params], dtype=torch.int32,
+        unused_ids = {id(p) for p in unused} - self.used_since_sync
+        used = torch.tensor([id(p) not in unused_ids for p in self.params], dtype=torch.int32,
                             device=self.buckets[0].buffer().device)  # (P,) 1 where used here
         dist.all_reduce(used, group=self.process_group)             # (P,) ranks that used it
-        return {id(p) for p, count in zip(params, used.tolist()) if count == 0}
+        return {id(p) for p, count in zip(self.params, used.tolist()) if count == 0}
 
     def _raise_unused(self, unused: list[torch.Tensor]) -> None:
         """Wait for the all-reduces already started (no peer is left hanging), then raise."""
         for bucket in self.buckets:
             if bucket.future is not None:
                 bucket.wait()
+        frozen = [self.name_of[id(p)] for p in unused if not p.requires_grad]
+        if frozen:
+            raise RuntimeError(_frozen_after_wrapping(frozen))
         names = ", ".join(self.name_of[id(p)] for p in unused)
         raise RuntimeError(
             f"DistributedDataParallel expected a gradient for every parameter that requires "
             f"grad, but {names} got none in this backward pass. If some parameters take no part "
             f"in the loss in some steps, pass find_unused_parameters=True (they then count as "
-            f"zero); if they never do, set requires_grad=False on them.")
+            f"zero); if they never do, set requires_grad=False on them before wrapping the "
+            f"module.")
 
 
 class NaiveStrategy(_Strategy):
@@ -367,6 +503,7 @@ class NaiveStrategy(_Strategy):
 
     def grad_ready(self, param: torch.Tensor) -> None:
         """Note the gradient (copied into its bucket); send nothing yet."""
+        self.note_arrival(param)
         self.bucket_of[id(param)].mark_ready(param)
 
     def sync(self) -> None:
@@ -386,6 +523,7 @@ class OverlapStrategy(_Strategy):
 
     def grad_ready(self, param: torch.Tensor) -> None:
         """Copy the gradient into its bucket and start its all-reduce (in bucket order)."""
+        self.note_arrival(param)
         self.bucket_of[id(param)].mark_ready(param)
         self.launch_ready_buckets()
 
@@ -400,15 +538,19 @@ class BucketedStrategy(OverlapStrategy):
     """3. ``"bucketed"``: the overlap strategy with many gradients per all-reduce.
 
     Every all-reduce pays a fixed latency (about 1 ms on gloo over loopback), so a few large
-    messages beat many small ones. Buckets are filled last layer first (``assign_buckets``) and
-    each is launched when its last gradient arrives: the first buckets travel while backward
-    is still computing the rest.
+    messages beat many small ones. Buckets are filled in the order gradients arrive
+    (``assign_buckets``; before the first iteration, last layer first) and each is launched when
+    its last gradient arrives: the first buckets travel while backward is still computing the
+    rest.
     """
 
     @staticmethod
-    def assign(params: Sequence[torch.Tensor], bucket_cap_bytes: int) -> list[list[int]]:
-        """Buckets of at most ``bucket_cap_bytes``, the last parameter first."""
-        return assign_buckets(params, bucket_cap_bytes)
+    def assign(params: Sequence[torch.Tensor], bucket_cap_bytes: int,
+               order: Sequence[int] | None = None,
+               first_bucket_bytes: int | None = None) -> list[list[int]]:
+        """Buckets of at most ``bucket_cap_bytes``, in ``order`` (default: the last first)."""
+        return assign_buckets(params, bucket_cap_bytes, order=order,
+                              first_bucket_bytes=first_bucket_bytes)
 
 
 #: ``strategy=`` name -> class, in teaching order.
@@ -422,6 +564,11 @@ STRATEGIES: dict[str, type[_Strategy]] = {
 # ------------------------------------------------------------------------------------------------
 # The module
 # ------------------------------------------------------------------------------------------------
+
+def _communication_device(group: dist.ProcessGroup, device: torch.device) -> torch.device:
+    """Where small bookkeeping tensors travel: NCCL needs the GPU, gloo takes the CPU."""
+    return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
 
 def _broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
     """Overwrite ``tensors`` with the group's rank 0 values: one broadcast per dtype and device."""
@@ -438,59 +585,183 @@ def _broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup) 
                 t.copy_(flat[start:end].view(t.shape))
 
 
+def _verify_same_model(states: list[tuple[str, str, torch.Tensor]],
+                       group: dist.ProcessGroup) -> None:
+    """Raise on every rank unless every rank has the same parameters (and buffers) in order.
+
+    torch's ``_verify_param_shape_across_processes``: each rank describes its tensors (kind,
+    shape, dtype, requires_grad; names only for the message), two all-gathers of fixed-size
+    messages (length, then the padded description) share them, and every rank reaches the same
+    verdict from the same data. Bounded: every rank makes exactly these two collectives.
+    """
+    mine = [[kind, name, list(t.shape), str(t.dtype).removeprefix("torch."),
+             bool(t.requires_grad)] for kind, name, t in states]
+    device = _communication_device(group, states[0][2].device if states else torch.device("cpu"))
+    message = torch.frombuffer(bytearray(json.dumps(mine).encode()), dtype=torch.uint8).to(device)
+    world = dist.get_world_size(group)
+    lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([len(message)], device=device), group=group)
+    longest = max(int(n.item()) for n in lengths)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)   # (longest,)
+    padded[:len(message)] = message
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded, group=group)
+    models = [json.loads(bytes(g[:int(n.item())].tolist()).decode())
+              for g, n in zip(gathered, lengths)]
+
+    def describe(entry: list) -> str:
+        kind, name, shape, dtype, requires_grad = entry
+        grad = "" if kind == "buffer" else f", requires_grad={requires_grad}"
+        return f"{kind} {name!r} of shape {tuple(shape)}, {dtype}{grad}"
+
+    for i in range(max(len(m) for m in models)):
+        reference = models[0][i] if i < len(models[0]) else None
+        for rank, model in enumerate(models[1:], start=1):
+            entry = model[i] if i < len(model) else None
+            same = (entry is not None and reference is not None
+                    and [entry[0], *entry[2:]] == [reference[0], *reference[2:]])
+            if same:
+                continue
+            counts = ", ".join(f"rank {r}: {len(m)}" for r, m in enumerate(models))
+            theirs = [f"rank {r} has {describe(m[i]) if i < len(m) else 'nothing'}"
+                      for r, m in ((0, models[0]), (rank, model))]
+            raise RuntimeError(
+                f"DistributedDataParallel expects the same model on every rank, but the ranks' "
+                f"parameters{' and buffers' if any(s[0] == 'buffer' for s in mine) else ''} "
+                f"differ at position {i}: {theirs[0]}, {theirs[1]} (tensors per rank: "
+                f"{counts}). Build the model the same way on every rank (same class, same "
+                f"arguments, same frozen parameters), then wrap it.")
+
+
+def _frozen_after_wrapping(names: list[str]) -> str:
+    """The message for parameters frozen after DistributedDataParallel was built."""
+    return (f"DistributedDataParallel: {', '.join(names)} required grad when the module was "
+            f"wrapped and was frozen (requires_grad=False) afterwards. DDP decides which "
+            f"gradients to average when it is built, so it still waits for these. Freeze first, "
+            f"then wrap: call requires_grad_(False) on them, then build a new "
+            f"DistributedDataParallel(module) (or pass find_unused_parameters=True to let "
+            f"them count as unused).")
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor in it (tuples, lists, dicts) moved to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(_to_device(x, device) for x in obj))
+    if isinstance(obj, list | tuple):
+        return type(obj)(_to_device(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
 class DistributedDataParallel(nn.Module):
     """Data parallelism over processes: a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
 
-    At construction every parameter and buffer is broadcast from the group's rank 0, so all
-    replicas start equal. When ``loss.backward()`` returns, the ``.grad`` of every parameter
-    that requires grad holds the average over the ranks (a callback queued on the autograd
-    engine does the last step), so the optimizer steps stay equal too.
+    At construction every rank's parameters are checked to have the same shapes (an error on
+    every rank names the first difference), then every parameter and buffer is broadcast from
+    the group's rank 0, so all replicas start equal. When ``loss.backward()`` returns, the
+    ``.grad`` of every parameter that requires grad holds the average over the ranks (a
+    callback queued on the autograd engine does the last step), so the optimizer steps stay
+    equal too.
+
+    The arguments are torch's, in torch's order; the course's own (``strategy``) are
+    keyword-only after them.
 
     Args:
         module: the model, already on this rank's device.
+        device_ids: None, or the one device the module is on (``[rank]``): inputs are then
+            moved there before the forward pass, as torch does. Must be None for a CPU module.
+        output_device: accepted for torch's signature; like torch's DDP with one device per
+            process, it changes nothing (torch once used it, and ``dim``, to scatter over
+            several devices in one process). Must be None for a CPU module.
+        dim: see ``output_device``.
+        broadcast_buffers: take rank 0's buffers (batch-norm statistics) at construction and
+            before each synchronised forward; False: each rank keeps its own, from the start.
         process_group: the group to average over (default: the default group).
-        bucket_cap_mb: most MiB per bucket (strategy ``"bucketed"``).
-        broadcast_buffers: take rank 0's buffers (batch-norm statistics) before each forward.
+        bucket_cap_mb: most MiB per bucket (strategy ``"bucketed"``); None: 25, with a first
+            bucket of 1 MiB after the rebuild (as torch; an explicit cap applies to the first
+            bucket too); ``math.inf``: one bucket per dtype and device. nan or <= 0 is refused.
         find_unused_parameters: let parameters without a gradient in a step count as zero
-            instead of raising.
+            instead of raising; one used in a ``no_sync()`` micro-step since the last
+            synchronisation counts as used. As torch, buckets are then not rebuilt.
+        gradient_as_bucket_view: make each ``.grad`` a view of its bucket's buffer: no second
+            copy of the gradients (``gradient_memory_bytes`` measures it).
+        static_graph: a promise that every iteration uses the same parameters. torch uses it
+            to skip work (and to allow reentrant activation checkpointing, which this DDP does
+            not support); here it only means that the buckets are rebuilt after the first
+            iteration also with ``find_unused_parameters=True``, as torch does.
         strategy: ``"naive"``, ``"overlap"`` or ``"bucketed"`` (see the module docstring).
     """
 
-    def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None,
-                 bucket_cap_mb: float = 25, broadcast_buffers: bool = True,
-                 find_unused_parameters: bool = False, strategy: str = "bucketed"):
+    def __init__(self, module: nn.Module, device_ids: Sequence[int | torch.device] | None = None,
+                 output_device: int | torch.device | None = None, dim: int = 0,
+                 broadcast_buffers: bool = True, process_group: dist.ProcessGroup | None = None,
+                 bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
+                 gradient_as_bucket_view: bool = False, static_graph: bool = False, *,
+                 strategy: str = "bucketed"):
         super().__init__()
-        _check_arguments(module, bucket_cap_mb, strategy, process_group)
+        _check_arguments(module, bucket_cap_mb, strategy, process_group,
+                         broadcast_buffers=broadcast_buffers, dim=dim,
+                         find_unused_parameters=find_unused_parameters,
+                         gradient_as_bucket_view=gradient_as_bucket_view,
+                         static_graph=static_graph)
+        self.device = _check_devices(module, device_ids, output_device)
+        self.device_ids = None if self.device is None else [self.device.index]
+        self.output_device = None if self.device is None else (
+            self.device.index if output_device is None else output_device)
+        self.dim = dim
         self.module = module
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.static_graph = static_graph
         self.strategy = strategy
         self.require_backward_grad_sync = True   # False inside no_sync()
         self.require_forward_param_sync = True   # as torch: buffers follow rank 0 when True
-        _broadcast_coalesced([*module.parameters(), *module.buffers()], self.process_group)
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("DistributedDataParallel expected a module with at least one "
                              "parameter that requires grad, found none: there is nothing to "
                              "synchronise (call the module directly).")
+        states = [("parameter", name, p) for name, p in module.named_parameters()]
+        if broadcast_buffers:  # as torch: without it, each rank keeps its own buffers
+            states += [("buffer", name, b) for name, b in module.named_buffers()]
+        _verify_same_model(states, self.process_group)
+        _broadcast_coalesced([t for _, _, t in states], self.process_group)
+        self._frozen = [(name, p) for name, p in module.named_parameters() if not p.requires_grad]
+        self._named = named
+        cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+        cap_bytes = sys.maxsize if math.isinf(cap) else int(cap * MB)
+        rebuild = static_graph or not find_unused_parameters  # torch's rule
         self.reducer = STRATEGIES[strategy](
-            named, bucket_cap_bytes=int(bucket_cap_mb * MB), process_group=self.process_group,
-            find_unused_parameters=find_unused_parameters)
+            named, bucket_cap_bytes=cap_bytes,
+            first_bucket_bytes=FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap_bytes,
+            initial_cap_bytes=sys.maxsize if rebuild else cap_bytes,  # torch: one bucket first
+            rebuild=rebuild, process_group=self.process_group,
+            find_unused_parameters=find_unused_parameters,
+            gradient_as_bucket_view=gradient_as_bucket_view)
         self._comm_hook_registered = False
         self._expect_hooks = False     # a synchronised forward ran: its backward averages
         self._callback_queued = False  # the end-of-backward callback of this backward
         hook = _weak_grad_hook(self)
         self._hook_handles = [p.register_post_accumulate_grad_hook(hook) for _, p in named]
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *inputs, **kwargs):
         """Run the module (after taking rank 0's buffers) and arm the gradient hooks."""
+        if torch.is_grad_enabled():
+            self._check_requires_grad()
+            self.reducer.rebuild_buckets()  # once, after the first iteration (as torch)
+        if self.device is not None:
+            inputs, kwargs = _to_device(inputs, self.device), _to_device(kwargs, self.device)
         buffers = list(self.module.buffers())
         if self.broadcast_buffers and self.require_forward_param_sync and buffers:
             # as torch: the copy does not count as an in-place change for autograd
             with torch.autograd._unsafe_preserve_version_counter(tuple(buffers)):
                 _broadcast_coalesced(buffers, self.process_group)
-        output = self.module(*args, **kwargs)
+        output = self.module(*inputs, **kwargs)
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self.require_forward_param_sync = True
             self._expect_hooks, self._callback_queued = True, False
@@ -516,9 +787,10 @@ class DistributedDataParallel(nn.Module):
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
         """Average buckets with ``hook(state, bucket) -> Future[Tensor]`` instead of the default.
 
-        The future's value must be a tensor shaped like ``bucket.buffer()``: it becomes the
-        bucket's gradients. torch's hooks (``torch.distributed.algorithms.ddp_comm_hooks``) work
-        as well as ours. With ``"naive"`` and ``"overlap"`` each bucket holds one parameter.
+        The hook must return a ``torch.futures.Future`` (not a tensor) whose value is a tensor
+        shaped like ``bucket.buffer()``: it becomes the bucket's gradients. torch's hooks
+        (``torch.distributed.algorithms.ddp_comm_hooks``) work as well as ours. With
+        ``"naive"`` and ``"overlap"`` each bucket holds one parameter.
 
         Args:
             state: passed to the hook as is (for the default hooks: the process group).
@@ -534,8 +806,23 @@ class DistributedDataParallel(nn.Module):
         self.reducer.hook, self.reducer.state = hook, state
         self._comm_hook_registered = True
 
+    def _check_requires_grad(self) -> None:
+        """Refuse parameters frozen, or unfrozen, after wrapping: the buckets were made before."""
+        frozen = [name for name, p in self._named if not p.requires_grad]
+        if frozen and not self.find_unused_parameters:
+            raise RuntimeError(_frozen_after_wrapping(frozen))
+        thawed = [name for name, p in self._frozen if p.requires_grad]
+        if thawed:
+            raise RuntimeError(
+                f"DistributedDataParallel: {', '.join(thawed)} was frozen (requires_grad=False) "
+                f"when the module was wrapped and requires grad now: its gradient would never "
+                f"be averaged and the replicas would drift apart. Set requires_grad first, then "
+                f"wrap: build a new DistributedDataParallel(module).")
+
     def _grad_ready(self, param: torch.Tensor) -> None:
         """Autograd hook: ``param.grad`` is final for this backward; hand it to the strategy."""
+        if self.find_unused_parameters:  # as torch: used in any step since the last sync
+            self.reducer.used_since_sync.add(id(param))
         if not self._expect_hooks:
             return  # the forward ran under no_sync() or without grad: accumulate locally
         if not self._callback_queued:  # the first gradient of this backward
@@ -567,8 +854,8 @@ def _weak_grad_hook(ddp: DistributedDataParallel) -> Callable[[torch.Tensor], No
     return hook
 
 
-def _check_arguments(module: nn.Module, bucket_cap_mb: float, strategy: str,
-                     process_group: dist.ProcessGroup | None) -> None:
+def _check_arguments(module: nn.Module, bucket_cap_mb: float | None, strategy: str,
+                     process_group: dist.ProcessGroup | None, **flags: Any) -> None:
     """Raise a clear error for arguments DistributedDataParallel cannot use."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"DistributedDataParallel expects an nn.Module, got "
@@ -576,13 +863,48 @@ def _check_arguments(module: nn.Module, bucket_cap_mb: float, strategy: str,
     if strategy not in STRATEGIES:
         raise ValueError(f"DistributedDataParallel: strategy must be one of "
                          f"{', '.join(map(repr, STRATEGIES))}; got {strategy!r}.")
-    if (not isinstance(bucket_cap_mb, int | float) or isinstance(bucket_cap_mb, bool)
-            or not bucket_cap_mb > 0):
+    if bucket_cap_mb is not None and (
+            not isinstance(bucket_cap_mb, int | float) or isinstance(bucket_cap_mb, bool)
+            or math.isnan(bucket_cap_mb) or not bucket_cap_mb > 0):
         raise ValueError(f"DistributedDataParallel: bucket_cap_mb must be a number of MiB > 0 "
-                         f"(torch's default is 25), got {bucket_cap_mb!r}.")
+                         f"(None: torch's default, 25; math.inf: one bucket), got "
+                         f"{bucket_cap_mb!r}.")
+    dim = flags.pop("dim")
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"DistributedDataParallel: dim must be an int, got {dim!r}.")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"DistributedDataParallel: {name} must be True or False, got "
+                            f"{value!r}.")
     if process_group is None and not dist.is_initialized():
         raise RuntimeError("DistributedDataParallel needs a process group, and none is "
                            "initialised in this process. Call torch.distributed."
                            "init_process_group (or course_lib.distributed."
                            "init_distributed_mode) first, or start the workers with "
                            "course_lib.distributed.launch or torchrun.")
+
+
+def _check_devices(module: nn.Module, device_ids: Sequence[int | torch.device] | None,
+                   output_device: int | torch.device | None) -> torch.device | None:
+    """The one device of ``device_ids`` (None for a CPU module), checked against the module's."""
+    devices = {p.device for p in module.parameters()}
+    if device_ids is not None and len(device_ids) > 1:
+        raise ValueError(f"DistributedDataParallel: device_ids can only be None or hold one "
+                         f"device (one process per device), got {list(device_ids)}.")
+    if not device_ids or len(devices) != 1 or next(iter(devices)).type == "cpu":
+        if device_ids or output_device is not None:
+            raise ValueError(f"DistributedDataParallel: device_ids and output_device work only "
+                             f"with a module on one accelerator, but got device_ids "
+                             f"{device_ids}, output_device {output_device}, and module "
+                             f"parameters on {sorted(map(str, devices))}. Leave both None (as "
+                             f"torch requires for CPU modules).")
+        return None
+    (module_device,) = devices
+    wanted = device_ids[0]
+    device = wanted if isinstance(wanted, torch.device) else torch.device(module_device.type,
+                                                                          wanted)
+    if device != module_device:
+        raise ValueError(f"DistributedDataParallel: device_ids {list(device_ids)} names "
+                         f"{device}, but the module is on {module_device}. Move the module to "
+                         f"this rank's device first (module.to(device)), then wrap it.")
+    return device
