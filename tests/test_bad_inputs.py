@@ -114,9 +114,11 @@ def test_devices_accepts_any_integer_type_and_refuses_floats():
 # --- the launcher's variables, validated up front ---------------------------------------------
 
 def _clear(monkeypatch):
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
-                "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
-        monkeypatch.delenv(key, raising=False)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",
+                "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "")  # recorded, so that what the code under test sets is undone
+        monkeypatch.delenv(key)
 
 
 @pytest.mark.parametrize("env, words", [
@@ -124,6 +126,16 @@ def _clear(monkeypatch):
     ({"OMPI_COMM_WORLD_RANK": "0"}, "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE"),
     ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an integer"),
     ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 with WORLD_SIZE=2; expected 0 <= RANK"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "abc"},
+     "MASTER_PORT='abc' is not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"},
+     "MASTER_PORT='70000' is not a TCP port"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+      "LOCAL_WORLD_SIZE": "abc"}, "LOCAL_WORLD_SIZE='abc' is not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+      "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE='0'; expected the number of processes"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "abc"},
+     "SLURM_NTASKS_PER_NODE='abc' is not an integer"),
 ])
 def test_init_distributed_mode_names_the_bad_variable(monkeypatch, env, words):
     _clear(monkeypatch)
@@ -132,6 +144,30 @@ def test_init_distributed_mode_names_the_bad_variable(monkeypatch, env, words):
     with pytest.raises(ValueError, match=words):
         D.init_distributed_mode(verbose=False)
     assert not dist.is_initialized()
+
+
+def test_slurm_tasks_per_node_in_slurms_own_notation_is_read(monkeypatch):
+    from course_lib.distributed.env import _local_world_size
+
+    assert _local_world_size({"SLURM_NTASKS_PER_NODE": "2(x3),1"}, 7) == 2
+    assert _local_world_size({"SLURM_NTASKS_PER_NODE": "4"}, 2) == 2  # a step of 2 tasks
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1, "60"])
+def test_a_timeout_that_is_not_a_finite_positive_number_is_refused(monkeypatch, timeout):
+    """nan was accepted (nan <= 0 is False) and waited for ever; inf overflowed timedelta."""
+    _clear(monkeypatch)
+    with pytest.raises(ValueError, match=r"launch expects timeout as a finite number of seconds"):
+        D.launch(bad_collective_arguments, 2, timeout=timeout)
+    with pytest.raises(ValueError, match=r"init_distributed_mode expects timeout as a finite"):
+        D.init_distributed_mode(timeout=timeout, verbose=False)
+    assert not dist.is_initialized()
+
+
+def test_parallel_apply_of_nothing_is_an_empty_list_as_torch():
+    from course_lib.parallel import parallel_apply
+
+    assert parallel_apply([], []) == []  # raised ZeroDivisionError
 
 
 # --- hand-written collectives: arguments checked in every rank ---------------------------------

@@ -120,12 +120,40 @@ def _from_environment(env) -> tuple[str, int, int, int] | None:
 
 
 def _local_world_size(env, world_size: int) -> int:
-    for key in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
-        if key in env:
-            return int(env[key])
-    if "SLURM_NTASKS_PER_NODE" in env:
-        return int(re.match(r"\d+", env["SLURM_NTASKS_PER_NODE"]).group())
+    """Processes on this machine, from the launcher's variable (validated, named)."""
+    for key in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        if key not in env:
+            continue
+        text = env[key]
+        # Slurm writes one count per node, e.g. "2(x3),1": the first one is taken
+        slurm = re.fullmatch(r"\s*(\d+)(\(x\d+\))?(,.*)?", text)
+        value = int(slurm.group(1)) if slurm and key.startswith("SLURM") else _integer(env, key)
+        if value < 1:
+            raise ValueError(f"init_distributed_mode: {key}={text!r}; expected the number of "
+                             "processes on this machine, at least 1.")
+        return min(value, world_size)  # an allocation may hold more tasks than this step runs
     return world_size
+
+
+def _check_port(env) -> None:
+    """MASTER_PORT, when set, is a TCP port: an error naming it instead of torch's own."""
+    if "MASTER_PORT" not in env:
+        return
+    port = _integer(env, "MASTER_PORT")
+    if not 1 <= port <= 65535:
+        raise ValueError(f"init_distributed_mode: MASTER_PORT={env['MASTER_PORT']!r} is not a "
+                         "TCP port; expected an integer in 1..65535 (a free one, e.g. 29500).")
+
+
+def _check_timeout(timeout, who: str) -> float:
+    """A finite number of seconds > 0 (nan or inf would wait for ever or overflow)."""
+    import math
+
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"{who} expects timeout as a finite number of seconds > 0, got "
+                         f"{timeout!r}; e.g. timeout=300.")
+    return float(timeout)
 
 
 @dataclass(frozen=True)
@@ -214,6 +242,7 @@ def init_distributed_mode(backend: str | None = None, timeout: float = 300.0,
         A ``DistInfo`` (rank, world_size, local_rank, backend, device, launcher). When a group
         already exists (inside ``launch``'s workers), it is described, not created again.
     """
+    _check_timeout(timeout, "init_distributed_mode")
     env = os.environ
     found = _from_environment(env)
     if dist.is_initialized():  # inside launch's workers, or called twice: use the group as it is
@@ -238,6 +267,7 @@ def init_distributed_mode(backend: str | None = None, timeout: float = 300.0,
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", "29500")
         env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+    _check_port(env)
     local_world_size = _local_world_size(env, world_size)
     choice = choose_backend(local_world_size, backend=backend,
                             gpus_per_task=launcher == "slurm" and "SLURM_GPUS_PER_TASK" in env)

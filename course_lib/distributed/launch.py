@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..devices import cpu_cores
-from .env import choose_backend
+from .env import _check_timeout, choose_backend
 from .processes import (
     descendant_processes,
     kill_processes,
@@ -247,8 +247,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"launch expects an integer world_size >= 1, got {world_size!r}.")
-    if timeout <= 0:
-        raise ValueError(f"launch expects a positive timeout in seconds, got {timeout!r}.")
+    timeout = _check_timeout(timeout, "launch")
     if init_method not in {"file", "tcp", "env"}:
         raise ValueError(f"init_method must be 'file', 'tcp' or 'env', got {init_method!r}.")
     backend = choose_backend(world_size, backend=backend).backend

@@ -82,8 +82,8 @@ def parallel_apply(modules: Sequence[Callable], inputs: Sequence[Any],
             the results are the same.
 
     Returns:
-        The results in call order. An exception raised in a call is re-raised here, with a note
-        naming the call (replica) and its device.
+        The results in call order (``[]`` for no modules, as torch's). An exception raised in
+        a call is re-raised here, with a note naming the call (replica) and its device.
     """
     k = len(modules)
     if len(inputs) != k:
@@ -100,6 +100,8 @@ def parallel_apply(modules: Sequence[Callable], inputs: Sequence[Any],
     if len(devices) != k:
         raise ValueError(f"parallel_apply got {k} modules but {len(devices)} devices.")
     devices = [None if d is None else as_device(d) for d in devices]
+    if k == 0:
+        return []  # nothing to call, as torch's on a machine with GPUs
     state = _ThreadState(cpu_threads=max(1, cpu_cores() // k))
     results: list[Any] = [None] * k
     errors: list[BaseException | None] = [None] * k
