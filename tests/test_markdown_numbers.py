@@ -24,9 +24,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 #: Notebooks whose prose still types numbers by hand. Strict: when one is fixed, its test
 #: XPASSes and fails, and the mark must be removed here.
-NOT_YET = {
-    "01_functional_lenet", "08_ddp_recipe", "10_timing_plots",
-}
+NOT_YET = {"08_ddp_recipe"}
 
 _NUMBER = re.compile(
     r"(?<![\w.])"                          # not inside a word, an identifier or a dotted version
