@@ -126,7 +126,7 @@ def _load_file(path: str | os.PathLike, map_location, what: str, fix: str) -> An
         raise ValueError(f"{what}: {path} ({size} bytes) is damaged or is not a file that "
                          f"torch.save wrote ({type(e).__name__}). {fix[0].upper() + fix[1:]}."
                          ) from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever torch's reader trips on: the file is bad
         raise ValueError(f"{what}: {path} ({size} bytes) is damaged or is not a file that "
                          f"torch.save wrote ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else 'no detail'}). "

@@ -184,7 +184,7 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("train_ddp")
     weights = str(folder / "donor.pt")
     _head_of_another_shape(weights)
-    results = launch(several_runs, 2, str(folder), weights, timeout=400)
+    results = launch(several_runs, 2, str(folder), weights, timeout=900)  # generous: a busy CPU
     return folder, results
 
 
@@ -280,7 +280,7 @@ def test_killed_worker_is_restarted_by_torchrun_and_resumes(runs, tmp_path):
     # torch's rendezvous store, shared with the workers by default, keeps the killed group's
     # addresses and the restarted group reads them (pytorch/pytorch#135712): not shared, then.
     env = {**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    output = run_commands([cmd], timeout=180, env=env, echo=False)[0]
+    output = run_commands([cmd], timeout=300, env=env, echo=False)[0]
     assert "rank 1 kills itself at epoch 2 step 3" in output
     assert "resuming from" in output and "1 epoch(s) done" in output
     _assert_same_state(load_checkpoint(str(folder / "a.pt")), load_checkpoint(str(ck)))
