@@ -1,6 +1,7 @@
-"""Lesson 08, exercise: the exact accuracy of a whole evaluation set, computed by every rank.
+"""Lesson 08, exercises: this rank's shard of an epoch, and the exact accuracy of a whole
+evaluation set computed by every rank.
 
-Checked by ``course_lib.checks.lesson08.check_exact_accuracy``.
+Checked by ``course_lib.checks.lesson08.check_epoch_shards`` and ``check_exact_accuracy``.
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["exact_accuracy"]
+__all__ = ["epoch_shard", "exact_accuracy"]
 
 
 def exact_accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
@@ -25,3 +26,18 @@ def exact_accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
     counts = torch.tensor([correct, len(y_mine)], dtype=torch.int64)  # integers: exact
     dist.all_reduce(counts)                                           # sums over the ranks
     return counts[0].item() / counts[1].item()
+
+
+def epoch_shard(n: int, rank: int, world_size: int, epoch: int, seed: int = 0) -> list[int]:
+    """The indices of ``range(n)`` rank ``rank`` trains on in ``epoch``, as a
+    ``DistributedSampler`` gives them after ``set_epoch(epoch)``.
+
+    One permutation per epoch, drawn from ``seed + epoch`` (the same on every rank, a new one
+    every epoch), padded with its first indices to a multiple of ``world_size``, then every
+    ``world_size``-th index from ``rank`` on.
+    """
+    g = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(n, generator=g).tolist()
+    total = -(-n // world_size) * world_size                  # ceil(n / k) * k
+    order += order[:total - n]                                # pad: every rank as many steps
+    return order[rank::world_size]

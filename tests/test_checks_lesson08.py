@@ -101,3 +101,53 @@ def test_a_function_workers_cannot_import_is_explained():
     defined_in_main.__module__ = "__main__"
     result = check_exact_accuracy(defined_in_main)
     assert result.ok is False and "%%writefile" in result.message
+
+
+# ---- check_epoch_shards ------------------------------------------------------------------------
+
+from course_lib.checks.lesson08 import check_epoch_shards  # noqa: E402
+from solutions.lesson08 import epoch_shard  # noqa: E402
+
+
+def sampler_with_set_epoch(n, rank, world_size, epoch, seed):  # the library way: also right
+    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def forgets_set_epoch(n, rank, world_size, epoch, seed):
+    return list(DistributedSampler(range(n), num_replicas=world_size, rank=rank, seed=seed))
+
+
+def seeded_with_the_rank(n, rank, world_size, epoch, seed):
+    return epoch_shard(n, rank, world_size, epoch, seed + 1000 * rank)
+
+
+def drops_instead_of_padding(n, rank, world_size, epoch, seed):
+    g = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g)[rank::world_size].tolist()
+
+
+def never_shuffles(n, rank, world_size, epoch, seed):
+    return list(DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False))
+
+
+def test_epoch_shards_unanswered():
+    assert check_epoch_shards(None).ok is None
+
+
+def test_epoch_shards_reference_and_sampler_pass():
+    assert check_epoch_shards(epoch_shard)
+    assert check_epoch_shards(sampler_with_set_epoch)
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (forgets_set_epoch, "set_epoch"),
+    (seeded_with_the_rank, "seeded with the rank"),
+    (drops_instead_of_padding, "shard lengths"),
+    (never_shuffles, "epoch 1 gives exactly epoch 0's shards"),
+])
+def test_epoch_shards_wrong_answers_fail_and_are_named(wrong, says):
+    result = check_epoch_shards(wrong)
+    assert result.ok is False
+    assert says in result.message, result.message

@@ -40,8 +40,9 @@ from .lesson06 import (
     check_spawn_worker,
     check_tree_rounds,
 )
-from .lesson07 import check_average_gradients
-from .lesson08 import check_exact_accuracy
+from .lesson07 import check_average_gradients, check_ddp
+from .lesson08 import check_epoch_shards, check_exact_accuracy
+from .lesson09 import check_resume, check_syncbn
 from .lesson10 import check_ring_time, ring_time_by_schedule
 from .lesson11 import check_fsdp, check_zero
 from .lesson12 import check_one_f_one_b, max_in_flight
@@ -60,8 +61,9 @@ __all__ = [
     "check_bn_examples_seen", "check_module_calls", "check_data_parallel_fn",  # 05
     "check_tree_rounds", "check_elements_sent",               # 06
     "check_spawn_worker", "check_dist_allreduce",
-    "check_average_gradients",                                # 07
-    "check_exact_accuracy",                                   # 08
+    "check_average_gradients", "check_ddp",                   # 07
+    "check_epoch_shards", "check_exact_accuracy",             # 08
+    "check_resume", "check_syncbn",                           # 09
     "check_ring_time", "ring_time_by_schedule",               # 09
     "check_zero", "check_fsdp",                              # 11 (sharded)
     "check_one_f_one_b", "max_in_flight",                     # 11

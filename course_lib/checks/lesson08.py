@@ -1,5 +1,8 @@
 """Checkers for the exercises of lesson 08 (the DDP training recipe).
 
+``check_epoch_shards`` judges a learner's ``epoch_shard(n, rank, world_size, epoch, seed)``:
+the indices a ``DistributedSampler`` with ``set_epoch`` gives this rank, in one process.
+
 ``check_exact_accuracy`` runs the learner's ``exact_accuracy(model, X, y)`` in real worker
 processes (``course_lib.distributed.launch``) for several world sizes and evaluation-set sizes
 that the world size does not divide. Every rank receives the whole set; the function must
@@ -20,9 +23,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._core import ExerciseResult, first_failure_in_ranks, resolve, verdict, worker_spec
+from ._core import (
+    ExerciseResult,
+    call_bounded,
+    failure,
+    first_failure_in_ranks,
+    resolve,
+    verdict,
+    worker_spec,
+)
 
-__all__ = ["check_exact_accuracy"]
+__all__ = ["check_epoch_shards", "check_exact_accuracy"]
 
 _NAME = "exact_accuracy"
 _HINT = ("evaluate X[rank::world_size] (every example once, shards differ by at most one), "
@@ -170,3 +181,101 @@ def check_exact_accuracy(fn: Callable | str | None, *,
     return verdict(_NAME, True, f"the exact accuracy on every rank, every example counted once, "
                    f"for world sizes {list(world_sizes)} and {len(sizes)} set sizes "
                    f"{list(sizes)}.", strict)
+
+
+# ================================================================================================
+# check_epoch_shards: every epoch a new permutation, the same on every rank
+# ================================================================================================
+
+_SHARDS_NAME = "epoch_shards"
+_SHARDS_HINT = ("draw one permutation of range(n) from a generator seeded with seed + epoch "
+                "(the same on every rank), pad it by repeating its first indices to a multiple "
+                "of world_size, and take perm[rank::world_size]; or build a "
+                "DistributedSampler(range(n), num_replicas=world_size, rank=rank, seed=seed), "
+                "call set_epoch(epoch), and return list(sampler).")
+
+
+def _shards_failure(fn: Callable, n: int, world: int, seed: int, epochs: int) -> str | None:
+    """Every rank's shard of every epoch, as the learner's ``fn`` gives them; what is wrong."""
+    per_epoch = []
+    for epoch in range(epochs):
+        shards = []
+        for rank in range(world):
+            where = f"n={n}, world_size={world}, epoch {epoch}, rank {rank}"
+            try:
+                got = call_bounded(fn, n, rank, world, epoch, seed)
+                shard = [int(i) for i in got]
+            except Exception as e:
+                return f"{where}: {failure(e)}"
+            again = [int(i) for i in call_bounded(fn, n, rank, world, epoch, seed)]
+            if again != shard:
+                return (f"{where}: two calls with the same arguments gave different shards: the "
+                        f"order must depend only on (seed, epoch), never on a global RNG.")
+            shards.append(shard)
+        where = f"n={n}, world_size={world}, epoch {epoch}"
+        lengths = [len(s) for s in shards]
+        want = -(-n // world)
+        if len(set(lengths)) > 1 or lengths[0] != want:
+            return (f"{where}: shard lengths {lengths}, expected {want} on every rank (pad by "
+                    f"repeating the first indices: every rank must take the same number of "
+                    f"steps, or one waits forever in an all-reduce).")
+        seen = Counter(i for s in shards for i in s)
+        missing = [i for i in range(n) if i not in seen]
+        if missing or set(seen) - set(range(n)):
+            twice = sorted(i for i, t in seen.items() if t > 1)
+            return (f"{where}: example(s) {missing[:5]} in no shard, {twice[:5]} in several: "
+                    f"the ranks did not split one common permutation (was it seeded with the "
+                    f"rank? every rank must draw the same permutation and take its own part).")
+        per_epoch.append(shards)
+    for epoch in range(1, epochs):
+        if per_epoch[epoch] == per_epoch[0]:
+            return (f"n={n}, world_size={world}: epoch {epoch} gives exactly epoch 0's shards: "
+                    f"the epoch is not in the seed (DistributedSampler: call "
+                    f"set_epoch(epoch) at the start of every epoch).")
+    other = [[int(i) for i in call_bounded(fn, n, r, world, 0, seed + 1)] for r in range(world)]
+    if other == per_epoch[0]:
+        return (f"n={n}, world_size={world}: seed {seed} and seed {seed + 1} give the same "
+                f"shards: the seed is ignored.")
+    if n >= 10 and all(s == sorted(s) for s in per_epoch[0]):
+        return f"n={n}, world_size={world}, epoch 0: every shard is in increasing order: shuffle."
+    return None
+
+
+def check_epoch_shards(fn: Callable | None, *, sizes: tuple[int, ...] = (10, 11, 1001),
+                       world_sizes: tuple[int, ...] = (2, 3, 4), epochs: int = 3,
+                       strict: bool = False) -> ExerciseResult:
+    """Exercise 08: ``fn(n, rank, world_size, epoch, seed)`` returns this rank's indices.
+
+    What a ``DistributedSampler`` with ``set_epoch`` gives: for each epoch, one permutation of
+    ``range(n)`` shared by every rank (it depends on ``seed`` and ``epoch`` only), padded to a
+    multiple of the world size, split so that every rank gets ``ceil(n / world_size)`` indices
+    and every example is in some shard; a new permutation every epoch. Pure: run in this
+    process, each call under a time limit.
+
+    Args:
+        fn: the learner's function; None: not answered yet.
+        sizes: dataset sizes to try (10 and 11 are not divisible by 3 or 4).
+        world_sizes: numbers of ranks to simulate.
+        epochs: epochs per case.
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    if fn is None:
+        return verdict(_SHARDS_NAME, None, "write epoch_shard(n, rank, world_size, epoch, seed) "
+                       "and pass it here.", strict)
+    if not callable(fn):
+        return verdict(_SHARDS_NAME, False, f"expected a function, got {type(fn).__name__}.",
+                       strict)
+    for n in sizes:
+        for world in world_sizes:
+            try:
+                problem = _shards_failure(fn, n, world, 5, epochs)
+            except Exception as e:  # a later call raised or hung
+                problem = f"n={n}, world_size={world}: {failure(e)}"
+            if problem is not None:
+                return verdict(_SHARDS_NAME, False, f"{problem} Hint: {_SHARDS_HINT}", strict)
+    return verdict(_SHARDS_NAME, True, f"one shared permutation per epoch, new each epoch, "
+                   f"split into equal shards covering the data, for sizes {list(sizes)} and "
+                   f"world sizes {list(world_sizes)}.", strict)

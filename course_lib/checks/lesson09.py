@@ -1,0 +1,387 @@
+"""Checkers for the exercises of lesson 09 (surviving failures).
+
+``check_syncbn(cls)`` runs the learner's SyncBatchNorm in real worker processes
+(``course_lib.distributed.launch``) on shards of different sizes and compares it with one
+``nn.BatchNorm2d`` on the global batch: output, input gradient, weight and bias gradients,
+running statistics. ``check_resume(capture, restore)`` stops a small training run mid-way,
+restores it into fresh objects and requires the end to be bitwise the uninterrupted run's.
+Worker processes import the learner's class by module and name, so it must live in a file (in
+the notebook: a cell starting with ``%%writefile my_syncbn.py``).
+"""
+from __future__ import annotations
+
+import io
+import random
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DistributedSampler
+
+from ._core import (
+    ExerciseResult,
+    call_bounded,
+    failure,
+    first_failure_in_ranks,
+    resolve,
+    verdict,
+    worker_spec,
+)
+
+__all__ = ["check_resume", "check_syncbn"]
+
+# ================================================================================================
+# check_syncbn
+# ================================================================================================
+
+_BN_NAME = "sync_batchnorm"
+_BN_HINT = ("forward: all-reduce each channel's [count, sum x, sum x^2], normalise with the "
+            "global mean and biased variance, update running_var with the unbiased one "
+            "(times n / (n - 1), n the global count); backward: all-reduce each channel's "
+            "[sum dy, sum dy * xhat] and use them, divided by the global count, in dx; the "
+            "weight and bias gradients stay this rank's sums (DDP combines them).")
+_BN_TOL = 1e-9                      # float64 throughout
+#: world size -> examples per rank: uneven shards
+_SHARDS = {2: [5, 3], 3: [5, 3, 8], 4: [5, 3, 8, 2]}
+_C = 3                              # channels; inputs are (N, C, 2, 2)
+
+
+def _close(a: torch.Tensor | None, b: torch.Tensor) -> bool:
+    return a is not None and a.shape == b.shape and torch.allclose(a, b, rtol=1e-7,
+                                                                   atol=_BN_TOL)
+
+
+def _normalise(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, w: torch.Tensor,
+               b: torch.Tensor) -> torch.Tensor:
+    """w * (x - mean) / sqrt(var + eps) + b, per channel of (N, C, H, W)."""
+    shape = (1, -1, 1, 1)
+    return ((x - mean.view(shape)) * torch.rsqrt(var.view(shape) + 1e-5) * w.view(shape)
+            + b.view(shape))
+
+
+def _bn_forward_hint(out: torch.Tensor, xs: list[torch.Tensor], rank: int, w, b) -> str:
+    """Name the popular wrong forward that ``out`` equals, if any."""
+    x = xs[rank]
+    dims = (0, 2, 3)
+    local = _normalise(x, x.mean(dims), x.var(dims, unbiased=False), w, b)
+    means = torch.stack([t.mean(dims) for t in xs])                     # (k, C)
+    variances = torch.stack([t.var(dims, unbiased=False) for t in xs])  # (k, C)
+    squares = torch.stack([(t * t).mean(dims) for t in xs])             # (k, C)
+    m = means.mean(0)
+    unweighted = [_normalise(x, m, variances.mean(0), w, b),
+                  _normalise(x, m, squares.mean(0) - m * m, w, b)]
+    whole = torch.cat(xs)
+    n = whole.numel() // _C
+    unbiased = _normalise(x, whole.mean(dims), whole.var(dims, unbiased=False) * n / (n - 1),
+                          w, b)
+    if _close(out, local):
+        return (" It is BatchNorm on this rank's shard alone: the statistics were not "
+                "combined over the ranks.")
+    if any(_close(out, u) for u in unweighted):
+        return (" It uses the plain mean of the ranks' means (and variances): the shards differ "
+                "in size, so combine counts and sums, not means.")
+    if _close(out, unbiased):
+        return (" It normalises with the unbiased variance: BatchNorm normalises with the "
+                "biased one (divide by n) and keeps the unbiased one only in running_var.")
+    return ""
+
+
+def _bn_backward_hint(dx: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, mean, var, w,
+                      n_global: int) -> str:
+    """Name the popular wrong input gradient that ``dx`` equals, if any."""
+    shape = (1, -1, 1, 1)
+    invstd = torch.rsqrt(var + 1e-5).view(shape)
+    xhat = (x - mean.view(shape)) * invstd
+    scale = invstd * w.view(shape)
+    dims = (0, 2, 3)
+    n_local = x.numel() // _C
+    constants = scale * dy
+    local = [scale * (dy - (dy.sum(dims) / count).view(shape)
+                      - xhat * ((dy * xhat).sum(dims) / count).view(shape))
+             for count in (n_local, n_global)]
+    if _close(dx, constants):
+        return (" It treats the mean and the variance as constants: every example of the "
+                "global batch moved them, so dx has two more terms.")
+    if any(_close(dx, t) for t in local):
+        return (" It uses this rank's sum(dy) and sum(dy * xhat) only: all-reduce them in "
+                "backward, as the forward all-reduced the statistics.")
+    return ""
+
+
+def _syncbn_cases(spec, steps: int, seed: int) -> str | None:
+    """In every rank: ``steps`` training steps of the learner's layer on uneven shards."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        cls = resolve(spec)
+        mine = cls(_C).double().train()
+        reference = nn.BatchNorm2d(_C).double().train()    # one process, the global batch
+    except Exception as e:
+        return f"rank {rank}: could not build {_C} channels: {type(e).__name__}: {e}"
+    sizes = _SHARDS.get(world, [(3 + 2 * r) % 7 + 2 for r in range(world)])
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w, b = torch.rand(_C, generator=g, dtype=torch.float64) + 0.5, torch.randn(
+            _C, generator=g, dtype=torch.float64)
+        for layer in (mine, reference):
+            layer.weight.copy_(w)
+            layer.bias.copy_(b)
+    failure_text = None
+    biased_var = torch.ones(_C, dtype=torch.float64)
+    for step in range(steps):
+        where = f"world_size={world}, shards of {sizes} examples, rank {rank}, step {step + 1}"
+        xs = [torch.randn(s, _C, 2, 2, generator=g, dtype=torch.float64) * 2 + 3
+              for s in sizes]                                 # (n_r, C, 2, 2) per rank
+        dys = [torch.randn_like(x) for x in xs]
+        for p in (mine.weight, mine.bias, reference.weight, reference.bias):
+            p.grad = None
+        whole = torch.cat(xs).requires_grad_()                # (N, C, 2, 2) the global batch
+        want = reference(whole)
+        want.backward(torch.cat(dys))
+        lo = sum(sizes[:rank])
+        mine_rows = slice(lo, lo + sizes[rank])
+        x = xs[rank].clone().requires_grad_()
+
+        try:
+            out = mine(x)
+            out.backward(dys[rank])
+        except Exception as e:
+            failure_text = f"{where}: raised {type(e).__name__}: {' '.join(str(e).split())}"
+        if failure_text is None:
+            grads = torch.stack([mine.weight.grad if mine.weight.grad is not None
+                                 else torch.full_like(w, float("nan")),
+                                 mine.bias.grad if mine.bias.grad is not None
+                                 else torch.full_like(b, float("nan"))])   # (2, C)
+            dist.all_reduce(grads)                            # DDP's job: combine the ranks'
+            dims = (0, 2, 3)
+            n = whole.numel() // _C
+            mean, var = whole.detach().mean(dims), whole.detach().var(dims, unbiased=False)
+            biased_var = 0.9 * biased_var + 0.1 * var    # running_var, had it kept the biased
+            if not _close(out.detach(), want.detach()[mine_rows]):
+                failure_text = (f"{where}: the output differs from BatchNorm2d on the global "
+                                f"batch (largest difference "
+                                f"{(out.detach() - want.detach()[mine_rows]).abs().max():.2e})."
+                                + _bn_forward_hint(out.detach(), xs, rank, w, b))
+            elif not _close(x.grad, whole.grad[mine_rows]):
+                hint = "" if x.grad is None else _bn_backward_hint(
+                    x.grad, xs[rank], dys[rank], mean, var, w, n)
+                failure_text = (f"{where}: the input gradient differs from BatchNorm2d's on "
+                                f"the global batch.{hint}")
+            elif not (_close(grads[0], reference.weight.grad)
+                      and _close(grads[1], reference.bias.grad)):
+                times = "" if not _close(grads[0], world * reference.weight.grad) else (
+                    f" Summed over the ranks they are {world} times too large: leave them as "
+                    f"this rank's sums (DDP averages them, as every other gradient).")
+                failure_text = (f"{where}: the weight and bias gradients, summed over the "
+                                f"ranks, differ from BatchNorm2d's on the global batch.{times}")
+            elif not _close(mine.running_mean, reference.running_mean):
+                failure_text = (f"{where}: running_mean {mine.running_mean.tolist()}, expected "
+                                f"{reference.running_mean.tolist()} (momentum 0.1 towards the "
+                                f"global mean).")
+            elif not _close(mine.running_var, reference.running_var):
+                hint = ""
+                if _close(mine.running_var, biased_var):
+                    hint = (" It moved towards the biased variance: running_var keeps the "
+                            "unbiased one, var * n / (n - 1), n the global count.")
+                failure_text = (f"{where}: running_var {mine.running_var.tolist()}, expected "
+                                f"{reference.running_var.tolist()}.{hint}")
+        failures: list[str | None] = [None] * world
+        dist.all_gather_object(failures, failure_text)       # every rank stops, or none
+        failure_text = next((f for f in failures if f is not None), None)
+        if failure_text is not None:
+            return failure_text
+    return None
+
+
+def check_syncbn(cls: type | str | None, *, world_sizes: tuple[int, ...] = (2, 3),
+                 steps: int = 2, timeout: float = 60.0, strict: bool = False) -> ExerciseResult:
+    """Exercise 09: ``cls(num_features)`` normalises over the global batch of all ranks.
+
+    For each world size, ``launch`` starts that many processes with shards of different sizes
+    (5 and 3 examples; 5, 3 and 8), inputs (n_r, 3, 2, 2) in float64. Each rank runs the
+    learner's layer (``.double()``, training mode, weight and bias set) on its shard, forward
+    and backward, for ``steps`` steps, and compares with one ``nn.BatchNorm2d`` on the whole
+    batch: this rank's rows of the output and of the input gradient, the weight and bias
+    gradients summed over the ranks (as DDP combines them), and the running statistics.
+
+    Args:
+        cls: the learner's class, importable by worker processes, or ``"module:Class"``
+            (imported in the workers from the current folder); None: not answered yet.
+        world_sizes: numbers of processes to try.
+        steps: training steps (the running statistics move twice).
+        timeout: seconds for each launch (a layer that hangs fails, it does not hang).
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    if cls is None:
+        return verdict(_BN_NAME, None, "write your SyncBatchNorm class to a file and pass it "
+                       "here.", strict)
+    spec = worker_spec(cls, "my_syncbn:SyncBatchNorm")
+    if isinstance(spec, str):
+        return verdict(_BN_NAME, False, spec, strict)
+    found = first_failure_in_ranks(
+        _syncbn_cases, spec, world_sizes, (steps, 3), timeout=timeout, hint=_BN_HINT,
+        hang_hint="Does every rank call the same collectives, in the same order, in forward "
+                  "and in backward?")
+    if found is not None:
+        return verdict(_BN_NAME, False, found, strict)
+    return verdict(_BN_NAME, True, f"output, gradients and running statistics equal "
+                   f"BatchNorm2d's on the global batch, on uneven shards, for world sizes "
+                   f"{list(world_sizes)}.", strict)
+
+
+# ================================================================================================
+# check_resume
+# ================================================================================================
+
+_RESUME_NAME = "resume"
+_RESUME_HINT = ("capture: model.state_dict(), optimizer.state_dict(), scheduler.state_dict(), "
+                "the epoch, torch.get_rng_state() and random.getstate(); restore: load each "
+                "back (torch.set_rng_state, random.setstate) and return the epoch.")
+_N, _BATCH, _EPOCHS = 40, 5, 4
+
+
+def _build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, object]:
+    """A small classifier with dropout, SGD with momentum, a step schedule."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
+    return model, optimizer, scheduler
+
+
+def _train(model, optimizer, scheduler, start: int, end: int) -> None:
+    """Epochs start .. end - 1 as rank 1 of 2 sees them: sampler, dropout, a random shift."""
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(_N, 6, generator=g), torch.randint(0, 3, (_N,), generator=g)
+    sampler = DistributedSampler(range(_N), num_replicas=2, rank=1, shuffle=True, seed=3)
+    model.train()
+    for epoch in range(start, end):
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        for i in range(0, len(order), _BATCH):
+            batch = order[i:i + _BATCH]
+            shift = random.random() * 0.1                 # Python's RNG: a data augmentation
+            loss = F.cross_entropy(model(X[batch] + shift), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+
+
+def _snapshot(model, optimizer, scheduler) -> dict:
+    """Everything the rest of the run depends on, copied."""
+    return {"model": {k: v.clone() for k, v in model.state_dict().items()},
+            "momentum": [optimizer.state[p]["momentum_buffer"].clone()
+                         for p in model.parameters() if p in optimizer.state],
+            "lr": scheduler.get_last_lr(), "last_epoch": scheduler.last_epoch,
+            "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}
+
+
+def _resume_hint(got: dict, want: dict, epoch: int, start) -> str:
+    """Which piece of the state did not come back."""
+    if start != epoch:
+        return (f"restore returned {start!r}, expected {epoch} (the epochs done): the sampler's "
+                f"order comes from set_epoch(epoch), so the epoch must come back too.")
+    if any(not torch.equal(got["model"][k], v) for k, v in want["model"].items()):
+        return "the model's weights did not come back (load model.state_dict())."
+    if (len(got["momentum"]) != len(want["momentum"])
+            or any(not torch.equal(a, b) for a, b in zip(got["momentum"], want["momentum"]))):
+        return ("the optimizer's momentum buffers did not come back (save and load "
+                "optimizer.state_dict()).")
+    if got["last_epoch"] != want["last_epoch"] or got["lr"] != want["lr"]:
+        return (f"the schedule did not come back: its step {got['last_epoch']} and learning "
+                f"rate {got['lr']}, expected {want['last_epoch']} and {want['lr']} (save and "
+                f"load scheduler.state_dict()).")
+    if not torch.equal(got["torch_rng"], want["torch_rng"]):
+        return ("torch's random state did not come back: dropout draws other masks (save "
+                "torch.get_rng_state(), restore with torch.set_rng_state; on GPUs also "
+                "torch.cuda.get_rng_state_all()).")
+    if got["python_rng"] != want["python_rng"]:
+        return ("Python's random state did not come back: the data augmentation draws other "
+                "values (random.getstate() / random.setstate()).")
+    return "the state after restore matched; what differs came later."
+
+
+def _resume_failure(capture: Callable, restore: Callable, stop_at: int) -> str | None:
+    """Stop after ``stop_at`` epochs, restore into fresh objects, finish; compare bitwise."""
+    random.seed(0)
+    model, optimizer, scheduler = _build(0)
+    _train(model, optimizer, scheduler, 0, _EPOCHS)
+    reference = _snapshot(model, optimizer, scheduler)
+
+    random.seed(0)
+    model, optimizer, scheduler = _build(0)
+    _train(model, optimizer, scheduler, 0, stop_at)
+    at_stop = _snapshot(model, optimizer, scheduler)
+    where = f"stopped after epoch {stop_at} of {_EPOCHS}"
+    try:
+        state = call_bounded(capture, model, optimizer, scheduler, stop_at)
+        buffer = io.BytesIO()
+        torch.save(state, buffer)                      # as to a file: no live references
+    except Exception as e:
+        return f"{where}: capture {failure(e)}"
+    torch.manual_seed(12345)                           # a new process: other random states
+    random.seed(12345)
+    model, optimizer, scheduler = _build(1)            # ... and other initial weights
+    try:
+        buffer.seek(0)
+        start = call_bounded(restore, torch.load(buffer, weights_only=False), model, optimizer,
+                             scheduler)
+    except Exception as e:
+        return f"{where}: restore {failure(e)}"
+    restored = _snapshot(model, optimizer, scheduler)
+    try:
+        _train(model, optimizer, scheduler, int(start), _EPOCHS)
+    except Exception as e:
+        return f"{where}: training after restore raised {type(e).__name__}: {e}"
+    end = _snapshot(model, optimizer, scheduler)
+    same = (all(torch.equal(end["model"][k], v) for k, v in reference["model"].items())
+            and all(torch.equal(a, b) for a, b in zip(end["momentum"], reference["momentum"])))
+    if not same:
+        return (f"{where}, restored into a fresh model: the end of the run is not bitwise the "
+                f"uninterrupted run's: {_resume_hint(restored, at_stop, stop_at, start)}")
+    return None
+
+
+def check_resume(capture: Callable | None, restore: Callable | None, *,
+                 stops: tuple[int, ...] = (1, 3), strict: bool = False) -> ExerciseResult:
+    """Exercise 09: a checkpoint that resumes a run bitwise.
+
+    ``capture(model, optimizer, scheduler, epoch) -> dict`` returns what to save after
+    ``epoch`` epochs; ``restore(state, model, optimizer, scheduler) -> int`` puts it back into
+    freshly built objects and returns the number of epochs done (the next epoch to run). The
+    checker trains a small model with dropout, SGD with momentum, a step schedule, a shuffled
+    ``DistributedSampler`` (with ``set_epoch``) and a random shift drawn from Python's
+    ``random``; it stops after each epoch of ``stops``, saves the state (``torch.save``),
+    scrambles the random states, builds new objects from another seed, restores, finishes, and
+    requires the final weights and momentum buffers to be bitwise the uninterrupted run's.
+
+    Args:
+        capture, restore: the learner's functions; None: not answered yet.
+        stops: the epochs (of 4) after which the run is stopped.
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    if capture is None or restore is None:
+        return verdict(_RESUME_NAME, None, "write capture(...) and restore(...) and pass both "
+                       "here.", strict)
+    if not callable(capture) or not callable(restore):
+        return verdict(_RESUME_NAME, False, "expected two functions, capture and restore.",
+                       strict)
+    torch_state, python_state = torch.get_rng_state(), random.getstate()
+    try:
+        for stop in stops:
+            problem = _resume_failure(capture, restore, stop)
+            if problem is not None:
+                return verdict(_RESUME_NAME, False, f"{problem} Hint: {_RESUME_HINT}", strict)
+    finally:  # the notebook's own random streams, as they were
+        torch.set_rng_state(torch_state)
+        random.setstate(python_state)
+    return verdict(_RESUME_NAME, True, f"stopped after epochs {list(stops)} of {_EPOCHS} and "
+                   f"resumed into fresh objects: bitwise the uninterrupted run.", strict)
