@@ -133,3 +133,16 @@ def test_an_allreduce_scaffold_is_not_answered(capsys):
 def test_the_oracles_are_not_in_the_learners_namespace():
     for name in ("elements_sent", "tree_rounds"):
         assert not hasattr(checks, name), f"course_lib.checks.{name} gives the answer away"
+
+
+def test_the_notebooks_timing_worker_interleaves_three_variants_in_one_launch():
+    from course_lib.distributed import launch
+    from course_lib.examples.lesson06_workers import time_allreduces
+
+    timed = launch(time_allreduces, 2, [4096, 40], 3, 2, 0.001, timeout=120)[0]
+    assert sorted(timed) == [40, 4096]
+    for comparison in timed.values():
+        assert comparison.names == ["dist.all_reduce", "ring", "ring, 3 segments"]
+        assert len(comparison.order) == 2 * 3                     # 2 rounds of 3, interleaved
+        assert comparison.order[:3] != comparison.order[3:]       # rotated: A B C, then B C A
+        assert all(len(s) == 2 and min(s) > 0 for s in comparison.seconds.values())
