@@ -16,6 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
@@ -567,3 +569,25 @@ def test_assign_buckets_first_bucket_and_order():
     assert D.assign_buckets(params, 1000, order=order, first_bucket_bytes=400) == [
         [0], [1, 2], [3, 4], [5]]
     assert D.assign_buckets(params, 10**9, order=[2, 0, 1, 5, 3, 4]) == [[2, 0, 1, 5, 3, 4]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(1, 300), st.sampled_from([torch.float32,
+                                                                       torch.float16])),
+                       min_size=1, max_size=10),
+       cap=st.integers(1, 2000), first=st.integers(1, 2000), data_=st.data())
+def test_assign_buckets_in_any_order_with_a_first_cap(shapes, cap, first, data_):
+    params = [torch.empty(n, dtype=dtype) for n, dtype in shapes]
+    order = data_.draw(st.permutations(range(len(params))))
+    buckets = D.assign_buckets(params, cap, order=order, first_bucket_bytes=first)
+    position = {i: k for k, i in enumerate(order)}
+    assert sorted(i for b in buckets for i in b) == list(range(len(params)))
+    firsts: set = set()
+    for b in buckets:                                         # in launch order
+        kind = params[b[0]].dtype
+        assert {params[i].dtype for i in b} == {kind}
+        nbytes = sum(params[i].numel() * params[i].element_size() for i in b)
+        assert nbytes <= (cap if kind in firsts else first) or len(b) == 1
+        firsts.add(kind)
+        assert [position[i] for i in b] == sorted(position[i] for i in b)
+    assert [position[b[0]] for b in buckets] == sorted(position[b[0]] for b in buckets)
