@@ -151,3 +151,9 @@ def test_epoch_shards_wrong_answers_fail_and_are_named(wrong, says):
     result = check_epoch_shards(wrong)
     assert result.ok is False
     assert says in result.message, result.message
+
+
+def test_epoch_shards_scaffold_is_not_answered_yet():
+    def scaffold(n, rank, world_size, epoch, seed):
+        raise NotImplementedError
+    assert check_epoch_shards(scaffold).ok is None

@@ -24,11 +24,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ._core import ExerciseResult, first_failure_in_ranks, resolve, verdict, worker_spec
+from ._core import (
+    ExerciseResult,
+    first_failure_in_ranks,
+    resolve,
+    unanswered,
+    verdict,
+    worker_spec,
+)
 
 __all__ = ["check_average_gradients", "check_ddp"]
 
 _NAME = "average_gradients"
+#: What a rank reports when the learner's code still raises NotImplementedError (a scaffold).
+_UNANSWERED = "not answered: NotImplementedError"
 _HINT = ("all-reduce (sum) every parameter's .grad in place, then divide it by "
          "dist.get_world_size(); skip parameters whose .grad is None.")
 
@@ -121,6 +130,8 @@ def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) ->
         where = f"world_size={world}, model {case!r}, rank {rank}"
         try:
             average_gradients(net)
+        except NotImplementedError:
+            return _UNANSWERED
         except Exception as e:
             return f"{where}: your function raised {type(e).__name__}: {' '.join(str(e).split())}"
         for (name, p), q in zip(net.named_parameters(), oracle.parameters()):
@@ -172,6 +183,8 @@ def check_average_gradients(fn: Callable | str | None, *,
     failure = first_failure_in_ranks(
         _run_cases, spec, world_sizes, (per_rank, 7), timeout=timeout, hint=_HINT,
         hang_hint="Does every rank call all_reduce on the same tensors, in the same order?")
+    if failure is not None and _UNANSWERED in failure:
+        return unanswered(_NAME, strict)
     if failure is not None:
         return verdict(_NAME, False, failure, strict)
     return verdict(_NAME, True, f"every .grad equals the whole-batch gradient for world sizes "
@@ -314,11 +327,15 @@ def _ddp_one_case(cls, case: str, build, recorder: _AllReduceRecorder, rank: int
     where = f"world_size={world}, model {case!r}, rank {rank}"
     try:
         mine = cls(net, **kwargs)
+    except NotImplementedError:
+        mine = None
     except Exception as e:
         args = "module" + (f", bucket_cap_mb={cap_mb:g}" if cap_mb is not None else "")
         return f"{where}: {getattr(cls, '__name__', 'your class')}({args}) raised " \
                f"{type(e).__name__}: {' '.join(str(e).split())}"
     theirs = nn.parallel.DistributedDataParallel(theirs_net, bucket_cap_mb=cap_mb or 25)
+    if mine is None:
+        return _UNANSWERED
     named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
     for _, p in named:  # after the learner's hooks: runs once the learner's hook has returned
         p.register_post_accumulate_grad_hook(lambda p: recorder.events.append("grad"))
@@ -357,6 +374,8 @@ def _ddp_one_step(mine, net, plain, theirs, theirs_net, recorder: _AllReduceReco
     try:
         F.cross_entropy(mine(X[mine_x]), y[mine_x]).backward()
         raised = None
+    except NotImplementedError:
+        raised = _UNANSWERED
     except Exception as e:
         raised = (recorder.mismatch if recorder.mismatch is not None else
                   f"forward or backward raised {type(e).__name__}: {' '.join(str(e).split())}")
@@ -460,6 +479,8 @@ def check_ddp(cls: type | str | None, *, bucket_cap_mb: float | None = None,
         hint=_DDP_HINT,
         hang_hint="Does every rank launch the same all-reduces, and is every one waited for "
                   "(a hook waiting for a gradient that never comes, a frozen parameter?)")
+    if failure is not None and _UNANSWERED in failure:
+        return unanswered(name, strict)
     if failure is not None:
         return verdict(name, False, failure, strict)
     return verdict(name, True, f"every .grad equals torch's DDP after each of {steps} steps, "

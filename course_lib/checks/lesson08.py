@@ -29,6 +29,7 @@ from ._core import (
     failure,
     first_failure_in_ranks,
     resolve,
+    unanswered,
     verdict,
     worker_spec,
 )
@@ -36,6 +37,8 @@ from ._core import (
 __all__ = ["check_epoch_shards", "check_exact_accuracy"]
 
 _NAME = "exact_accuracy"
+#: What a rank reports when the learner's code still raises NotImplementedError (a scaffold).
+_UNANSWERED = "not answered: NotImplementedError"
 _HINT = ("evaluate X[rank::world_size] (every example once, shards differ by at most one), "
          "all-reduce the integers (correct, count) and return correct / count.")
 #: float32's precision: a float32 answer passes, every popular wrong one differs by far more
@@ -122,6 +125,8 @@ def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed
         try:
             got = exact_accuracy(model, X.clone(), y.clone())
             got = float(got.item() if isinstance(got, torch.Tensor) else got)
+        except NotImplementedError:
+            return _UNANSWERED
         except Exception as e:
             return f"{where}: your function raised {type(e).__name__}: {' '.join(str(e).split())}"
         if abs(got - want) > _TOL:
@@ -176,6 +181,8 @@ def check_exact_accuracy(fn: Callable | str | None, *,
     failure = first_failure_in_ranks(
         _run_cases, spec, world_sizes, (tuple(sizes), 8), timeout=timeout, hint=_HINT,
         hang_hint="Does every rank call the same collectives, in the same order?")
+    if failure is not None and _UNANSWERED in failure:
+        return unanswered(_NAME, strict)
     if failure is not None:
         return verdict(_NAME, False, failure, strict)
     return verdict(_NAME, True, f"the exact accuracy on every rank, every example counted once, "
@@ -205,6 +212,8 @@ def _shards_failure(fn: Callable, n: int, world: int, seed: int, epochs: int) ->
             try:
                 got = call_bounded(fn, n, rank, world, epoch, seed)
                 shard = [int(i) for i in got]
+            except NotImplementedError:
+                raise
             except Exception as e:
                 return f"{where}: {failure(e)}"
             again = [int(i) for i in call_bounded(fn, n, rank, world, epoch, seed)]
@@ -272,6 +281,8 @@ def check_epoch_shards(fn: Callable | None, *, sizes: tuple[int, ...] = (10, 11,
         for world in world_sizes:
             try:
                 problem = _shards_failure(fn, n, world, 5, epochs)
+            except NotImplementedError:
+                return unanswered(_SHARDS_NAME, strict)
             except Exception as e:  # a later call raised or hung
                 problem = f"n={n}, world_size={world}: {failure(e)}"
             if problem is not None:

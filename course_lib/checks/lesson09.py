@@ -26,6 +26,7 @@ from ._core import (
     failure,
     first_failure_in_ranks,
     resolve,
+    unanswered,
     verdict,
     worker_spec,
 )
@@ -37,6 +38,8 @@ __all__ = ["check_resume", "check_syncbn"]
 # ================================================================================================
 
 _BN_NAME = "sync_batchnorm"
+#: What a rank reports when the learner's code still raises NotImplementedError (a scaffold).
+_UNANSWERED = "not answered: NotImplementedError"
 _BN_HINT = ("forward: all-reduce each channel's [count, sum x, sum x^2], normalise with the "
             "global mean and biased variance, update running_var with the unbiased one "
             "(times n / (n - 1), n the global count); backward: all-reduce each channel's "
@@ -146,6 +149,8 @@ def _syncbn_cases(spec, steps: int, seed: int) -> str | None:
         try:
             out = mine(x)
             out.backward(dys[rank])
+        except NotImplementedError:
+            failure_text = _UNANSWERED
         except Exception as e:
             failure_text = f"{where}: raised {type(e).__name__}: {' '.join(str(e).split())}"
         if failure_text is None:
@@ -226,6 +231,8 @@ def check_syncbn(cls: type | str | None, *, world_sizes: tuple[int, ...] = (2, 3
         _syncbn_cases, spec, world_sizes, (steps, 3), timeout=timeout, hint=_BN_HINT,
         hang_hint="Does every rank call the same collectives, in the same order, in forward "
                   "and in backward?")
+    if found is not None and _UNANSWERED in found:
+        return unanswered(_BN_NAME, strict)
     if found is not None:
         return verdict(_BN_NAME, False, found, strict)
     return verdict(_BN_NAME, True, f"output, gradients and running statistics equal "
@@ -322,6 +329,8 @@ def _resume_failure(capture: Callable, restore: Callable, stop_at: int) -> str |
         state = call_bounded(capture, model, optimizer, scheduler, stop_at)
         buffer = io.BytesIO()
         torch.save(state, buffer)                      # as to a file: no live references
+    except NotImplementedError:
+        raise
     except Exception as e:
         return f"{where}: capture {failure(e)}"
     torch.manual_seed(12345)                           # a new process: other random states
@@ -331,6 +340,8 @@ def _resume_failure(capture: Callable, restore: Callable, stop_at: int) -> str |
         buffer.seek(0)
         start = call_bounded(restore, torch.load(buffer, weights_only=False), model, optimizer,
                              scheduler)
+    except NotImplementedError:
+        raise
     except Exception as e:
         return f"{where}: restore {failure(e)}"
     restored = _snapshot(model, optimizer, scheduler)
@@ -377,7 +388,10 @@ def check_resume(capture: Callable | None, restore: Callable | None, *,
     torch_state, python_state = torch.get_rng_state(), random.getstate()
     try:
         for stop in stops:
-            problem = _resume_failure(capture, restore, stop)
+            try:
+                problem = _resume_failure(capture, restore, stop)
+            except NotImplementedError:
+                return unanswered(_RESUME_NAME, strict)
             if problem is not None:
                 return verdict(_RESUME_NAME, False, f"{problem} Hint: {_RESUME_HINT}", strict)
     finally:  # the notebook's own random streams, as they were
