@@ -19,7 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["PeakMemory", "grad_bytes", "optimizer_state_bytes", "tensor_bytes", "zero_formula"]
+__all__ = ["STAGES", "PeakMemory", "grad_bytes", "optimizer_state_bytes", "tensor_bytes", "zero_formula"]
 
 #: What each ZeRO stage shards (divides by the world size), in the paper's names.
 STAGES = {0: "DDP (nothing sharded)", 1: "ZeRO-1: optimizer state (P_os)",
@@ -160,6 +160,5 @@ class PeakMemory:
         try:
             self._mode.__exit__(*exc)
         finally:
-            gc.collect()
             self.end = self._total()
             self.peak = max(self.peak, self.end)

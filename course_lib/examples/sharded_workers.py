@@ -95,7 +95,7 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
     """
     out = []
     for kind in kinds:
-        gc.collect()
+        gc.collect()  # the previous kind's tensors, freed
         model, opt, local = _setup(kind, widths)
         X, y = _batch(widths, per_rank, seed=1)
         _step(model, opt, X, y)
