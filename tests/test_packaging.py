@@ -74,10 +74,10 @@ def _modules():
             yield info, importlib.import_module(info.name)
 
 
-def test_every_public_name_exists_is_documented_and_listed_in_the_readme():
+def test_every_public_name_exists_and_is_documented():
+    """(tests/test_readme.py checks that docs/library.md lists every public module.)"""
     import inspect
 
-    readme = (ROOT / "README.md").read_text()
     for info, module in _modules():
         if info.name.rsplit(".", 1)[-1].startswith("_") or info.name.endswith(".__main__"):
             continue
@@ -90,9 +90,6 @@ def test_every_public_name_exists_is_documented_and_listed_in_the_readme():
             obj = getattr(module, name)  # AttributeError: __all__ names a missing object
             if inspect.isfunction(obj) or inspect.isclass(obj):
                 assert inspect.getdoc(obj), f"{info.name}.{name} has no docstring"
-        short = info.name.removeprefix("course_lib.")
-        assert f"`{info.name}`" in readme or f"`{short}`" in readme, \
-            f"README lists no {info.name}"
 
 
 def test_a_package_reexports_its_modules_names_and_defines_none_twice():
