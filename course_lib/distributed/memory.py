@@ -19,7 +19,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["STAGES", "PeakMemory", "grad_bytes", "optimizer_state_bytes", "tensor_bytes", "zero_formula"]
+__all__ = ["STAGES", "PeakMemory", "grad_bytes", "optimizer_state_bytes", "tensor_bytes",
+           "zero_formula"]
 
 #: What each ZeRO stage shards (divides by the world size), in the paper's names.
 STAGES = {0: "DDP (nothing sharded)", 1: "ZeRO-1: optimizer state (P_os)",
