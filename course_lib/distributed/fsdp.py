@@ -148,9 +148,10 @@ class FlatShard:
     the master weights the optimizer updates and whose ``.grad`` backward fills.
     """
 
-    def __init__(self, entries: list[tuple[nn.Module, str, nn.Parameter]], *,
+    def __init__(self, entries: list[tuple[nn.Module, str, nn.Parameter]], names: list[str], *,
                  compute_dtype: torch.dtype | None, group):
         self.group = group
+        self.names = names  # each parameter's name in the wrapped module (for checkpoints)
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.entries = [(m, name, p.shape, p.numel()) for m, name, p in entries]
         params = [p for _, _, p in entries]
@@ -261,9 +262,9 @@ class FullyShardedDataParallel(nn.Module):
         for unit, entries in units:
             handles = []
             for group_entries in _split(entries).values():
-                handle = FlatShard(group_entries, compute_dtype=compute_dtype,
+                names = [self._param_names[id(p)][0] for *_, p in group_entries]
+                handle = FlatShard(group_entries, names, compute_dtype=compute_dtype,
                                    group=process_group)
-                handle.names = [self._param_names[id(p)][0] for *_, p in group_entries]
                 for m, name, _ in group_entries:
                     del m._parameters[name]
                 unit.register_parameter(f"flat_param_{len(handles)}", handle.shard)
@@ -273,7 +274,7 @@ class FullyShardedDataParallel(nn.Module):
             self._hooks.append(unit.register_forward_pre_hook(self._pre_forward(handles)))
             self._hooks.append(unit.register_forward_hook(self._post_forward(handles),
                                                           always_call=True))
-        self._replicated = self._setup_replicated(module, units)
+        self._setup_replicated(module)
         self._gathers: list[_Gather] = []
         self._finish_queued = False
 
@@ -300,7 +301,7 @@ class FullyShardedDataParallel(nn.Module):
                 found[id(unit)].append((m, name, p))
         return [(u, found[id(u)]) for u in order]
 
-    def _setup_replicated(self, module: nn.Module, units) -> list[tuple[nn.Module, str]]:
+    def _setup_replicated(self, module: nn.Module) -> None:
         """The parameters left whole on every rank (rank 0's values); with a compute dtype,
         their owners' forward sees them cast to it."""
         sharded = {id(h.shard) for h in self.handles}  # the originals are gone already
@@ -321,7 +322,6 @@ class FullyShardedDataParallel(nn.Module):
             for t in replicated + [b for b in module.buffers()]:
                 dist.broadcast(t, src=_global(self.process_group, 0), group=self.process_group)
         self._replicated_params = replicated
-        return replicated
 
     # ---- hooks: gather before forward, free after, gather again before backward ----------------
 
