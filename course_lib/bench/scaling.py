@@ -282,8 +282,8 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
     comm = None
     if k > 1:
         flats = {name: [torch.zeros(max(1, n // 4), device=device) for n in sizes]
-                 for name, sizes in (("per_parameter", param_bytes),
-                                     ("per_bucket", bucket_bytes))}
+                 for name, sizes in (("per_parameter_s", param_bytes),
+                                     ("per_bucket_s", bucket_bytes))}
 
         def rounds(tensors: list[torch.Tensor]) -> Callable[[], None]:
             def one_round() -> None:
@@ -447,8 +447,8 @@ def derive(entry: dict) -> dict:
             alone = entry["by_workers"][str(k)]["comm_alone"]
             if k < 2 or not alone or f"{name}_nocomm" not in step:
                 continue
-            comm_s = alone["per_parameter" if name in ("naive", "overlap")
-                           else "per_bucket"]["median_s"]
+            comm_s = alone["per_parameter_s" if name in ("naive", "overlap")
+                           else "per_bucket_s"]["median_s"]
             exposed, elo, ehi = bootstrap_difference(step[name]["seconds"],
                                                      step[f"{name}_nocomm"]["seconds"])
             overlap = min(1.0, max(0.0, 1.0 - exposed / comm_s))
