@@ -7,7 +7,7 @@ ROOTFLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 # nbval: run every notebook in quick mode, compare only cells marked NBVAL_CHECK_OUTPUT.
 NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
            --nbval-cell-timeout=600
-TESTENV := COURSE_QUICK=1 TQDM_DISABLE=1 MPLBACKEND=agg PYTHONHASHSEED=0
+TESTENV := COURSE_QUICK=1 TQDM_DISABLE=1 MPLBACKEND=agg PYTHONHASHSEED=0 COURSE_QUIET_WAIT_S=0
 
 .PHONY: setup lab test unit nbtest notebooks bench lint grade clean site sitetest executed
 

@@ -23,6 +23,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -205,7 +206,7 @@ def wait_for_quiet(threshold: float | None = None, *, max_wait_s: float = 120.0,
     while avg[0] > threshold and time.monotonic() - start < max_wait_s:
         if verbose and not told:
             print(f"load {avg[0]:.2f} on {cores} cores is above {threshold:.2f}: waiting up to "
-                  f"{max_wait_s:.0f} s for a quiet machine", flush=True)
+                  f"{max_wait_s:.0f} s for a quiet machine", file=sys.stderr, flush=True)
             told = True
         time.sleep(min(poll_s, max(0.0, max_wait_s - (time.monotonic() - start))))
         avg = load_average()

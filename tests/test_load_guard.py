@@ -37,7 +37,7 @@ def test_busy_machine_waits_then_runs_stamped(loads, monkeypatch, capsys):
     stamp = timing.wait_for_quiet(max_wait_s=30, poll_s=10)
     assert stamp.busy and 30 <= stamp.waited_s <= 50
     assert "taken on a busy machine (load 5.00 on 2 cores" in stamp.message
-    assert "waiting up to 30 s" in capsys.readouterr().out
+    assert "waiting up to 30 s" in capsys.readouterr().err  # stdout stays for JSON
 
 
 def test_wait_ends_when_the_load_falls(loads, monkeypatch):
