@@ -128,12 +128,31 @@ def test_the_layering_contract_holds():
     assert "1 kept, 0 broken" in out.stdout
 
 
-def test_every_notebook_ends_with_exercises_checked_by_course_lib():
+#: Lessons whose exercises are still gathered at the end, as before build-then-reveal
+#: (tests/test_reveal.py marks the same ones); remove a lesson once it is rebuilt.
+OLD_STYLE = {"10", "12", "13"}
+
+
+def test_every_lesson_declares_exercises_judged_by_a_checker():
+    """Build, then reveal: every lesson from 01 on has exercise cells (``# EXERCISE: name``, read
+    by ``course_lib.checks.grade``), each running a ``course_lib.checks`` checker in that cell."""
+    import re
+
     for name, nb in _notebooks():
-        text = "".join("".join(c["source"]) for c in nb["cells"])
-        assert "## Exercises" in text, name
-        tail = "".join("".join(c["source"]) for c in nb["cells"][-5:])
-        assert "checks.check_" in tail, f"{name}: the exercises use no course_lib.checks checker"
+        if name.startswith("00"):
+            continue
+        if name[:2] in OLD_STYLE:  # exercises still gathered at the end (not yet rebuilt)
+            tail = "".join("".join(c["source"]) for c in nb["cells"][-5:])
+            assert "checks.check_" in tail, f"{name}: the exercises use no checker"
+            continue
+        cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+        declared = [i for i, c in enumerate(cells) if re.search(r"^#\s*EXERCISE:", c, flags=re.M)]
+        assert declared, f"{name}: no exercise cell (# EXERCISE: name)"
+        for i in declared:  # the checker runs in the cell, or right after a %%writefile cell
+            judged = "check_" in cells[i] or (
+                cells[i].startswith("%%writefile") and i + 1 < len(cells)
+                and "check_" in cells[i + 1])
+            assert judged, f"{name}: an exercise cell runs no checker:\n{cells[i][:300]}"
 
 
 def test_committed_notebooks_carry_the_outputs_of_a_full_run():
