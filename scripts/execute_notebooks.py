@@ -66,10 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     record = json.loads(out.read_text()) if out.exists() else {
         "what": "wall time of each lesson executed in full mode by scripts/execute_notebooks.py",
         "machine": machine_slug(), "hardware": hardware_summary(), "lessons": {}}
+    failed: list[str] = []
     for path in paths:
         stamp = wait_for_quiet(max_wait_s=args.max_wait)
         print(f"== {path.name} ({stamp.message})", flush=True)
-        seconds = execute(path, args.timeout)
+        try:
+            seconds = execute(path, args.timeout)
+        except Exception as exc:  # a failing lesson is reported; the others still run
+            failed.append(path.name)
+            print(f"   FAILED: {str(exc)[-3000:]}", flush=True)
+            continue
         after = load_average()
         record["lessons"][path.name] = {
             "seconds": round(seconds, 1),
@@ -79,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {seconds / 60:.1f} min", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=2) + "\n")
+    if failed:
+        print(f"failed (left as they were): {', '.join(failed)}", flush=True)
+        return 1
     return 0
 
 
