@@ -20,7 +20,7 @@ lab: setup
 test: setup
 	$(VENV)/bin/ruff check course_lib tests
 	$(VENV)/bin/lint-imports
-	$(TESTENV) $(PY) -m pytest tests notebooks -m "not site" $(NBVAL)
+	$(TESTENV) $(PY) -m pytest tests notebooks -m "not site" --durations=25 $(NBVAL)
 
 unit: setup
 	$(TESTENV) $(PY) -m pytest tests -m "not site"
