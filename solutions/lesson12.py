@@ -1,6 +1,7 @@
-"""Lesson 11, exercise: the 1F1B order of operations of one pipeline stage.
+"""Lesson 12, exercise: the 1F1B order of operations of one pipeline stage.
 
-Checked by ``course_lib.checks.lesson12.check_one_f_one_b``.
+Checked by ``course_lib.checks.lesson12.check_one_f_one_b``; the course's version is
+``course_lib.distributed.pipelining.one_f_one_b_order``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The lesson-11 checker (the 1F1B order of one pipeline stage): None is "not answered yet", the
+"""The lesson-12 checker (the 1F1B order of one pipeline stage): None is "not answered yet", the
 reference answer passes, and realistic wrong answers fail with the case shown and what it costs."""
 import pytest
 
@@ -34,6 +34,15 @@ def no_warmup(stage, p, m):  # one forward, one backward from the start
 
 def test_pipeline_checker_unanswered():
     assert check_one_f_one_b(None).ok is None
+
+
+def test_pipeline_checker_a_scaffold_that_raises_not_implemented_is_unanswered(capsys):
+    def scaffold(stage, num_stages, num_microbatches):
+        raise NotImplementedError   # your code
+
+    result = check_one_f_one_b(scaffold)
+    assert result.ok is None and "NotImplementedError" in result.message
+    assert "not answered yet" in capsys.readouterr().out
 
 
 def test_pipeline_checker_accepts_the_reference(capsys):

@@ -113,6 +113,10 @@ def test_layer_costs_by_time_runs_each_layer_as_the_pipeline_does():
     (lambda: simulate_schedule(gpipe_order, 2, 2, forward_time=-1), ValueError,
      "forward_time to be a finite number >= 0, got -1"),
     (lambda: simulate_schedule(gpipe_order, 2, 2, comm_time=math.nan), ValueError, "comm_time"),
+    (lambda: simulate_schedule(gpipe_order, 2, 2, forward_time=[1.0, 2.0, 3.0]), ValueError,
+     "one number or one per stage (2), got 3 values"),
+    (lambda: simulate_schedule(gpipe_order, 2, 2, backward_time=[1.0, -2.0]), ValueError,
+     "backward_time to be a finite number >= 0, got -2.0 (one number, or one per stage)"),
     (lambda: idle_fraction([]), ValueError, "got none"),
 ])
 def test_pipeline_bad_splits_are_refused_clearly(call, error, says):
@@ -143,6 +147,58 @@ def test_pipeline_schedules_bubble_and_activations_in_flight(p):
         for s in range(p):
             held = max_in_flight(one_f_one_b_order(s, p, m))
             assert held == min(p - s, m) and max_in_flight(gpipe_order(s, p, m)) == m
+
+
+def test_pipeline_simulation_with_unequal_stages():
+    # one micro-batch, stage 1 twice as slow: F0 [0, 1], F1 [1, 3], B1 [3, 7], B0 [7, 9]
+    events = simulate_schedule(gpipe_order, 2, 1, forward_time=[1, 2], backward_time=[2, 4])
+    assert [(e.stage, e.kind, e.start, e.end) for e in events] == [
+        (0, "F", 0, 1), (1, "F", 1, 3), (1, "B", 3, 7), (0, "B", 7, 9)]
+    assert idle_fraction(events) == pytest.approx(1 - 9 / 18)
+    # equal stages given per stage are the scalar case; unequal ones idle more than theory
+    for m in (1, 4):
+        same = simulate_schedule(one_f_one_b_order, 3, m, forward_time=[1, 1, 1])
+        assert same == simulate_schedule(one_f_one_b_order, 3, m)
+        slow = simulate_schedule(one_f_one_b_order, 3, m, forward_time=[1, 3, 1],
+                                 backward_time=[2, 6, 2])
+        assert idle_fraction(slow) > bubble_fraction(3, m)
+
+
+def _fake_step(idle_gap: float) -> list:
+    """Two stages, one micro-batch, stage 1 starting idle_gap after stage 0's forward."""
+    from course_lib.distributed.pipelining import PipeEvent
+    return [PipeEvent(0, "F", 0, 0.0, 1.0), PipeEvent(1, "F", 0, 1 + idle_gap, 2 + idle_gap),
+            PipeEvent(1, "B", 0, 2 + idle_gap, 3 + idle_gap),
+            PipeEvent(0, "B", 0, 3 + 2 * idle_gap, 4 + 2 * idle_gap)]
+
+
+def test_pipeline_measurement_helpers_median_step_and_spread():
+    runs = [_fake_step(0.5), _fake_step(0.0), _fake_step(2.0), _fake_step(1.0), _fake_step(0.2)]
+    spread = W.step_bubbles(runs)
+    assert spread == [idle_fraction(r) for r in runs] and len(set(spread)) == 5
+    assert W.median_step(runs) == runs[0]                  # gaps 0, 0.2, [0.5], 1, 2
+    assert W.median_step(runs[:4]) == runs[0]              # even count: the lower middle
+    assert W.bubbles(runs) == idle_fraction(runs[0])
+    assert W.median_step(runs) != runs[-1]                 # not simply the last step
+    assert sorted(W.handoff_seconds(runs[:1])) == [0.5, 0.5]   # F0 on stage 1, B0 on stage 0
+    assert W.op_seconds(runs) == {(0, "B"): 1.0, (0, "F"): 1.0, (1, "B"): 1.0, (1, "F"): 1.0}
+
+
+@pytest.mark.parametrize("order", [gpipe_order, one_f_one_b_order])
+@pytest.mark.parametrize("p", [2, 3])
+def test_pipeline_gap_accounting_recovers_a_known_pipeline(order, p):
+    """Op times and the hand-off read back from a simulated run (per-stage times, messages
+    costing 0.5) rebuild that run's bubble: the accounting the lesson does on measured steps."""
+    fwd, bwd, comm = [1.0, 1.5, 0.75][:p], [2.0, 3.5, 1.5][:p], 0.5   # exact in binary
+    events = simulate_schedule(order, p, 4, forward_time=fwd, backward_time=bwd, comm_time=comm)
+    ops = W.op_seconds([events])
+    assert [ops[s, "F"] for s in range(p)] == fwd and [ops[s, "B"] for s in range(p)] == bwd
+    lags = W.handoff_seconds([events])
+    assert min(lags) == comm and sorted(lags)[len(lags) // 2] == comm   # the header: 2 messages
+    rebuilt = simulate_schedule(order, p, 4, forward_time=[ops[s, "F"] for s in range(p)],
+                                backward_time=[ops[s, "B"] for s in range(p)], comm_time=comm)
+    assert idle_fraction(rebuilt) == pytest.approx(idle_fraction(events))
+    assert idle_fraction(events) > bubble_fraction(p, 4)
 
 
 def test_pipeline_simulation_finds_a_deadlock():
@@ -251,8 +307,16 @@ def test_pipeline_gradient_oracle_two_ranks_gloo_seed_example_and_activation_pea
         (W.activation_peaks, X16, y16, (1, 4, 8), ("gpipe", "1f1b"), None, "mlp"),
         (stage_p2p, "1f1b", 4),
         (stage_p2p, "gpipe", 3),
+        (W.pipeline_timelines, X16, y16, (1, 4), ("gpipe", "1f1b"), None, 3, 1, "mlp"),
     ], timeout=180)
-    results, seed, peaks, p2p_1f1b, p2p_gpipe = zip(*ranks)   # each: rank 0's, rank 1's
+    results, seed, peaks, p2p_1f1b, p2p_gpipe, timed = zip(*ranks)   # each: rank 0's, rank 1's
+    # timelines: every configuration's steps, interleaved (round i of each, then round i + 1)
+    runs = W.merge_ranks(timed)
+    configs = [("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]
+    assert list(runs) == configs and all(len(runs[c]) == 3 for c in configs)
+    assert all(len(step) == 2 * 2 * c[1] for c in configs for step in runs[c])
+    starts = [min(e.start for e in runs[c][i]) for i in range(3) for c in configs]
+    assert starts == sorted(starts)
     _check_stage_p2p(p2p_1f1b)
     _check_stage_p2p(p2p_gpipe)
     for rank in results:      # every rank asserted; here the sizes of what it found

@@ -16,7 +16,7 @@ from ..distributed.pipelining import (
     one_f_one_b_order,
     simulate_schedule,
 )
-from ._core import ExerciseResult, call_bounded, failure, verdict
+from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 
 __all__ = ["check_one_f_one_b", "max_in_flight"]
 
@@ -66,12 +66,14 @@ def _diagnose(got: list, want: list, stage: int, p: int, m: int, orders: list[li
 
 
 def check_one_f_one_b(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
-    """Exercise 11: ``fn(stage, num_stages, num_microbatches)`` is 1F1B's order for one stage.
+    """Lesson 12's exercise: ``fn(stage, num_stages, num_microbatches)`` is 1F1B's order for one
+    stage (``one_f_one_b_order``).
 
     The answer is a list of ``("F", i)`` / ``("B", i)``. For p from 1 to 5 stages and m from 1 to
     8 micro-batches (fewer than, as many as and more than the stages), the orders of all stages
     are played together: every operation exactly once, no backward before its forward, no
-    deadlock, then the order must be 1F1B's. The first failing case is printed.
+    deadlock, then the order must be 1F1B's. The first failing case is printed. ``None``, or a
+    function that still raises ``NotImplementedError``, is "not answered yet".
     """
     if fn is None:
         return verdict(_NAME, None, "define your function and pass it here.", strict)
@@ -83,6 +85,8 @@ def check_one_f_one_b(fn: Callable | None, *, strict: bool = False) -> ExerciseR
                 got = call_bounded(fn, stage, p, m)
             except KeyboardInterrupt:
                 raise
+            except NotImplementedError:                 # the scaffold, not written yet
+                return unanswered(_NAME, strict)
             except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
                 return verdict(_NAME, False, f"{failure(exc)} for {where}. {_HINT}", strict)
             want = one_f_one_b_order(stage, p, m)

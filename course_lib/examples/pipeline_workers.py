@@ -31,9 +31,9 @@ from course_lib.distributed.pipelining import (
 from course_lib.models.lenet import LeNet
 from course_lib.models.resnet import resnet18
 
-__all__ = ["SCHEDULES", "activation_peaks", "bubbles", "check_pipeline", "in_sequence",
-           "sequential_model",
-           "lenet_sequential", "merge_ranks", "pipeline_timelines", "step_seconds",
+__all__ = ["SCHEDULES", "activation_peaks", "bubbles", "check_pipeline", "handoff_seconds",
+           "in_sequence", "lenet_sequential", "median_step", "merge_ranks", "op_seconds",
+           "pipeline_timelines", "sequential_model", "step_bubbles", "step_seconds",
            "two_rank_example"]
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -209,27 +209,30 @@ def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[
                        steps: int = 5, warmup: int = 2, model: str = "lenet") -> dict:
     """Time pipeline steps: for each schedule and micro-batch count, this rank's events.
 
-    Every configuration runs ``warmup`` untimed steps, then ``steps`` timed ones, each after a
-    barrier (all stages start together). Returns ``{(schedule, m): [events of each step]}``
-    with this rank's ``PipeEvent``s (``time.perf_counter`` seconds: one clock for every process
-    of the machine); the notebook joins the ranks.
+    The configurations run interleaved, one step of each in turn (round i of every
+    configuration, then round i + 1): what slows the machine for a while slows them all, and
+    step i of two configurations can be compared as a pair (``timing.bootstrap_ratio``). The
+    first ``warmup`` rounds are not recorded; every step starts after a barrier (all stages
+    together). Returns ``{(schedule, m): [events of each step]}`` with this rank's
+    ``PipeEvent``s (``time.perf_counter`` seconds: one clock for every process of the machine);
+    the notebook joins the ranks (``merge_ranks``).
     """
     rank = dist.get_rank()
     stages, stage = _this_ranks_stage(model, balance)
-    out: dict = {}
-    for schedule in schedules:
-        for m in microbatches:
-            sched = SCHEDULES[schedule](stage, m, loss_fn=F.cross_entropy)
-            runs = []
-            for i in range(warmup + steps):
+    configs = [(schedule, m) for schedule in schedules for m in microbatches]
+    scheds = {key: SCHEDULES[key[0]](stage, key[1], loss_fn=F.cross_entropy) for key in configs}
+    out: dict = {key: [] for key in configs}
+    try:
+        for i in range(warmup + steps):
+            for key in configs:                         # one step of each, in turn
                 dist.barrier()
                 stage.events, stage.record = [], i >= warmup
-                _run_step(sched, stage, X, y)
+                _run_step(scheds[key], stage, X, y)
                 stages[rank].zero_grad()
                 if stage.record:
-                    runs.append(stage.events)
-            stage.record = False
-            out[(schedule, m)] = runs
+                    out[key].append(stage.events)
+    finally:
+        stage.record = False
     return out
 
 
@@ -275,13 +278,62 @@ def activation_peaks(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[in
 
 def step_seconds(runs: Sequence[Sequence]) -> float:
     """Median span of steps given as lists of events from every stage (first start to last end)."""
-    return statistics.median(max(e.end for e in run) - min(e.start for e in run)
-                             for run in runs)
+    return statistics.median(_span(run) for run in runs)
+
+
+def _span(events: Sequence) -> float:
+    return max(e.end for e in events) - min(e.start for e in events)
+
+
+def step_bubbles(runs: Sequence[Sequence]) -> list[float]:
+    """The measured idle fraction (``idle_fraction``) of each step, in the order they ran."""
+    return [idle_fraction(run) for run in runs]
 
 
 def bubbles(runs: Sequence[Sequence]) -> float:
     """Median measured idle fraction of steps given as lists of events from every stage."""
-    return statistics.median(idle_fraction(run) for run in runs)
+    return statistics.median(step_bubbles(runs))
+
+
+def median_step(runs: Sequence[Sequence]) -> list:
+    """The step whose idle fraction is the median of the steps' (the lower of the two middle
+    ones for an even count): a typical step to draw, not the last or the best."""
+    ranked = sorted(range(len(runs)), key=lambda i: idle_fraction(runs[i]))
+    return list(runs[ranked[(len(runs) - 1) // 2]])
+
+
+def op_seconds(runs: Sequence[Sequence]) -> dict[tuple[int, str], float]:
+    """``{(stage, kind): median seconds}`` of every forward ("F") and backward ("B") op, over
+    all micro-batches of all steps: how long each stage computes one micro-batch."""
+    durations: dict[tuple[int, str], list[float]] = {}
+    for run in runs:
+        for e in run:
+            durations.setdefault((e.stage, e.kind), []).append(e.end - e.start)
+    return {key: statistics.median(d) for key, d in sorted(durations.items())}
+
+
+def handoff_seconds(runs: Sequence[Sequence]) -> list[float]:
+    """Measured hand-offs: from the end of an op to the start of the op of the neighbouring
+    stage that waited for its result (the activation of F(i) on stage s - 1 for F(i) on stage
+    s, the gradient of B(i) on stage s + 1 for B(i) on stage s), counted only when that stage
+    sat idle, its previous op done before the result was. What passing one result on costs
+    here: the message, and the Python around posting and receiving it."""
+    lags = []
+    for run in runs:
+        by_op = {(e.stage, e.kind, e.microbatch): e for e in run}
+        per_stage: dict[int, list] = {}
+        for e in sorted(run, key=lambda e: e.start):
+            per_stage.setdefault(e.stage, []).append(e)
+        for events in per_stage.values():
+            for k, e in enumerate(events):
+                source = by_op.get((e.stage + (-1 if e.kind == "F" else 1), e.kind,
+                                    e.microbatch))
+                if source is None:                  # the first stage's forward, the last's B
+                    continue
+                ready = events[k - 1].end if k else float("-inf")
+                if ready <= source.end:             # this stage waited for the result
+                    lags.append(e.start - source.end)
+    return lags
 
 
 def merge_ranks(per_rank: Sequence[dict]) -> dict:

@@ -170,7 +170,7 @@ def _describe(op: tuple[str, int, Message], stage: int) -> str:
     return f"{kind}({i})'s {what} from stage {peer}"
 
 
-def _play(programs: list[list[tuple]], durations: dict[str, float],
+def _play(programs: list[list[tuple]], durations: list[dict[str, float]],
           comm_time: float) -> list[PipeEvent]:
     """Run every stage's program as NCCL runs point-to-point operations.
 
@@ -209,8 +209,9 @@ def _play(programs: list[list[tuple]], durations: dict[str, float],
                     clock[s] = max(clock[s], done_at[s][action[1]])
                 else:
                     _, kind, i = action
-                    events.append(PipeEvent(s, kind, i, clock[s], clock[s] + durations[kind]))
-                    clock[s] += durations[kind]
+                    took = durations[s][kind]                # stage s's op time
+                    events.append(PipeEvent(s, kind, i, clock[s], clock[s] + took))
+                    clock[s] += took
                 pc[s] += 1
                 progress = True
         for s in range(p):                                  # match the head batches' operations
@@ -244,10 +245,13 @@ def _play(programs: list[list[tuple]], durations: dict[str, float],
 
 
 def simulate_schedule(order: Callable[[int, int, int], Sequence], num_stages: int,
-                      num_microbatches: int, *, forward_time: float = 1.0,
-                      backward_time: float = 2.0, comm_time: float = 0.0,
+                      num_microbatches: int, *, forward_time: float | Sequence[float] = 1.0,
+                      backward_time: float | Sequence[float] = 2.0, comm_time: float = 0.0,
                       fused: bool = True) -> list[PipeEvent]:
     """Play ``order(stage, p, m)`` on every stage with fixed op times; the events it gives.
+
+    ``forward_time`` and ``backward_time`` are one number for every stage (equal stages, the
+    theory's assumption) or one per stage (stages as a measurement found them).
 
     Every stage runs its ops one at a time, in its order, with the point-to-point operations
     ``PipelineStage`` posts around them (``p2p_program``): F(i) on stage s needs the activation
@@ -261,16 +265,26 @@ def simulate_schedule(order: Callable[[int, int, int], Sequence], num_stages: in
     deadlock), naming what each stage waits for.
     """
     _check_sizes("simulate_schedule", num_stages, num_microbatches)
-    times = {"forward_time": forward_time, "backward_time": backward_time,
-             "comm_time": comm_time}
-    for name, value in times.items():
-        if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-            raise ValueError(f"simulate_schedule expects {name} to be a finite number >= 0, "
-                             f"got {value!r}.")
     p, m = num_stages, num_microbatches
+    per_stage = {}
+    for name, value in (("forward_time", forward_time), ("backward_time", backward_time)):
+        values = list(value) if isinstance(value, Sequence) else [value] * p
+        if len(values) != p:
+            raise ValueError(f"simulate_schedule expects {name} to be one number or one per "
+                             f"stage ({p}), got {len(values)} values: {value!r}.")
+        per_stage[name] = values
+    for name, values in (*per_stage.items(), ("comm_time", [comm_time])):
+        for value in values:
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not 0 <= value < float("inf")):
+                how = "" if name == "comm_time" else " (one number, or one per stage)"
+                raise ValueError(f"simulate_schedule expects {name} to be a finite number >= 0, "
+                                 f"got {value!r}{how}.")
     programs = [p2p_program(check_order(order(s, p, m), s, m), s, p, fused=fused)
                 for s in range(p)]
-    events = _play(programs, {"F": forward_time, "B": backward_time}, comm_time)
+    durations = [{"F": per_stage["forward_time"][s], "B": per_stage["backward_time"][s]}
+                 for s in range(p)]
+    events = _play(programs, durations, comm_time)
     return sorted(events, key=lambda e: (e.start, e.stage))
 
 
