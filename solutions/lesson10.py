@@ -1,16 +1,21 @@
-"""Lesson 09, exercise: the alpha-beta cost of a ring all-reduce.
+"""Lesson 10, exercise: the bus bandwidth of one raw row of a collectives results file.
 
-Checked by ``course_lib.checks.lesson10.check_ring_time``.
+Checked by ``course_lib.checks.lesson10.check_bus_bandwidth``.
 """
 from __future__ import annotations
 
-__all__ = ["ring_time"]
+import statistics
+
+__all__ = ["bus_bandwidth"]
 
 
-def ring_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
-    """Seconds for a ring all-reduce of ``n_bytes`` over ``p`` ranks.
+def bus_bandwidth(row: dict) -> float:
+    """GB/s of bus bandwidth of one all-reduce row (``world_size``, ``bytes``, ``seconds``).
 
-    ``2 (p - 1)`` steps (reduce-scatter, then all-gather), each one message of ``n / p`` bytes
-    sent by every rank at once: ``2 (p - 1) alpha + 2 (p - 1) / p * n * beta``.
+    The typical operation's time is the median of the samples (each already seconds per
+    operation); algorithm bandwidth = bytes / time; bus bandwidth = algbw * 2 (p - 1) / p.
     """
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
+    p, n = row["world_size"], row["bytes"]
+    seconds = statistics.median(row["seconds"])
+    algbw = n / seconds                      # bytes per second
+    return algbw * 2 * (p - 1) / p / 1e9     # GB/s

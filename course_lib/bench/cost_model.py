@@ -5,9 +5,14 @@ message (latency, software overhead), beta the seconds per byte (1 / bandwidth).
 messages each all-reduce sends in sequence gives its cost (Thakur, Rabenseifner & Gropp,
 "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005; for the ring,
 Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC
-2009). The reduction's own arithmetic (the gamma term of Thakur et al.) is left out: on a fit to
-measured times it is folded into beta. PyTorch counterpart: none; NCCL's tuner uses the same
-kind of model to choose between ring and tree. Notebook 09 draws it over the measurements.
+2009; for NCCL's pipelined double binary tree, Jeaugey, "Massively Scale Your Deep Learning
+Training with NCCL 2.4", NVIDIA blog 2019). The reduction's own arithmetic (the gamma term of
+Thakur et al.) is left out: on a fit to measured times it is folded into beta. Bandwidths
+follow nccl-tests' conventions (``doc/PERFORMANCE.md`` in NVIDIA/nccl-tests: algorithm bandwidth
+``bytes / time``, bus bandwidth ``algbw * 2 (p - 1) / p`` for all-reduce). PyTorch counterpart:
+none; NCCL's tuner (``src/graph/tuning.cc``) uses the same kind of model to choose between ring
+and tree. Lesson 10 fits it to the measurements and projects it; the Ultra-Scale Playbook
+(Hugging Face, 2025) walks through the same arithmetic for large clusters.
 
 Only plain functions: ``load_results`` reads a results JSON whose path it is given; nothing
 else here reads or writes files.
@@ -17,16 +22,25 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from .allreduce import bus_bandwidth
 
 __all__ = [
     "ALGORITHMS",
     "INTERCONNECTS",
     "AlphaBeta",
     "Interconnect",
+    "binomial_tree_time",
+    "bus_bandwidth_gbps",
+    "data_parallel_speedup",
+    "data_parallel_step_time",
+    "fit_results",
     "fit_ring",
     "load_results",
+    "low_quantile",
     "naive_time",
     "predict",
     "predicted_step_time",
@@ -37,7 +51,7 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------------------
-# the textbook costs of one all-reduce of n bytes over p ranks
+# the costs of one all-reduce of n bytes over p ranks
 # ------------------------------------------------------------------------------------------------
 
 def ring_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
@@ -51,11 +65,28 @@ def ring_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
 
 
 def tree_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
+    """NCCL's pipelined tree: ``2 ceil(log2 p) alpha + 2 n beta``.
+
+    A reduce up a tree, then a broadcast down it, the message cut into small chunks that follow
+    one another through the tree (a pipeline): the latency is that of ``ceil(log2 p)`` hops each
+    way, but the bytes are not multiplied by the depth. NCCL uses two complementary binary
+    trees, each carrying half the message, so every rank sends and receives about n bytes going
+    up and n coming down: a bandwidth term of ``2 n beta`` whatever p, close to the ring's
+    ``2 (p - 1) / p n beta`` (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL
+    2.4", 2019). The chunks' own latency is left out (many chunks: small against n beta).
+    """
+    if p <= 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(p)) * alpha + 2 * n_bytes * beta
+
+
+def binomial_tree_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
     """Binomial-tree reduce then binomial-tree broadcast, whole messages each round.
 
     ``ceil(log2 p)`` rounds each way, each a message of n bytes:
     ``2 ceil(log2 p) (alpha + n beta)`` (Thakur et al. 2005, the "binomial tree" reduce and
-    broadcast). Few latencies, but every round moves the whole message.
+    broadcast). Few latencies, but every round moves the whole message: the textbook tree, not
+    the pipelined one NCCL runs (``tree_time``).
     """
     rounds = math.ceil(math.log2(p)) if p > 1 else 0
     return 2 * rounds * (alpha + n_bytes * beta)
@@ -82,7 +113,51 @@ def ps_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
 
 #: name -> cost function ``f(n_bytes, p, alpha, beta)``, in the order the notebook plots them.
 ALGORITHMS = {"naive": naive_time, "ring": ring_time, "tree": tree_time,
-              "parameter server": ps_time}
+              "binomial tree": binomial_tree_time, "parameter server": ps_time}
+
+
+# ------------------------------------------------------------------------------------------------
+# reading measured rows: bandwidths, and the fastest times
+# ------------------------------------------------------------------------------------------------
+
+def bus_bandwidth_gbps(row: dict) -> float:
+    """Bus bandwidth, in GB/s (1e9 bytes per second), of one row of a collectives results file.
+
+    nccl-tests' definition (``doc/PERFORMANCE.md`` of NVIDIA/nccl-tests): the algorithm
+    bandwidth is ``bytes / time``; for an all-reduce the bus bandwidth is
+    ``algbw * 2 (p - 1) / p``, the bytes each rank's link carries in a ring per second, which
+    can be compared across rank counts (and with the link's own speed). The time is the median
+    of the row's samples (``row["seconds"]``, seconds per operation, one per sample).
+
+    Args:
+        row: a dict with ``bytes``, ``world_size`` and ``seconds`` (a non-empty list).
+    """
+    missing = [k for k in ("bytes", "world_size", "seconds") if k not in row]
+    if missing or not row["seconds"]:
+        raise ValueError(f"bus_bandwidth_gbps needs a row with 'bytes', 'world_size' and a "
+                         f"non-empty 'seconds' list; missing or empty: "
+                         f"{missing or ['seconds']} (keys found: {sorted(row)}).")
+    return bus_bandwidth(row["bytes"], statistics.median(row["seconds"]),
+                         row["world_size"]) / 1e9
+
+
+def low_quantile(seconds: Sequence[float], q: float = 0.0) -> float:
+    """The ``q`` quantile of a list of times (``q = 0``: the minimum), linearly interpolated.
+
+    On a shared machine other work only ever adds time, so the fastest samples are the closest
+    to what the hardware does; a median absorbs whatever load there was. A small q above 0
+    (0.1, say) keeps one lucky outlier from setting the answer.
+    """
+    if not seconds:
+        raise ValueError("low_quantile needs at least one time, got an empty list.")
+    if not 0.0 <= q <= 0.5:
+        raise ValueError(f"low_quantile: q must be between 0 (the minimum) and 0.5 (the "
+                         f"median), got {q!r}.")
+    xs = sorted(seconds)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -98,8 +173,11 @@ class AlphaBeta:
         beta: seconds per byte (``1 / beta`` is the link's bandwidth in bytes per second).
         p: the ranks the fit was measured with.
         r2: coefficient of determination of the fitted times (on the times themselves).
-        rel_errors: ``(model - measured) / measured`` for each point, in the order given.
+        rel_errors: ``(model - measured) / measured`` for each point, in the order given:
+            the fit's residuals, relative.
         source: what was fitted (or where the figures come from).
+        sizes: the message sizes fitted, in bytes (empty for an assumed model).
+        times: the measured seconds fitted, one per size.
     """
 
     alpha: float
@@ -108,6 +186,8 @@ class AlphaBeta:
     r2: float = float("nan")
     rel_errors: tuple[float, ...] = ()
     source: str = ""
+    sizes: tuple[float, ...] = ()
+    times: tuple[float, ...] = ()
 
     @property
     def bandwidth(self) -> float:
@@ -138,7 +218,8 @@ def fit_ring(sizes: list[float], times: list[float], p: int, source: str = "") -
 
     Args:
         sizes: message sizes in bytes (at least two distinct).
-        times: the measured seconds of one all-reduce of each size (a median, say).
+        times: the measured seconds of one all-reduce of each size: the fastest samples
+            (``low_quantile``), not a median inflated by whatever else the machine ran.
         p: ranks (>= 2).
         source: a label kept with the result.
 
@@ -170,7 +251,33 @@ def fit_ring(sizes: list[float], times: list[float], p: int, source: str = "") -
     return AlphaBeta(alpha=a / (2 * (p - 1)), beta=b * p / (2 * (p - 1)), p=p,
                      r2=1 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
                      rel_errors=tuple((m - t) / t for m, t in zip(model, times)),
-                     source=source)
+                     source=source, sizes=tuple(sizes), times=tuple(times))
+
+
+def fit_results(rows: list[dict], op: str = "all_reduce", p: int = 2, q: float = 0.0,
+                source: str | None = None) -> AlphaBeta:
+    """Fit ``ring_time`` to the rows of a collectives results file, at the low quantile.
+
+    Each size's time is ``low_quantile(row["seconds"], q)`` (the minimum by default), falling
+    back to the row's ``min_s`` when it stores no samples: the alpha and beta of the hardware,
+    not of the load it ran under.
+
+    Args:
+        rows: ``results`` of a ``python -m course_lib.bench collectives`` file.
+        op: which operation's rows (``all_reduce``, ``ring``, ...).
+        p: which world size's rows.
+        q: the quantile of each row's samples (0: the minimum).
+        source: a label (default: op, p and q).
+    """
+    mine = sorted((r for r in rows if r["op"] == op and r["world_size"] == p),
+                  key=lambda r: r["bytes"])
+    if len(mine) < 2:
+        found = sorted({(r["op"], r["world_size"]) for r in rows})
+        raise ValueError(f"fit_results: need rows of op={op!r} at world_size={p} for at least "
+                         f"two sizes, found {len(mine)}; (op, world_size) present: {found}.")
+    times = [low_quantile(r["seconds"], q) if r.get("seconds") else r["min_s"] for r in mine]
+    label = source or f"{op}, {p} ranks, " + ("minimum" if q == 0 else f"{q:g} quantile")
+    return fit_ring([r["bytes"] for r in mine], times, p, source=label)
 
 
 def predict(model: AlphaBeta, n_bytes: float, p: int) -> dict[str, float]:
@@ -200,19 +307,91 @@ def predicted_step_time(compute_s: float, message_bytes: list[float], p: int, mo
     return compute_s + (1.0 - overlap) * comm
 
 
+def data_parallel_step_time(compute_s: float, launch_s: float, message_bytes: list[float],
+                            k: int, model: AlphaBeta, *, algorithm: str = "naive",
+                            one_thread: bool = True, overlap: float = 0.0) -> float:
+    """A projected step of data parallelism over k devices, launch costs included.
+
+    ``compute_s / k + launches + (1 - overlap) * communication``, where ``compute_s`` is the
+    whole batch's arithmetic on one device and ``launch_s`` what one device's step costs
+    whatever its batch (Python, kernel launches). With ``one_thread`` (``nn.DataParallel``,
+    d2l's loop over GPUs) one Python thread launches every kernel on every device in turn:
+    ``k * launch_s``; with one process per device (DDP) the launches run side by side:
+    ``launch_s``. A larger batch does not shrink the launch cost, it amortizes it over more
+    images; what shrinks it is fewer launches (CUDA graphs, ``torch.compile``) or more
+    threads issuing them (one process per device).
+
+    Args:
+        compute_s: seconds of arithmetic of the whole batch on one device.
+        launch_s: seconds of launch and Python overhead of one device's step.
+        message_bytes: the all-reduces of a step (one per parameter for the naive strategy).
+        k: devices (1: no communication).
+        model: alpha and beta of the link.
+        algorithm: a name from ``ALGORITHMS``.
+        one_thread: one Python thread drives all k devices (True) or one process each.
+        overlap: the fraction of the communication hidden behind backward.
+    """
+    if k < 1:
+        raise ValueError(f"data_parallel_step_time: k must be >= 1 device, got {k}.")
+    launches = launch_s * (k if one_thread else 1)
+    return predicted_step_time(compute_s / k + launches, message_bytes if k > 1 else [], k,
+                               model, algorithm, overlap)
+
+
+def data_parallel_speedup(compute_s: float, launch_s: float, message_bytes: list[float],
+                          k: int, model: AlphaBeta, **options) -> float:
+    """One device's projected step over k devices' (``data_parallel_step_time`` for both)."""
+    one = data_parallel_step_time(compute_s, launch_s, message_bytes, 1, model, **options)
+    return one / data_parallel_step_time(compute_s, launch_s, message_bytes, k, model, **options)
+
+
 # ------------------------------------------------------------------------------------------------
 # interconnects we do not have: public figures and labelled assumptions
 # ------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Interconnect:
-    """Figures for a projection: where they come from, and which parts are assumed."""
+    """Figures for a projection: where they come from, and which parts are assumed.
+
+    Attributes:
+        name: what it is.
+        p: ranks (GPUs) in all.
+        link_bandwidth: bytes per second per direction of each GPU's link inside a node.
+        alpha: seconds per message (an assumption: a few microseconds).
+        source: the datasheets used and what is assumed.
+        nodes: machines (1: everything inside one node).
+        nic_bandwidth: bytes per second per direction of one network card (rail).
+        rails: network cards per node.
+    """
 
     name: str
     p: int
-    bandwidth: float        # bytes per second per direction of the slowest link on the ring
-    alpha: float            # seconds per message (an assumption: a few microseconds)
+    link_bandwidth: float
+    alpha: float
     source: str
+    nodes: int = 1
+    nic_bandwidth: float = 0.0
+    rails: int = 0
+
+    @property
+    def bandwidth(self) -> float:
+        """The bytes per second each rank's ring traffic gets (the model's ``1 / beta``).
+
+        Inside one node, the GPU's link. Across nodes NCCL runs several rings at once (its
+        channels), each crossing between nodes through a different network card: every rank
+        sends ``2 (p - 1) / p n`` bytes in all, and so does every node through its cards
+        together, so a node's ``rails`` cards act as one link of ``rails * nic_bandwidth``;
+        the slower of that and the GPU's own link sets the pace. With one card per GPU (8
+        rails on an 8-GPU node) the network nearly keeps up with NVLink; with one card per
+        node it is eight times slower.
+        """
+        if self.nodes <= 1:
+            return self.link_bandwidth
+        if self.rails < 1 or self.nic_bandwidth <= 0:
+            raise ValueError(f"Interconnect {self.name!r}: {self.nodes} nodes need rails >= 1 "
+                             f"and nic_bandwidth > 0, got rails={self.rails}, "
+                             f"nic_bandwidth={self.nic_bandwidth}.")
+        return min(self.link_bandwidth, self.rails * self.nic_bandwidth)
 
     def model(self) -> AlphaBeta:
         """The interconnect as an ``AlphaBeta`` (assumed, not fitted)."""
@@ -221,21 +400,28 @@ class Interconnect:
 
 
 GB = 1e9
+_NVLINK4 = 450 * GB     # per direction per H100 SXM GPU (900 GB/s both ways, NVIDIA datasheet)
+_NDR = 50 * GB          # InfiniBand NDR, 400 Gb/s per port (NVIDIA ConnectX-7 datasheet)
 #: Projections only. Bandwidths are the vendors' peak figures per direction (a ring sends and
-#: receives at once on every link); real all-reduces reach perhaps 70-90 % of them. Latencies
-#: are assumptions (a few microseconds per message, as NCCL's documentation and nccl-tests
-#: small-message times suggest), not measurements.
+#: receives at once on every link); nccl-tests' measured bus bandwidths stay below them. The
+#: latencies are assumptions (a few microseconds per message, as nccl-tests' small-message times
+#: suggest), not measurements.
 INTERCONNECTS = [
     Interconnect("8 GPUs, PCIe 4.0 x16", 8, 32 * GB, 10e-6,
                  "PCIe 4.0 x16 ~32 GB/s per direction (PCI-SIG, 16 GT/s x 16 lanes); "
                  "alpha 10 us assumed"),
-    Interconnect("8 GPUs, NVLink 4 (H100 SXM)", 8, 450 * GB, 3e-6,
+    Interconnect("8 GPUs, NVLink 4 (H100 SXM)", 8, _NVLINK4, 3e-6,
                  "NVLink 4: 900 GB/s total per H100 GPU, i.e. 450 GB/s per direction (NVIDIA "
                  "H100 datasheet); alpha 3 us assumed"),
-    Interconnect("2 nodes x 8 GPUs, InfiniBand NDR", 16, 50 * GB, 5e-6,
-                 "InfiniBand NDR 400 Gb/s = 50 GB/s per port, one port per GPU (NVIDIA "
-                 "ConnectX-7 datasheet, DGX H100 layout); the ring's slowest links cross the "
-                 "network; alpha 5 us assumed"),
+    Interconnect("2 nodes x 8 GPUs, IB NDR, 8 rails", 16, _NVLINK4, 5e-6,
+                 "NVLink 4 inside each node; between nodes 8 InfiniBand NDR cards per node, "
+                 "400 Gb/s = 50 GB/s each, one per GPU (NVIDIA ConnectX-7 datasheet, DGX H100 "
+                 "layout): the rings' crossings spread over 8 x 50 GB/s; alpha 5 us assumed",
+                 nodes=2, nic_bandwidth=_NDR, rails=8),
+    Interconnect("2 nodes x 8 GPUs, IB NDR, 1 rail", 16, _NVLINK4, 5e-6,
+                 "as the line above but one 400 Gb/s card per node: every ring crossing "
+                 "shares 50 GB/s; alpha 5 us assumed",
+                 nodes=2, nic_bandwidth=_NDR, rails=1),
 ]
 
 

@@ -6,7 +6,7 @@ when right). An answer left as ``None`` is reported as "not answered yet" instea
 notebooks that ship with open exercises still run top to bottom. Pass ``strict=True`` to raise
 ``AssertionError`` on a wrong answer (what an autograder wants).
 
-One module per lesson (``lesson00`` ... ``lesson10``); every checker is importable from here:
+One module per lesson (``lesson00`` ... ``lesson13``); every checker is importable from here:
 ``from course_lib import checks; checks.check_allreduce_fn(my_allreduce)``.
 """
 from ._core import (
@@ -43,7 +43,7 @@ from .lesson06 import (
 from .lesson07 import check_average_gradients, check_ddp
 from .lesson08 import check_epoch_shards, check_exact_accuracy
 from .lesson09 import check_resume, check_syncbn
-from .lesson10 import check_ring_time, ring_time_by_schedule
+from .lesson10 import check_bus_bandwidth
 from .lesson11 import check_fsdp, check_zero
 from .lesson12 import check_one_f_one_b, max_in_flight
 from .lesson13 import check_strip_prefix
@@ -64,7 +64,7 @@ __all__ = [
     "check_average_gradients", "check_ddp",                   # 07
     "check_epoch_shards", "check_exact_accuracy",             # 08
     "check_resume", "check_syncbn",                           # 09
-    "check_ring_time", "ring_time_by_schedule",               # 09
+    "check_bus_bandwidth",                                    # 10
     "check_zero", "check_fsdp",                              # 11 (sharded)
     "check_one_f_one_b", "max_in_flight",                     # 11
     "check_strip_prefix",                                     # 12

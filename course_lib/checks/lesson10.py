@@ -1,61 +1,126 @@
 """Checkers for the exercises of lesson 10 (timing plots and the alpha-beta model).
 
-``check_ring_time`` asks for the alpha-beta cost of a ring all-reduce. Its oracle is not a copy
-of the formula: it walks the ring's schedule (``2 (p - 1)`` steps, in each of which every rank
-sends one chunk of ``n / p`` bytes at once) and adds ``alpha + bytes * beta`` per step.
-The tests check that this walk agrees with ``course_lib.bench.cost_model.ring_time``.
+``check_bus_bandwidth`` asks for the bus bandwidth of one raw row of a collectives results file
+(``world_size``, ``bytes``, ``seconds``: one time per operation for each sample), in GB/s, as
+nccl-tests defines it (``doc/PERFORMANCE.md`` of NVIDIA/nccl-tests). Its oracle is not a copy of
+``course_lib.bench.cost_model.bus_bandwidth_gbps``: it walks the ring's schedule to count the
+bytes one rank's link carries (``2 (p - 1)`` steps of one chunk of ``n / p`` bytes) and takes
+the median of the samples by sorting them. The tests check that both agree.
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
-from ._core import ExerciseResult, call_bounded, failure, verdict
+from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 
-__all__ = ["check_ring_time", "ring_time_by_schedule"]
+__all__ = ["check_bus_bandwidth", "link_bytes_by_schedule", "median_by_sorting"]
 
-_NAME = "ring_time"
-_HINT = ("a ring all-reduce is 2 (p - 1) steps (reduce-scatter, then all-gather); in each step "
-         "every rank sends one chunk of n / p bytes at the same time, and a message of m bytes "
-         "costs alpha + m * beta.")
+_NAME = "bus_bandwidth"
+_HINT = ("the time is the median of row['seconds'] (already seconds per operation); the "
+         "algorithm bandwidth is bytes / time; the bus bandwidth multiplies it by "
+         "2 (p - 1) / p; GB/s is 1e9 bytes per second.")
 
 
-def ring_time_by_schedule(n_bytes: float, p: int, alpha: float, beta: float) -> float:
-    """Seconds of a ring all-reduce of ``n_bytes`` over p ranks, step by step of its schedule.
+def link_bytes_by_schedule(n_bytes: float, p: int) -> float:
+    """Bytes one rank's link sends in a ring all-reduce of ``n_bytes`` over p ranks.
 
-    The steps follow one another; within a step all ranks send at once, so a step costs one
-    message of the largest chunk. Byte counts are taken as real numbers (n / p), as the
-    textbook formula does.
+    Reduce-scatter then all-gather: ``p - 1`` steps each, every rank sending one chunk of
+    ``n / p`` bytes per step (real numbers, as nccl-tests counts them, whether or not p divides
+    n).
     """
-    if p == 1:
-        return 0.0
-    chunk = n_bytes / p  # every rank's chunk (ring_chunk_bounds: sizes differ by one element)
-    return sum(alpha + chunk * beta for _ in range(2 * (p - 1)))
+    steps = [n_bytes / p for _ in range(p - 1)]       # reduce-scatter
+    steps += [n_bytes / p for _ in range(p - 1)]      # all-gather
+    return sum(steps)
 
 
-def check_ring_time(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
-    """Exercise 09: ``fn(n_bytes, p, alpha, beta)`` is the ring all-reduce's alpha-beta cost.
+def median_by_sorting(xs: list[float]) -> float:
+    """The middle of the sorted values (the mean of the two middle ones for an even count)."""
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
-    Compared on several sizes and rank counts, with alphas and betas far apart so that a
-    missing or doubled term shows; relative tolerance 1e-6. The first failing case is printed.
+
+def _expected(row: dict) -> float:
+    """The oracle: link bytes per second of the median operation, in GB/s."""
+    return link_bytes_by_schedule(row["bytes"], row["world_size"]) / \
+        median_by_sorting(row["seconds"]) / 1e9
+
+
+def _cases() -> list[dict]:
+    """Raw rows as a results file holds them: several rank counts (3 among them), sizes p does
+    not divide, odd and even sample counts, an outlier that moves the mean but not the median,
+    and a fast sample that is not the median."""
+    rows = []
+    specs = [(2, 4096, [0.0011, 0.0009, 0.0010]),
+             (3, 1000, [2.0e-4, 2.1e-4, 9.0e-4, 1.9e-4]),            # even count, an outlier
+             (4, 1_048_576, [0.0040, 0.0031, 0.0052, 0.0033, 0.0035]),
+             (3, 10**6 + 1, [0.0030, 0.0027, 0.0200, 0.0029, 0.0028, 0.0031]),
+             (8, 64 * 2**20, [0.21, 0.20, 0.23, 0.19, 0.35]),
+             (5, 999_999, [0.0100, 0.0080]),
+             (2, 16 * 2**20, [0.030, 0.031, 0.029, 0.120, 0.032, 0.030, 0.028])]
+    for p, n, seconds in specs:
+        rows.append({"world_size": p, "bytes": n, "op": "all_reduce", "reps": 10,
+                     "seconds": list(seconds)})
+    return rows
+
+
+def _diagnose(row: dict, got: float) -> str:
+    """A likely mistake behind ``got``, when one of the usual ones reproduces it."""
+    p, n, xs = row["world_size"], row["bytes"], row["seconds"]
+    med = median_by_sorting(xs)
+    factor = 2 * (p - 1) / p
+    usual = {
+        "the algorithm bandwidth (bytes / time): multiply by 2 (p - 1) / p": n / med / 1e9,
+        "in bytes per second: divide by 1e9 for GB/s": n / med * factor,
+        "in GiB/s (2**30): GB/s counts 1e9 bytes": n / med * factor / 2**30,
+        "from the mean of the samples: one slow sample moves it, take the median":
+            n / (sum(xs) / len(xs)) * factor / 1e9,
+        "from the fastest sample: this exercise asks for the median": n / min(xs) * factor / 1e9,
+        "with the factor upside down: it is 2 (p - 1) / p": n / med / factor / 1e9,
+        "with the median of an even count taken as one of the two middle samples: average "
+        "them": n / sorted(xs)[len(xs) // 2] * factor / 1e9,
+        "with n // p (integer division): the chunks are n / p bytes": 2 * (p - 1) * (n // p)
+        / med / 1e9,
+        "with seconds multiplied by reps: row['seconds'] is already per operation":
+            n / (med * row.get("reps", 1)) * factor / 1e9,
+    }
+    for why, value in usual.items():
+        if math.isclose(got, value, rel_tol=1e-6):
+            return f"That is {why}."
+    return _HINT
+
+
+def check_bus_bandwidth(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise: ``fn(row)`` is the bus bandwidth of a raw results row, in GB/s.
+
+    Run on rows of 2, 3, 4, 5 and 8 ranks, sizes they do not divide, odd and even numbers of
+    samples with outliers; each call gets its own copy of the row. Relative tolerance 1e-6.
+    The first failing case is printed with the usual mistake that explains it, if one does.
     """
     if fn is None:
         return verdict(_NAME, None, "define your function and pass it here.", strict)
-    cases = [(n, p, alpha, beta)
-             for n, p in [(4096, 2), (2**20, 2), (2**20, 4), (64 * 2**20, 8), (10**6, 3),
-                          (0, 4), (2**26, 16)]
-             for alpha, beta in [(1e-3, 1e-9), (5e-6, 1 / 50e9)]] + [(2**20, 1, 1e-3, 1e-9)]
-    for case in cases:
-        want = ring_time_by_schedule(*case)
+    cases = _cases()
+    for row in cases:
+        want = _expected(row)
+        shown = {k: row[k] for k in ("world_size", "bytes", "seconds")}
         try:
-            got = float(call_bounded(fn, *case))
+            got = call_bounded(fn, copy.deepcopy(row))
+        except NotImplementedError:
+            return unanswered(_NAME, strict)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return verdict(_NAME, False, f"{failure(exc)} on input {case}. {_HINT}", strict)
-        if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-15):
-            n, p, alpha, beta = case
-            return verdict(_NAME, False, f"for n_bytes={n}, p={p}, alpha={alpha:g}, "
-                           f"beta={beta:g}: expected {want:.6g} s, got {got:.6g} s. {_HINT}",
-                           strict)
-    return verdict(_NAME, True, f"matches the ring's schedule on {len(cases)} inputs.", strict)
+            return verdict(_NAME, False, f"{failure(exc)} on the row {shown}. {_HINT}", strict)
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            try:
+                got = float(got)  # a 0-d tensor or numpy number is fine
+            except (TypeError, ValueError):
+                return verdict(_NAME, False, f"returned {got!r} ({type(got).__name__}) for the "
+                               f"row {shown}; expected one number, in GB/s.", strict)
+        if not math.isclose(got, want, rel_tol=1e-6):
+            return verdict(_NAME, False, f"for the row {shown}: expected {want:.6g} GB/s, got "
+                           f"{got:.6g}. {_diagnose(row, got)}", strict)
+    return verdict(_NAME, True, f"matches nccl-tests' bus bandwidth on {len(cases)} rows "
+                   f"(2 to 8 ranks).", strict)

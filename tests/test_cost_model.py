@@ -1,0 +1,150 @@
+"""The alpha-beta model of lesson 10 beyond the fit: NCCL's pipelined tree (latency in log2 p,
+bytes independent of p) beside the textbook binomial tree, the fit at the low quantile (load only
+adds time), the residuals kept per size, rails between nodes, and the launch cost of one thread
+driving every device."""
+import math
+import random
+import statistics
+
+import pytest
+
+from course_lib.bench import cost_model
+
+KB, MB = 2**10, 2**20
+SIZES = [4 * KB * 4**i for i in range(8)]  # 4 KB .. 64 MB
+
+
+@pytest.mark.parametrize("p", [2, 3, 8, 64, 1000])
+def test_pipelined_tree_bytes_do_not_grow_with_p(p):
+    n, a, b = 1e8, 5e-6, 1e-10
+    assert cost_model.tree_time(n, p, 0.0, b) == pytest.approx(2 * n * b)
+    assert cost_model.tree_time(0.0, p, a, b) == pytest.approx(2 * math.ceil(math.log2(p)) * a)
+    # the textbook binomial tree moves the whole message once per level
+    assert cost_model.binomial_tree_time(n, p, 0.0, b) == pytest.approx(
+        2 * math.ceil(math.log2(p)) * n * b)
+    if p > 2:
+        assert cost_model.tree_time(n, p, a, b) < cost_model.binomial_tree_time(n, p, a, b)
+
+
+def test_tree_against_ring_small_and_large_messages():
+    """NCCL's trade-off: the tree's fewer latencies win small messages at many ranks, the ring's
+    2 (p - 1) / p n beta (< 2 n beta) wins large ones."""
+    p, a, b = 64, 5e-6, 1 / 50e9
+    assert cost_model.tree_time(4 * KB, p, a, b) < cost_model.ring_time(4 * KB, p, a, b)
+    assert cost_model.ring_time(1e9, p, a, b) < cost_model.tree_time(1e9, p, a, b)
+
+
+def test_every_algorithm_is_zero_on_one_rank_and_the_trees_agree_at_two():
+    n, a, b = 1e6, 1e-5, 1e-9
+    for name, f in cost_model.ALGORITHMS.items():
+        assert f(n, 1, a, b) == 0.0, name
+    assert cost_model.tree_time(n, 2, a, b) == pytest.approx(
+        cost_model.binomial_tree_time(n, 2, a, b))
+
+
+def test_low_quantile():
+    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert cost_model.low_quantile(xs) == 1.0
+    assert cost_model.low_quantile(xs, 0.5) == statistics.median(xs)
+    assert cost_model.low_quantile([4.0, 1.0, 2.0, 3.0], 0.5) == 2.5
+    assert cost_model.low_quantile(xs, 0.25) == 2.0
+    with pytest.raises(ValueError, match="empty"):
+        cost_model.low_quantile([])
+    with pytest.raises(ValueError, match="between 0"):
+        cost_model.low_quantile(xs, 0.9)
+
+
+def _loaded_rows(alpha, beta, p, seed=0):
+    """Rows as the collectives benchmark writes them, taken on a loaded machine: every sample is
+    the true time times 1 + (a load that only ever adds), one sample in nine unloaded."""
+    rng = random.Random(seed)
+    rows = []
+    for n in SIZES:
+        true = cost_model.ring_time(n, p, alpha, beta)
+        # small messages suffer more from the scheduler: up to +300 %, large ones up to +30 %
+        worst = 3.0 if n < MB else 0.3
+        seconds = [true] + [true * (1 + rng.uniform(0.2, 1.0) * worst) for _ in range(8)]
+        rng.shuffle(seconds)
+        rows.append({"world_size": p, "bytes": n, "op": "all_reduce", "seconds": seconds,
+                     "min_s": min(seconds), "median_s": statistics.median(seconds)})
+        rows.append({"world_size": p, "bytes": n, "op": "naive", "seconds": [1.0, 2.0],
+                     "min_s": 1.0, "median_s": 1.5})
+    return rows
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_fit_at_the_minimum_recovers_the_hardware_and_the_median_does_not(p):
+    alpha, beta = 50e-6, 1 / 2e9
+    rows = _loaded_rows(alpha, beta, p)
+    fit = cost_model.fit_results(rows, "all_reduce", p)
+    assert fit.alpha == pytest.approx(alpha, rel=1e-6)
+    assert fit.beta == pytest.approx(beta, rel=1e-6)
+    assert fit.sizes == tuple(SIZES) and len(fit.times) == len(fit.rel_errors) == len(SIZES)
+    assert fit.max_rel_error < 1e-6
+    mine = [r for r in rows if r["op"] == "all_reduce"]
+    by_median = cost_model.fit_ring([r["bytes"] for r in mine], [r["median_s"] for r in mine], p)
+    assert by_median.alpha > 1.5 * alpha        # the load, read as latency
+    # a low quantile sits between the two
+    q10 = cost_model.fit_results(rows, "all_reduce", p, q=0.1)
+    assert fit.alpha <= q10.alpha <= by_median.alpha
+
+
+def test_fit_results_falls_back_to_min_s_and_refuses_missing_rows():
+    rows = [{"world_size": 2, "bytes": n, "op": "ring",
+             "min_s": cost_model.ring_time(n, 2, 1e-4, 1e-9)} for n in SIZES]
+    fit = cost_model.fit_results(rows, "ring", 2)
+    assert fit.alpha == pytest.approx(1e-4) and fit.beta == pytest.approx(1e-9)
+    with pytest.raises(ValueError, match="world_size=4"):
+        cost_model.fit_results(rows, "ring", 4)
+
+
+def test_bus_bandwidth_gbps():
+    row = {"world_size": 4, "bytes": 10**9, "seconds": [2.0, 1.0, 100.0, 1.0, 1.0]}
+    assert cost_model.bus_bandwidth_gbps(row) == pytest.approx(1.5)   # median 1 s, 2 (p - 1) / p = 1.5
+    row = {"world_size": 2, "bytes": 10**9, "seconds": [0.5]}
+    assert cost_model.bus_bandwidth_gbps(row) == pytest.approx(2.0)   # at p = 2, busbw = algbw
+    with pytest.raises(ValueError, match="seconds"):
+        cost_model.bus_bandwidth_gbps({"world_size": 2, "bytes": 1, "seconds": []})
+
+
+def test_rails_between_nodes():
+    by_name = {ic.name: ic for ic in cost_model.INTERCONNECTS}
+    eight = by_name["2 nodes x 8 GPUs, IB NDR, 8 rails"]
+    one = by_name["2 nodes x 8 GPUs, IB NDR, 1 rail"]
+    nvlink = by_name["8 GPUs, NVLink 4 (H100 SXM)"]
+    assert eight.bandwidth == pytest.approx(min(nvlink.bandwidth, 8 * 50e9))
+    assert one.bandwidth == pytest.approx(50e9)
+    assert eight.bandwidth == pytest.approx(8 * one.bandwidth)
+    for ic in cost_model.INTERCONNECTS:
+        assert ic.model().source.startswith("PROJECTION") and "assumed" in ic.source
+    with pytest.raises(ValueError, match="rails"):
+        _ = cost_model.Interconnect("x", 16, 1e9, 1e-6, "assumed", nodes=2).bandwidth
+
+
+def test_one_thread_pays_every_device_launch():
+    model = cost_model.AlphaBeta(alpha=1e-5, beta=1e-10, p=2)
+    compute, launch, grads = 0.01, 1e-3, [4e6, 4e3]
+    one = cost_model.data_parallel_step_time(compute, launch, grads, 1, model)
+    assert one == pytest.approx(compute + launch)                    # one device: no message
+    thread = cost_model.data_parallel_step_time(compute, launch, grads, 2, model)
+    procs = cost_model.data_parallel_step_time(compute, launch, grads, 2, model,
+                                               one_thread=False)
+    comm = sum(cost_model.naive_time(n, 2, 1e-5, 1e-10) for n in grads)
+    assert procs == pytest.approx(compute / 2 + launch + comm)
+    assert thread - procs == pytest.approx(launch)                   # twice the launch cost
+    assert cost_model.data_parallel_speedup(compute, launch, grads, 2, model) == \
+        pytest.approx(one / thread)
+    with pytest.raises(ValueError, match="k must be"):
+        cost_model.data_parallel_step_time(compute, launch, grads, 0, model)
+
+
+def test_the_puzzle_in_the_model():
+    """Little compute per step: two devices driven by one thread lose; much compute: they win;
+    a larger batch (more compute, same launches) amortizes the launch cost."""
+    model = cost_model.INTERCONNECTS[0].model()
+    grads = [1e5] * 8
+    small = cost_model.data_parallel_speedup(2e-4, 1e-4, grads, 2, model)
+    large = cost_model.data_parallel_speedup(5e-2, 1e-4, grads, 2, model)
+    assert small < 1 < large
+    bigger_batch = cost_model.data_parallel_speedup(8e-4, 1e-4, grads, 2, model)
+    assert small < bigger_batch
