@@ -100,7 +100,7 @@ def test_fit_results_falls_back_to_min_s_and_refuses_missing_rows():
 
 def test_bus_bandwidth_gbps():
     row = {"world_size": 4, "bytes": 10**9, "seconds": [2.0, 1.0, 100.0, 1.0, 1.0]}
-    assert cost_model.bus_bandwidth_gbps(row) == pytest.approx(1.5)   # median 1 s, 2 (p - 1) / p = 1.5
+    assert cost_model.bus_bandwidth_gbps(row) == pytest.approx(1.5)   # median 1 s, x 2 (p - 1) / p
     row = {"world_size": 2, "bytes": 10**9, "seconds": [0.5]}
     assert cost_model.bus_bandwidth_gbps(row) == pytest.approx(2.0)   # at p = 2, busbw = algbw
     with pytest.raises(ValueError, match="seconds"):
