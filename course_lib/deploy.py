@@ -1,12 +1,14 @@
 """After training: a trained model loaded on any device, partly frozen for fine-tuning, shrunk.
 
-PyTorch counterparts: ``torch.load(..., map_location=...)`` and ``Module.load_state_dict``;
+PyTorch counterparts: ``torch.load(..., map_location=...)`` and ``Module.load_state_dict``
+(``strict=False`` for a partial load: ``load_matching``);
 ``torch.nn.modules.utils.consume_prefix_in_state_dict_if_present`` (the ``module.`` that a DDP
-or DataParallel wrapper adds to every key); ``requires_grad_`` for freezing; and int8
+or DataParallel wrapper adds to every key; ``match_keys`` also takes torch.compile's
+``_orig_mod.``, nested and mixed prefixes); ``requires_grad_`` for freezing; and int8
 quantization with torchao (``torchao.quantization.quantize_``), the package PyTorch now
 recommends for it: ``torch.ao.quantization.quantize_dynamic`` warns that it is deprecated.
 Read more: https://pytorch.org/tutorials/beginner/saving_loading_models.html,
-https://docs.pytorch.org/ao/stable/ and notebook 12.
+https://docs.pytorch.org/ao/stable/ and notebook 13.
 
 A foundation (it imports only ``course_lib.devices``): a machine that serves a model needs none
 of the training recipe. The recipe's own ``load_checkpoint`` restores a whole training state to
@@ -15,13 +17,15 @@ are thin wrappers over torchao, not a reimplementation.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import io
+import itertools
 import logging
 import os
 import pickle
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -32,13 +36,16 @@ from .devices import Device, as_device, try_gpu
 
 __all__ = [
     "WRAPPER_PREFIXES",
+    "IncompatibleKeys",
     "StateDictFit",
     "fit_state_dict",
     "freeze_all_but",
     "int8_layers",
     "load_file",
     "load_for_inference",
+    "load_matching",
     "load_weights",
+    "match_keys",
     "quantize_int8",
     "state_dict_bytes",
     "strip_prefix",
@@ -70,12 +77,13 @@ def strip_prefix(state_dict: Mapping[str, Any], prefix: str = "module.") -> dict
 class StateDictFit(NamedTuple):
     """How a state dict fits a model, key by key (``fit_state_dict``'s answer)."""
 
-    state: Mapping[str, Any]            # the state dict, wrapper prefixes removed
+    state: Mapping[str, Any]            # the state dict, each key renamed to the model key it names
     fitting: dict[str, Any]             # keys of the model whose tensor has the model's shape
     missing: list[str]                  # keys of the model not in the state dict
-    unexpected: list[str]               # keys of the state dict not in the model
+    unexpected: list[str]               # keys of the state dict (as in the file) in no model key
     mismatched: list[tuple[str, tuple, tuple]]  # (key, its shape in the file, in the model)
-    prefix: str                         # the wrapper prefix removed ("" if none)
+    prefix: str                         # the wrapper prefix(es) removed ("" if none), " and "
+    #                                     between different ones (a file with mixed prefixes)
 
     @property
     def complete(self) -> bool:
@@ -83,22 +91,72 @@ class StateDictFit(NamedTuple):
         return not (self.missing or self.unexpected or self.mismatched)
 
 
-def _unwrapped_keys(state: Mapping[str, Any], own: Mapping[str, Any]) -> tuple[Mapping, str]:
-    """``state`` without the wrapper prefixes that EVERY key carries (``module._orig_mod.``),
-    stripped only as far as it makes more keys match the model's ``own`` keys.
+class IncompatibleKeys(NamedTuple):
+    """What ``load_matching`` did not load: torch's ``load_state_dict(strict=False)`` answer."""
 
-    A model whose own first submodule is named ``module`` has keys ``module.weight``: stripping
-    ``module.`` there would break a valid file, so a prefix goes only when the stripped keys
-    fit the model better (ties keep the keys as they are).
+    missing_keys: list[str]             # keys of the model that kept their values
+    unexpected_keys: list[str]          # keys of the file (as written there) that name none
+
+
+def _model_key(key: str, own: Container[str]) -> str | None:
+    """The key of the model that the file's ``key`` names, or None.
+
+    ``key`` itself if the model has it; otherwise ``key`` less its leading wrapper prefixes
+    (``WRAPPER_PREFIXES``), removed one at a time until the model has it: ``module.`` of DDP,
+    ``_orig_mod.`` of torch.compile, nested in either order. Only the START of a key is ever
+    removed, so a submodule really called ``module`` (``block.module.weight``) keeps its name,
+    and a model whose own first submodule is ``module`` loads a plain file as it is.
     """
-    candidates, prefix = [(state, "")], ""
-    while state:
-        carried = [w for w in WRAPPER_PREFIXES if all(key.startswith(w) for key in state)]
-        if not carried:
-            break
-        state, prefix = strip_prefix(state, carried[0]), prefix + carried[0]
-        candidates.append((state, prefix))
-    return max(candidates, key=lambda c: sum(k in own for k in c[0]))   # first of the best
+    while key not in own:
+        prefix = next((w for w in WRAPPER_PREFIXES if key.startswith(w)), None)
+        if prefix is None:
+            return None
+        key = key[len(prefix):]
+    return key
+
+
+def match_keys(keys: Iterable[str], own: Container[str]) -> dict[str, str | None]:
+    """File key -> the model key it names (``None`` for a key that names none).
+
+    Each key is matched on its own (``_model_key``), so a file whose keys carry different
+    prefixes (a DDP-saved backbone merged with a plainly saved head) matches too.
+
+    Raises:
+        ValueError: two keys of the file name the same key of the model (``fc.weight`` and
+            ``module.fc.weight``): which one to load is a guess, so none is made.
+    """
+    named: dict[str, str | None] = {}
+    seen: dict[str, str] = {}
+    for key in keys:
+        target = named[key] = _model_key(key, own)
+        if target is not None and target in seen:
+            raise ValueError(f"the state dict holds both {seen[target]!r} and {key!r}, which "
+                             f"name the same key {target!r} of the model; keep one of them "
+                             f"(drop the other from the dict) and load again.")
+        if target is not None:
+            seen[target] = key
+    return named
+
+
+def _renamed(state: Mapping[str, Any], own: Mapping[str, Any]) -> tuple[dict, str]:
+    """``state`` with each key renamed to the model key it names (others kept as they are),
+    its ``_metadata`` (module versions, which ``load_state_dict`` reads) renamed alike; and the
+    prefixes removed, ``" and "`` between different ones.
+    """
+    named = match_keys(state, own)
+    out = collections.OrderedDict((named[k] or k, v) for k, v in state.items())
+    removed = sorted({k[: len(k) - len(t)] for k, t in named.items() if t and t != k})
+    metadata = getattr(state, "_metadata", None)
+    own_meta = getattr(own, "_metadata", None)
+    if metadata is not None and own_meta is not None:
+        # module paths, written with a trailing dot so that prefixes strip alike ("" the root);
+        # later (inner) modules win: the model's own root, not the wrapper's
+        modules = {m + "." if m else "" for m in own_meta}
+        out._metadata = collections.OrderedDict()
+        for m, version in metadata.items():
+            found = _model_key(m + "." if m else "", modules)
+            out._metadata[m if found is None else found.removesuffix(".")] = version
+    return out, " and ".join(removed)
 
 
 def _load_file(path: str | os.PathLike, map_location, what: str, fix: str) -> Any:
@@ -169,21 +227,27 @@ def fit_state_dict(model: nn.Module, source: str | os.PathLike | Mapping, *,
     """How the weights of ``source`` fit ``model``: the one reading behind every loader.
 
     ``source`` is a file written by ``torch.save`` (read with ``weights_only=True`` onto
-    ``device``), a state dict, or a checkpoint dict whose ``"model"`` is the state dict. Wrapper
-    prefixes that EVERY key carries (``module.`` from DDP or DataParallel, ``_orig_mod.`` from
-    torch.compile) are removed when that makes the keys fit the model better: a model's own
-    submodule named ``module`` keeps its name. Nothing is loaded.
+    ``device``), a state dict, or a checkpoint dict whose ``"model"`` is the state dict. Each
+    key is matched to the model's keys on its own (``match_keys``): as it is, or less the
+    wrapper prefixes at its start (``module.`` from DDP or DataParallel, ``_orig_mod.`` from
+    torch.compile, nested in either order), so a model's own submodule named ``module`` keeps
+    its name and a file with mixed prefixes fits too. Nothing is loaded.
+
+    Raises:
+        ValueError: two keys of the file name the same key of the model; or the file is
+            missing, empty or damaged.
     """
     device = try_gpu() if device is None else as_device(device)
     own = model.state_dict()
-    state, prefix = _unwrapped_keys(_state_dict_of(source, device, what), own)
+    given = _state_dict_of(source, device, what)
+    state, prefix = _renamed(given, own)
     mismatched = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in own
                   if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
     shapes = {k for k, _, _ in mismatched}
     return StateDictFit(state=state,
                         fitting={k: v for k, v in state.items() if k in own and k not in shapes},
                         missing=[k for k in own if k not in state],
-                        unexpected=[k for k in state if k not in own],
+                        unexpected=[k for k in given if _model_key(k, own) is None],
                         mismatched=mismatched, prefix=prefix)
 
 
@@ -195,9 +259,9 @@ def load_weights(model: nn.Module, source: str | os.PathLike | Mapping, *,
         model: the plain (unwrapped) model, built as the checkpoint's model was.
         source: a file written by ``torch.save`` (read with ``map_location=device``), a state
             dict, or a checkpoint dict whose ``"model"`` is the state dict (the recipe's).
-            Prefixes that a wrapper put on EVERY key (``module.`` from DDP or DataParallel,
-            ``_orig_mod.`` from torch.compile) are removed first (``fit_state_dict``), unless
-            the model's own keys carry them.
+            Wrapper prefixes at the start of a key (``module.`` from DDP or DataParallel,
+            ``_orig_mod.`` from torch.compile) are removed where the model's keys do not carry
+            them (``fit_state_dict``).
         device: where the model goes (default ``try_gpu()``).
 
     Returns:
@@ -226,6 +290,45 @@ def load_weights(model: nn.Module, source: str | os.PathLike | Mapping, *,
             "head, say), use course_lib.train_ddp.load_fitting_weights.")
     model.load_state_dict(fit.state)
     return model.to(device)
+
+
+def load_matching(model: nn.Module, source: str | os.PathLike | Mapping
+                  ) -> IncompatibleKeys:
+    """Load the tensors of ``source`` that name a key of ``model``; report the others.
+
+    What fine-tuning needs (a pretrained body, a new head) from any checkpoint: each key of the
+    file is matched on its own, as it is or less the wrapper prefixes at its start (``module.``,
+    ``_orig_mod.``, nested: ``match_keys``); the tensors that match are copied into the model
+    (which stays on its device), the model's other tensors keep their values. Torch's
+    ``load_state_dict(strict=False)`` with ``consume_prefix_in_state_dict_if_present`` first,
+    except that mixed and nested prefixes match too, and a shape that differs is refused
+    BEFORE anything is copied (torch copies what fits, then raises: a half-loaded model).
+
+    Args:
+        model: the model to load into (any device).
+        source: a file written by ``torch.save`` (read with ``weights_only=True``), a state
+            dict, or a checkpoint dict whose ``"model"`` is the state dict; never changed.
+
+    Returns:
+        ``(missing_keys, unexpected_keys)``: the model's keys that kept their values, and the
+        file's keys (as written there) that name no key of the model.
+
+    Raises:
+        ValueError: a matched tensor's shape differs from the model's (every such key is
+            named, with both shapes; the model is unchanged), or two keys of the file name the
+            same key of the model.
+    """
+    where = next(itertools.chain(model.parameters(), model.buffers()), torch.empty(0)).device
+    fit = fit_state_dict(model, source, device=where, what="load_matching")
+    if fit.mismatched:
+        shapes = ", ".join(f"{k}: file {a}, model {b}" for k, a, b in fit.mismatched)
+        raise ValueError(
+            f"load_matching: {len(fit.mismatched)} tensor(s) of the file do not have the shape "
+            f"of the {type(model).__name__} key they name ({shapes}); nothing was loaded. A "
+            f"layer rebuilt with another size (a new head) must not be loaded from the file: "
+            f"drop its keys from the state dict, or name it differently in the model.")
+    model.load_state_dict(fit.fitting, strict=False)
+    return IncompatibleKeys(fit.missing, fit.unexpected)
 
 
 def load_for_inference(model: nn.Module, source: str | os.PathLike | Mapping, *,

@@ -1,10 +1,47 @@
-"""Lesson 12, exercise: a wrapped model's state dict made loadable into the plain model.
+"""Lesson 13, exercises: loading a checkpoint whatever its keys' prefixes, partly for
+fine-tuning; and the smaller ``strip_prefix`` of earlier versions of the lesson.
 
-Checked by ``course_lib.checks.lesson13.check_strip_prefix``.
+Checked by ``course_lib.checks.lesson13.check_load_matching`` and ``check_strip_prefix``.
 """
 from __future__ import annotations
 
-__all__ = ["strip_prefix"]
+from torch import nn
+
+__all__ = ["load_matching", "strip_prefix"]
+
+#: What wrappers put in front of every key: DDP and DataParallel, torch.compile.
+WRAPPERS = ("module.", "_orig_mod.")
+
+
+def load_matching(model: nn.Module, state_dict: dict) -> tuple[list[str], list[str]]:
+    """Load the tensors of ``state_dict`` that name a key of ``model``; report the others.
+
+    A key names a model key as it is, or once its leading wrapper prefixes are removed, ONE at a
+    time (a model whose own submodule is called ``module`` keeps its ``module.``). Every shape is
+    checked before anything is copied.
+
+    Returns:
+        (missing_keys, unexpected_keys): the model's keys not loaded, the file's keys (as
+        written in the file) that name no key of the model.
+    """
+    own = model.state_dict()
+    renamed, unexpected = {}, []
+    for key, value in state_dict.items():
+        name = key
+        while name not in own and name.startswith(WRAPPERS):
+            name = name.split(".", 1)[1]                  # one wrapper prefix off
+        if name not in own:
+            unexpected.append(key)
+        elif name in renamed:
+            raise ValueError(f"two keys of the file name {name!r}; keep one of them.")
+        else:
+            renamed[name] = value
+    wrong = [f"{k}: file {tuple(v.shape)}, model {tuple(own[k].shape)}"
+             for k, v in renamed.items() if v.shape != own[k].shape]
+    if wrong:                                             # before anything is copied
+        raise ValueError(f"shapes differ, nothing loaded: {', '.join(wrong)}")
+    model.load_state_dict(renamed, strict=False)
+    return [k for k in own if k not in renamed], unexpected
 
 
 def strip_prefix(state_dict: dict, prefix: str = "module.") -> dict:

@@ -1,6 +1,6 @@
 """After training (course_lib.deploy, notebook 13): checkpoints loaded on any device and from a
 real 2-process DDP run, fine-tuning that leaves frozen weights bitwise, int8 quantization within
-a stated tolerance of the float model, and the lesson-12 checker."""
+a stated tolerance of the float model, and the lesson-13 checkers (load_matching, strip_prefix)."""
 import io
 import warnings
 
@@ -10,14 +10,16 @@ import torch.nn.functional as F
 import torch.serialization
 from torch import nn
 
-from course_lib.checks.lesson13 import check_strip_prefix
+from course_lib.checks.lesson13 import check_load_matching, check_strip_prefix
 from course_lib.data import TensorBatches, load_fashion_mnist
 from course_lib.deploy import (
     fit_state_dict,
     freeze_all_but,
     int8_layers,
     load_for_inference,
+    load_matching,
     load_weights,
+    match_keys,
     quantize_int8,
     state_dict_bytes,
     strip_prefix,
@@ -28,6 +30,7 @@ from course_lib.examples.deploy_workers import save_wrapped_checkpoint
 from course_lib.models.lenet import LeNet
 from course_lib.models.resnet import resnet18
 from course_lib.train import evaluate_accuracy
+from solutions.lesson13 import load_matching as reference_load_matching
 from solutions.lesson13 import strip_prefix as reference_strip_prefix
 
 #: int8 accuracy may differ from float32's by at most this much (1 percentage point), the same
@@ -153,6 +156,141 @@ def test_a_damaged_or_empty_file_is_named_as_such(tmp_path):
         assert "weights_only=False" not in str(err.value), str(err.value)
 
 
+class _WithNorm(nn.Module):
+    """A model with batch-norm buffers and a submodule really called ``module``."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(6, 8)
+        self.block = nn.Sequential()
+        self.block.module = nn.Linear(8, 8)
+        self.norm = nn.BatchNorm1d(8)
+        self.head = nn.Linear(8, 3)
+
+
+def _seeded(build, seed):
+    torch.manual_seed(seed)
+    net = build()
+    if isinstance(net, _WithNorm):
+        with torch.no_grad():
+            net.norm.train()(torch.randn(16, 8))        # running statistics off their defaults
+    return net
+
+
+def _same_state(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("wrap, prefixes", [
+    (nn.DataParallel, ["module."]),                                         # DDP, DataParallel
+    (torch.compile, ["_orig_mod."]),                                        # torch.compile
+    (lambda m: nn.DataParallel(torch.compile(m)), ["module.", "_orig_mod."]),
+    (lambda m: torch.compile(nn.DataParallel(m)), ["_orig_mod.", "module."]),
+], ids=["ddp", "compile", "ddp-around-compile", "compile-around-ddp"])
+@pytest.mark.parametrize("build", [LeNet, _WithNorm], ids=["lenet", "with-norm"])
+def test_load_matching_loads_what_torchs_prefix_removal_and_strict_load_load(build, wrap,
+                                                                               prefixes):
+    """The oracle: torch's consume_prefix_in_state_dict_if_present (once per wrapper, outer
+    first), then load_state_dict; the same tensors, the same (empty) missing/unexpected keys."""
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+    saved = _seeded(build, 0)
+    state = wrap(saved).state_dict()
+    keys = list(state)
+    ours, theirs = _seeded(build, 1), _seeded(build, 1)
+    result = load_matching(ours, state)
+    assert list(state) == keys                                     # the caller's dict kept
+    copy_ = type(state)(state)
+    copy_._metadata = state._metadata
+    for prefix in prefixes:
+        consume_prefix_in_state_dict_if_present(copy_, prefix)
+    want = theirs.load_state_dict(copy_, strict=True)
+    assert _same_state(ours, theirs) and _same_state(ours, saved)
+    assert (result.missing_keys, result.unexpected_keys) == (want.missing_keys,
+                                                             want.unexpected_keys) == ([], [])
+
+
+def test_load_matching_of_a_partial_file_reports_what_torchs_strict_false_reports():
+    """A new head under a new name: torch's strict=False (after consume_prefix) loads the same
+    tensors and reports the same keys; ours names the file's keys as written there."""
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+    saved = _seeded(_WithNorm, 0)
+    state = nn.DataParallel(saved).state_dict()
+    del state["module.head.weight"], state["module.head.bias"]
+    state["module.old_head.weight"] = torch.zeros(3, 8)
+
+    def build():
+        net = _WithNorm()
+        net.classifier = net.head                                  # renamed: not in the file
+        del net.head
+        return net
+
+    ours, theirs = _seeded(build, 1), _seeded(build, 1)
+    result = load_matching(ours, state)
+    plain = dict(state)
+    consume_prefix_in_state_dict_if_present(plain, "module.")
+    want = theirs.load_state_dict(plain, strict=False)
+    assert _same_state(ours, theirs)
+    assert result.missing_keys == want.missing_keys == ["classifier.weight", "classifier.bias"]
+    assert want.unexpected_keys == ["old_head.weight"]
+    assert result.unexpected_keys == ["module.old_head.weight"]
+
+
+def test_load_matching_refuses_a_shape_before_copying_anything_where_torch_copies_first():
+    torch.manual_seed(0)
+    state = nn.DataParallel(LeNet()).state_dict()
+    for load in (lambda m: load_matching(m, state),
+                 lambda m: m.load_state_dict(strip_prefix(state), strict=False)):
+        torch.manual_seed(1)
+        model = LeNet()
+        model.fc2 = nn.Linear(128, 2)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        with pytest.raises((ValueError, RuntimeError), match="fc2.weight") as err:
+            load(model)
+        kept = all(torch.equal(model.state_dict()[k], before[k]) for k in before)
+        if err.type is ValueError:                                  # ours: nothing copied
+            assert kept and "nothing was loaded" in str(err.value)
+            assert "fc2.weight: file (10, 128), model (2, 128)" in str(err.value)
+        else:                                                       # torch: a half-loaded model
+            assert not kept
+
+
+def test_load_matching_mixed_prefixes_and_a_real_module_name():
+    """Fails on the reading before per-key matching (prefixes removed only when EVERY key
+    carried them): a body saved from DDP merged with a head saved plainly did not load."""
+    torch.manual_seed(0)
+    saved = LeNet()
+    mixed = {("module." + k if k.startswith("conv") else "_orig_mod." + k if k.startswith("fc1")
+              else k): v for k, v in saved.state_dict().items()}
+    model = LeNet()
+    assert load_matching(model, mixed) == ([], [])
+    assert _same_state(model, saved)
+    # "block.module.weight" is a real name: its middle 'module.' stays
+    named = match_keys(["module._orig_mod.block.module.weight", "block.module.bias",
+                        "module.module.head"], _WithNorm().state_dict())
+    assert named == {"module._orig_mod.block.module.weight": "block.module.weight",
+                     "block.module.bias": "block.module.bias", "module.module.head": None}
+
+
+def test_two_keys_naming_one_model_key_are_refused():
+    state = LeNet().state_dict()
+    state["module.fc2.bias"] = torch.zeros(10)
+    with pytest.raises(ValueError, match="'fc2.bias' and 'module.fc2.bias'.*same key"):
+        load_matching(LeNet(), state)
+
+
+def test_renamed_metadata_keeps_the_models_own_module_versions():
+    """load_state_dict reads each module's version from _metadata: after renaming, the inner
+    model's entries sit under the model's own module names (the root: the innermost's)."""
+    state = nn.DataParallel(torch.compile(_WithNorm())).state_dict()
+    fit = fit_state_dict(_WithNorm(), state)
+    assert fit.prefix == "module._orig_mod." and fit.complete
+    assert {"", "embed", "block.module", "norm", "head"} <= set(fit.state._metadata)
+    assert fit.state._metadata["norm"] == state._metadata["module._orig_mod.norm"]
+
+
 # ------------------------------------------------------------------------------------------------
 # fine-tuning
 # ------------------------------------------------------------------------------------------------
@@ -247,8 +385,91 @@ def test_quantized_state_dict_reloads_and_a_model_without_linears_is_refused():
 
 
 # ------------------------------------------------------------------------------------------------
-# the lesson-12 checker
+# the lesson-13 checkers
 # ------------------------------------------------------------------------------------------------
+
+_WRAPPERS = ("module.", "_orig_mod.")
+
+
+def renames_the_callers_dict(model, state_dict):             # torch's function works in place
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+    consume_prefix_in_state_dict_if_present(state_dict, "module.")
+    return model.load_state_dict(state_dict, strict=False)
+
+
+def strips_module_only(model, state_dict):                   # forgets torch.compile's prefix
+    state = {k.removeprefix("module."): v for k, v in state_dict.items()}
+    return model.load_state_dict(state, strict=False)
+
+
+def strips_every_leading_wrapper(model, state_dict):         # also a model's own 'module.'
+    def bare(k):
+        while k.startswith(_WRAPPERS):
+            k = k.split(".", 1)[1]
+        return k
+    return model.load_state_dict({bare(k): v for k, v in state_dict.items()}, strict=False)
+
+
+def strips_only_when_every_key_has_it(model, state_dict):    # a file with mixed prefixes
+    state, own = dict(state_dict), model.state_dict()
+    while not any(k in own for k in state):
+        common = [w for w in _WRAPPERS if all(k.startswith(w) for k in state)]
+        if not common:
+            break
+        state = {k[len(common[0]):]: v for k, v in state.items()}
+    return model.load_state_dict(state, strict=False)
+
+
+def copies_before_checking_shapes(model, state_dict):        # torch raises after copying
+    own = model.state_dict()
+    state = {}
+    for k, v in state_dict.items():
+        while k not in own and k.startswith(_WRAPPERS):
+            k = k.split(".", 1)[1]
+        state[k] = v
+    return model.load_state_dict(state, strict=False)
+
+
+def skips_a_resized_head_silently(model, state_dict):        # no error: a silent partial load
+    own = model.state_dict()
+    state = {}
+    for k, v in state_dict.items():
+        while k not in own and k.startswith(_WRAPPERS):
+            k = k.split(".", 1)[1]
+        if k not in own or own[k].shape == v.shape:
+            state[k] = v
+    return model.load_state_dict(state, strict=False)
+
+
+def test_load_matching_checker_unanswered():
+    def scaffold(model, state_dict):
+        raise NotImplementedError
+
+    assert check_load_matching(None).ok is None
+    assert check_load_matching(scaffold).ok is None
+
+
+def test_load_matching_checker_accepts_the_reference_and_the_library(capsys):
+    assert check_load_matching(reference_load_matching, strict=True)
+    assert check_load_matching(load_matching)
+    assert "correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (renames_the_callers_dict, "the state dict passed in was changed"),
+    (strips_module_only, "DDP around torch.compile"),
+    (strips_every_leading_wrapper, "first submodule is called 'module', saved without"),
+    (strips_only_when_every_key_has_it, "mixed prefixes"),
+    (copies_before_checking_shapes, "already copied"),
+    (skips_a_resized_head_silently, "no error"),
+])
+def test_load_matching_checker_rejects_wrong_answers_with_the_case(wrong, says):
+    result = check_load_matching(wrong)
+    assert result.ok is False and says in result.message, result.message
+    with pytest.raises(AssertionError):
+        check_load_matching(wrong, strict=True)
+
 
 def replaces_everywhere(state_dict, prefix="module."):       # also the middle of a key
     return {k.replace(prefix, ""): v for k, v in state_dict.items()}

@@ -46,7 +46,7 @@ from .lesson09 import check_resume, check_syncbn
 from .lesson10 import check_bus_bandwidth
 from .lesson11 import check_fsdp, check_zero
 from .lesson12 import check_one_f_one_b, max_in_flight
-from .lesson13 import check_strip_prefix
+from .lesson13 import check_load_matching, check_strip_prefix
 
 __all__ = [
     "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
@@ -67,5 +67,5 @@ __all__ = [
     "check_bus_bandwidth",                                    # 10
     "check_zero", "check_fsdp",                              # 11 (sharded)
     "check_one_f_one_b", "max_in_flight",                     # 11
-    "check_strip_prefix",                                     # 12
+    "check_load_matching", "check_strip_prefix",              # 13
 ]

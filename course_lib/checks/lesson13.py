@@ -1,9 +1,17 @@
 """Checkers for the exercises of lesson 13 (after training).
 
-``check_strip_prefix`` asks for ``strip_prefix(state_dict, prefix="module.")``: the state dict
-of a wrapped model made loadable into the plain model. Its oracle is torch's
-``consume_prefix_in_state_dict_if_present`` (through ``course_lib.deploy.strip_prefix``), and
-the stripped dict must load, strictly, into the unwrapped model.
+``check_load_matching`` (the lesson's exercise) asks for ``load_matching(model, state_dict)``:
+load the tensors of a checkpoint that name a key of the model, whatever wrapper prefixes they
+carry (DDP's ``module.``, torch.compile's ``_orig_mod.``, nested, mixed), and report the rest;
+refuse a shape that differs before anything is copied. Its oracle is
+``course_lib.deploy.load_matching``, itself tested against torch's
+``consume_prefix_in_state_dict_if_present`` and ``load_state_dict(strict=False)``.
+
+``check_strip_prefix`` (a smaller exercise, kept for learners' copies of older lessons) asks
+for ``strip_prefix(state_dict, prefix="module.")``: the state dict of a wrapped model made
+loadable into the plain model. Its oracle is torch's ``consume_prefix_in_state_dict_if_present``
+(through ``course_lib.deploy.strip_prefix``), and the stripped dict must load, strictly, into
+the unwrapped model.
 """
 from __future__ import annotations
 
@@ -12,11 +20,11 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from ..deploy import strip_prefix
+from ..deploy import WRAPPER_PREFIXES, fit_state_dict, load_matching, strip_prefix
 from ..models.lenet import LeNet
-from ._core import ExerciseResult, call_bounded, failure, verdict
+from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 
-__all__ = ["check_strip_prefix"]
+__all__ = ["check_load_matching", "check_strip_prefix"]
 
 _NAME = "strip_prefix"
 _HINT = ("remove the prefix only at the START of a key, and only from keys that have it; a "
@@ -134,3 +142,190 @@ def check_strip_prefix(fn: Callable | None, *, strict: bool = False) -> Exercise
     return verdict(_NAME, True, f"every key right on {len(cases)} state dicts (two wrappers, a "
                    "plain model, a 'module' inside the names), and each loads into its model.",
                    strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# load_matching: the lesson's exercise
+# ------------------------------------------------------------------------------------------------
+
+_LM_NAME = "load_matching"
+_LM_HINT = ("for each key of the file: keep it if the model has it, else remove ONE leading "
+            "'module.' or '_orig_mod.' at a time until the model has it (or nothing is left to "
+            "remove); check every shape before copying anything; copy with "
+            "load_state_dict(renamed, strict=False).")
+
+
+def _holder() -> nn.Module:
+    """A model whose own first submodule is called ``module``: keys ``module.weight``, ..."""
+    return _Residual(nn.Linear(4, 4))
+
+
+class _NewHead(nn.Module):
+    """LeNet's body with a new 2-class head named ``head`` (fine-tuning): no ``fc2``."""
+
+    def __init__(self):
+        super().__init__()
+        lenet = LeNet()
+        self.conv1, self.conv2, self.fc1 = lenet.conv1, lenet.conv2, lenet.fc1
+        self.head = nn.Linear(128, 2)
+
+
+def _two_class() -> nn.Module:
+    """LeNet with its head rebuilt for 2 classes under the same name: ``fc2`` (2, 128)."""
+    net = LeNet()
+    net.fc2 = nn.Linear(128, 2)
+    return net
+
+
+def _trained(build: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """``build()`` seeded with ``seed``, batch-norm statistics moved off their defaults."""
+    torch.manual_seed(seed)
+    net = build()
+    if isinstance(net, _Tagger):
+        with torch.no_grad():
+            net.train()(torch.randn(16, 6))
+    return net.eval()
+
+
+def _lm_cases() -> list[tuple[str, Callable[[], nn.Module], dict]]:
+    """(what, how to build the model to load into, the file's state dict)."""
+    lenet, tagger, holder = _trained(LeNet, 1), _trained(_Tagger, 2), _trained(_holder, 3)
+    ddp_body = {("module." + k if k.startswith("conv") else k): v
+                for k, v in lenet.state_dict().items()}
+    return [
+        ("LeNet saved from DDP (keys 'module.conv1.weight', ...)", LeNet,
+         nn.DataParallel(lenet).state_dict()),
+        ("a model with layers named embed, block.module, norm, linear, saved without a "
+         "wrapper (a 'module.' inside a key is a real name)", _Tagger, tagger.state_dict()),
+        ("the same model saved from DDP around torch.compile (keys 'module._orig_mod.*')",
+         _Tagger, nn.DataParallel(torch.compile(tagger)).state_dict()),
+        ("the same model saved from torch.compile around DDP (keys '_orig_mod.module.*')",
+         _Tagger, torch.compile(nn.DataParallel(tagger)).state_dict()),
+        ("a model whose own first submodule is called 'module', saved without a wrapper "
+         "(keys 'module.weight', 'module.bias')", _holder, holder.state_dict()),
+        ("the same model saved from DDP (keys 'module.module.weight', ...)", _holder,
+         nn.DataParallel(holder).state_dict()),
+        ("LeNet whose convolutions were saved from DDP and linear layers plainly (mixed "
+         "prefixes in one file)", LeNet, ddp_body),
+        ("fine-tuning: LeNet's body with a new head named 'head', from a LeNet saved from DDP "
+         "(fc2 is not in the model, head is not in the file)", _NewHead,
+         nn.DataParallel(lenet).state_dict()),
+        ("fine-tuning: LeNet with fc2 rebuilt for 2 classes, from a 10-class LeNet saved from "
+         "DDP (fc2's shapes differ: refuse, and change nothing)", _two_class,
+         nn.DataParallel(lenet).state_dict()),
+    ]
+
+
+def _bare(key: str) -> str:
+    """``key`` less every wrapper prefix at its start."""
+    while key.startswith(WRAPPER_PREFIXES):
+        key = key.split(".", 1)[1]
+    return key
+
+
+def _keys_pair(got: object) -> tuple[list, list] | None:
+    """``(missing_keys, unexpected_keys)`` from a pair or from torch's named result."""
+    if hasattr(got, "missing_keys") and hasattr(got, "unexpected_keys"):
+        got = (got.missing_keys, got.unexpected_keys)
+    if isinstance(got, (tuple, list)) and len(got) == 2 and all(
+            isinstance(part, (list, tuple, set)) for part in got):
+        return list(got[0]), list(got[1])
+    return None
+
+
+def _lm_case(fn: Callable, what: str, build: Callable[[], nn.Module], given: dict
+             ) -> str | None:
+    """What is wrong with ``fn`` on one case, or None. The oracle loads a twin model."""
+    oracle = _trained(build, 7)
+    model = _trained(build, 7)                       # the same start as the oracle's
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    mine = type(given)(given)                        # the learner's copy; ``given`` is kept
+    if hasattr(given, "_metadata"):
+        mine._metadata = given._metadata
+    keys_before = list(mine)
+    try:
+        want = load_matching(oracle, given)
+    except ValueError as e:
+        want = e
+    try:
+        got = call_bounded(fn, model, mine)
+    except (KeyboardInterrupt, NotImplementedError):
+        raise
+    except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+        if not isinstance(want, ValueError) or not isinstance(exc, ValueError | RuntimeError):
+            return f"on {what}: {failure(exc)}"
+        named = [k for k, _, _ in _mismatched(oracle, given)]
+        if not any(k in str(exc) for k in named):
+            return (f"on {what}: the error raised does not name the key whose shape differs "
+                    f"({named[0]!r}): {' '.join(str(exc).split())[:160]}")
+        got = exc
+    if list(mine) != keys_before:
+        return f"on {what}: the state dict passed in was changed (its keys renamed or removed)"
+    after = model.state_dict()
+    if isinstance(want, ValueError):
+        if not isinstance(got, BaseException):
+            return (f"on {what}: no error; a tensor whose shape differs from the model's must "
+                    f"be refused with an error that names its key")
+        changed = [k for k in after if not torch.equal(after[k], before[k])]
+        if changed:
+            return (f"on {what}: the error came after {changed[0]!r} was already copied "
+                    f"({len(changed)} tensor(s) changed): check every shape first, and copy "
+                    f"nothing when one differs")
+        return None
+    pair = _keys_pair(got)
+    if pair is None:
+        return (f"on {what}: expected (missing_keys, unexpected_keys), two lists, received "
+                f"{type(got).__name__}")
+    missing, unexpected = pair
+    if sorted(missing) != sorted(want.missing_keys):
+        return (f"on {what}: missing_keys should be {sorted(want.missing_keys)} (the model's "
+                f"keys left as they were), received {sorted(missing)}")
+    if sorted(map(_bare, unexpected)) != sorted(map(_bare, want.unexpected_keys)):
+        return (f"on {what}: unexpected_keys should be {sorted(want.unexpected_keys)} (the "
+                f"file's keys that name no key of the model), received {sorted(unexpected)}")
+    for k, v in oracle.state_dict().items():
+        if not torch.equal(after[k], v):
+            loaded = k not in want.missing_keys
+            return (f"on {what}: {k!r} " + ("was not loaded from the file" if loaded else
+                    "should have kept its value (the file has no tensor for it)"))
+    return None
+
+
+def _mismatched(model: nn.Module, given: dict) -> list[tuple[str, tuple, tuple]]:
+    return fit_state_dict(model, given).mismatched
+
+
+def check_load_matching(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise 13: ``fn(model, state_dict)`` loads what matches and reports the rest.
+
+    Nine real state dicts, each loaded into a freshly built model: saved from DDP
+    (``module.``); a model with a ``module.`` inside its names, saved plainly; the same saved
+    from DDP around torch.compile (``module._orig_mod.``) and from torch.compile around DDP
+    (``_orig_mod.module.``); a model whose own first submodule is ``module``, saved plainly and
+    from DDP; convolutions from DDP and linear layers plain in one file; a new head under a
+    new name (partial: missing and unexpected keys reported); a new head under the old name
+    with another shape (an error naming the key, and the model unchanged). The model's tensors
+    and the returned ``(missing_keys, unexpected_keys)`` must equal
+    ``course_lib.deploy.load_matching``'s; the dict passed in must not be changed.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    if fn is None:
+        return verdict(_LM_NAME, None, "define load_matching(model, state_dict) and pass it "
+                       "here.", strict)
+    if not callable(fn):
+        return verdict(_LM_NAME, False, f"expected a function, got {type(fn).__name__}.",
+                       strict)
+    cases = _lm_cases()
+    for what, build, given in cases:
+        try:
+            problem = _lm_case(fn, what, build, given)
+        except NotImplementedError:
+            return unanswered(_LM_NAME, strict)
+        if problem is not None:
+            return verdict(_LM_NAME, False, f"{problem}. Hint: {_LM_HINT}", strict)
+    return verdict(_LM_NAME, True, f"right on {len(cases)} checkpoints: DDP's and "
+                   "torch.compile's prefixes alone, nested both ways and mixed; a 'module' "
+                   "that is a real name; a new head reported, a resized head refused before "
+                   "any copy.", strict)
