@@ -309,12 +309,12 @@ def test_bench_collectives_refuses_zero_samples(capsys):
     """--samples 0 ran 3 samples and recorded 3."""
     from course_lib.bench import collectives
 
-    for bad in ("0", "-2"):
+    for bad in ("0", "-2", "1"):   # a spread and an interval need at least two samples
         with pytest.raises(SystemExit) as exit_info:
             collectives.main(["--quick", "--samples", bad, "--out", "-"])
         assert exit_info.value.code == 2
-        assert f"--samples must be an integer >= 1, got {bad}" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="samples must be an integer >= 1, got 0"):
+        assert "--samples must be an integer >= 2" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="samples must be an integer >= 2 .*got 0"):
         collectives.measure_collectives(2, [4096], samples=0)
 
 

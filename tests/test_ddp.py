@@ -522,7 +522,7 @@ def test_clear_errors_for_bad_arguments(monkeypatch):
 
 def test_bench_ddp_quick_prints_json(tmp_path, capsys):
     out = tmp_path / "ddp.json"
-    assert bench_main(["--quick", "--models", "lenet", "--batch", "16", "--rounds", "1",
+    assert bench_main(["--quick", "--models", "lenet", "--batch", "16", "--rounds", "2",
                        "--out", str(out)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report == json.loads(out.read_text())
@@ -533,5 +533,6 @@ def test_bench_ddp_quick_prints_json(tmp_path, capsys):
     assert results["torch"]["ratio_to_torch"] == 1.0
     for r in results.values():
         assert 0 < r["min_s"] <= r["median_s"] and r["iqr_s"] >= 0
+        assert r["ratio_low"] <= r["ratio_to_torch"] <= r["ratio_high"]
     assert report["ratio_to_torch"]["lenet"]["bucketed"] == round(
         results["bucketed"]["ratio_to_torch"], 3)

@@ -9,31 +9,59 @@ and writes ``results/collectives-<machine>.json``: for each world size and each 
   has no multi-process version of it);
 - ``ring``: ``course_lib.distributed.ring_allreduce`` (textbook);
 - ``ring_pipelined``: ``course_lib.distributed.ring_allreduce_pipelined``;
-- ``all_reduce``: ``torch.distributed.all_reduce`` (gloo on a CPU, NCCL on GPUs).
+- ``all_reduce``: ``torch.distributed.all_reduce`` (gloo on a CPU, NCCL on GPUs), the baseline.
 
-Small collectives timed one at a time behind a barrier measure the barrier and the scheduler,
-so each sample is a loop of many operations (enough for ``--min-sample-ms``, at most
-``--max-ops``), divided by their number; the samples give minimum, median and interquartile
-range. The operations are interleaved sample by sample, so a noisy machine hurts all alike.
-PyTorch counterpart: none; nccl-tests' ``all_reduce_perf`` (whose "busbw" convention is used).
+The course's one way to time collectives: small collectives timed one at a time behind a
+barrier measure the barrier and the scheduler, so each sample is a loop of many operations
+(sized from the median of several single calls so that it lasts at least ``--min-sample-ms``;
+at most ``--max-ops``), divided by their number, the slowest rank's time. At each size the
+operations run interleaved in the same processes (``course_lib.timing.compare``: A B C D,
+B C D A, ...), so a noisy machine hurts all alike; each row has the minimum, median and
+quartiles of its samples, its time ratio to ``dist.all_reduce`` with a 95 % bootstrap interval,
+and a verdict that names the faster one only when the interval excludes 1.
+
+``python -m course_lib.bench allreduce`` (the older name) runs this benchmark with
+``ring_pipelined`` and ``all_reduce`` only. PyTorch counterpart: none; nccl-tests'
+``all_reduce_perf`` (whose "busbw" convention is used).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import math
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
-from ..devices import cpu_cores, num_gpus, synchronize
+from ..devices import cpu_cores, num_gpus
 from ..distributed import current_device, launch, ring_allreduce, ring_allreduce_pipelined
-from .allreduce import DEFAULT_SIZES, KB, bus_bandwidth, parse_size
+from ..timing import compare
 from .scaling import load_average, report_header, results_path, write_report
 
-__all__ = ["OPS", "main", "measure_collectives", "naive_allreduce", "summarize_samples"]
+__all__ = ["BASELINE", "DEFAULT_SIZES", "KB", "MB", "OPS", "QUICK_SIZES", "bus_bandwidth", "main",
+           "measure_collectives", "naive_allreduce", "parse_size", "summarize_samples"]
+
+KB, MB = 2**10, 2**20
+#: Message sizes in bytes: 4 KB to 64 MB, every factor of 4.
+DEFAULT_SIZES = [4 * KB, 16 * KB, 64 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
+#: A quick look (notebook quick mode): fewer and smaller messages.
+QUICK_SIZES = [4 * KB, 64 * KB, 256 * KB]
+#: Every ratio divides by this operation's time.
+BASELINE = "all_reduce"
+
+
+def parse_size(text: str) -> int:
+    """``"4K"`` -> 4096, ``"16M"`` -> 16 MiB, ``"100"`` -> 100 (bytes)."""
+    text = text.strip().upper().removesuffix("B")
+    scale = {"K": KB, "M": MB, "G": 2**30}.get(text[-1:], 1)
+    return int(float(text.rstrip("KMG")) * scale)
+
+
+def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> float:
+    """Bytes per second each rank's link carries in a ring allreduce of ``nbytes``."""
+    return nbytes / seconds * 2 * (world_size - 1) / world_size
 
 
 def naive_allreduce(tensor: torch.Tensor) -> torch.Tensor:
@@ -80,42 +108,28 @@ OPS = {"naive": naive_allreduce, "ring": _ring, "ring_pipelined": _ring_pipeline
        "all_reduce": _all_reduce}
 
 
-def _agree_max(value: float, device: torch.device) -> float:
-    """The largest ``value`` over the ranks (every rank gets it)."""
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+def _slowest(seconds: float) -> float:
+    """The largest ``seconds`` over the ranks (every rank gets it): an all-reduce is done when
+    its slowest rank is, and every rank then sizes its loops alike."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
 
-def _time_loop(op, x: torch.Tensor, reps: int, device: torch.device) -> float:
-    """Seconds per operation of ``reps`` back-to-back calls, the slowest rank's."""
-    dist.barrier()
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        op(x)
-    synchronize(device)
-    return _agree_max((time.perf_counter() - start) / reps, device)
-
-
 def _collectives_worker(sizes: list[int], names: list[str], samples: int, min_sample_s: float,
-                        max_ops: int) -> dict | None:
-    """Runs in every rank of ``launch``; rank 0 returns {bytes: {op: {"reps", "seconds"}}}."""
+                        max_ops: int, calibration_calls: int) -> dict | None:
+    """Runs in every rank of ``launch``; rank 0 returns {bytes: ``Comparison.to_json()``}."""
     device = current_device()
-    out: dict[int, dict[str, dict]] = {}
+    out: dict[int, dict] = {}
     for nbytes in sizes:
         # zeros stay zeros however often they are summed: no overflow, no denormals
         x = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)  # (n,) fp32
-        reps = {}
-        for name in names:  # warm up, then size the loop from one timed call
-            _time_loop(OPS[name], x, 1, device)
-            once = _time_loop(OPS[name], x, 1, device)
-            reps[name] = int(min(max_ops, max(1, math.ceil(min_sample_s / max(once, 1e-7)))))
-        out[nbytes] = {name: {"reps": reps[name], "seconds": []} for name in names}
-        for s in range(samples):
-            k = s % len(names)  # rotate: no operation always runs first
-            for name in names[k:] + names[:k]:
-                out[nbytes][name]["seconds"].append(_time_loop(OPS[name], x, reps[name], device))
+        timed = compare({name: functools.partial(OPS[name], x) for name in names},
+                        samples=samples, min_sample_seconds=min_sample_s, warmup=2,
+                        calibration_calls=calibration_calls, max_loops=max_ops,
+                        baseline=BASELINE if BASELINE in names else names[-1], device=device,
+                        before=dist.barrier, reduce=_slowest)
+        out[nbytes] = timed.to_json()
         del x
     return out if dist.get_rank() == 0 else None
 
@@ -128,44 +142,75 @@ def summarize_samples(seconds: list[float]) -> dict[str, float]:
 
 
 def measure_collectives(world_size: int, sizes: list[int], *, names: list[str] | None = None,
-                        samples: int = 9, min_sample_s: float = 0.03, max_ops: int = 2000,
-                        timeout: float = 1200.0) -> list[dict]:
-    """Time every operation of ``OPS`` at each size over ``world_size`` ranks; one row per pair.
+                        samples: int = 15, min_sample_s: float = 0.05, max_ops: int = 2000,
+                        calibration_calls: int = 5, timeout: float = 1200.0) -> list[dict]:
+    """Time the operations of ``OPS`` at each size over ``world_size`` ranks, interleaved.
 
     Args:
         world_size: ranks (one per core on a CPU, one per GPU with NCCL).
         sizes: message sizes in bytes (float32 tensors of ``size // 4`` elements).
-        names: which of ``OPS`` (default all).
-        samples: timed samples per operation and size.
-        min_sample_s: each sample loops over enough operations to last about this long.
+        names: which of ``OPS`` (default all; at least two, ``all_reduce`` is the baseline
+            when among them, else the last).
+        samples: timed samples per operation and size (at least 2; 10 or more for a useful
+            interval).
+        min_sample_s: each sample loops over enough operations to last about this long (sized
+            from the median of ``calibration_calls`` single calls).
         max_ops: at most this many operations per sample.
+        calibration_calls: single timed calls whose median sizes the loop.
         timeout: seconds for the whole launch.
 
     Returns:
-        Rows with ``world_size``, ``bytes``, ``op``, ``reps`` (operations per sample), the
-        statistics of ``summarize_samples`` (per operation), ``busbw_GBps`` and ``algbw_GBps``
-        (from the median), and the raw per-sample ``seconds``.
+        One row per (size, operation) with ``world_size``, ``bytes``, ``op``, ``reps``
+        (operations per sample), the statistics of ``summarize_samples`` (per operation),
+        ``busbw_GBps`` and ``algbw_GBps`` (from the median), ``min_busbw_GBps`` (from the
+        minimum), ``baseline``, ``ratio_to_baseline`` (median time / the baseline's) with its
+        interval ``ratio_low``, ``ratio_high``, ``verdict``, ``winner`` (of the whole size, or
+        None), and the raw per-sample ``seconds``.
     """
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"measure_collectives: samples must be an integer >= 1, got {samples!r}.")
-    names = list(OPS) if names is None else names
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:
+        raise ValueError(f"measure_collectives: samples must be an integer >= 2 (a spread and an "
+                         f"interval need several), got {samples!r}.")
+    names = list(OPS) if names is None else list(names)
     unknown = sorted(set(names) - set(OPS))
-    if unknown:
-        raise ValueError(f"measure_collectives: unknown operation(s) {unknown}; expected some "
-                         f"of {list(OPS)}.")
+    if unknown or len(set(names)) < 2:
+        raise ValueError(f"measure_collectives: names must be at least two distinct operations "
+                         f"of {list(OPS)}, got {names}.")
     timed = launch(_collectives_worker, world_size, sizes, names, samples, min_sample_s,
-                   max_ops, timeout=timeout)[0]
+                   max_ops, calibration_calls, timeout=timeout)[0]
     rows = []
     for nbytes in sizes:
+        c = timed[nbytes]
         for name in names:
-            r = timed[nbytes][name]
-            stats = summarize_samples(r["seconds"])
+            v = c["variants"][name]
+            stats = summarize_samples(v["seconds"])
             rows.append({"world_size": world_size, "bytes": nbytes, "op": name,
-                         "reps": r["reps"], **stats,
+                         "reps": v["loops"], **stats,
                          "busbw_GBps": bus_bandwidth(nbytes, stats["median_s"], world_size) / 1e9,
                          "algbw_GBps": nbytes / stats["median_s"] / 1e9,
-                         "seconds": r["seconds"]})
+                         "min_busbw_GBps": bus_bandwidth(nbytes, stats["min_s"], world_size) / 1e9,
+                         "baseline": c["baseline"],
+                         "ratio_to_baseline": v["ratio_to_baseline"],
+                         "ratio_low": v["ratio_low"], "ratio_high": v["ratio_high"],
+                         "confidence": c["confidence"], "verdict": v["verdict"],
+                         "winner": c["winner"], "seconds": v["seconds"]})
     return rows
+
+
+def pipelined_ring_goal(rows: list[dict], *, from_bytes: int = 16 * MB) -> dict:
+    """The pipelined ring's time over ``dist.all_reduce``'s from ``from_bytes`` up, per world
+    size, with its interval and a verdict on the goal "at least 0.9 of its speed" (time ratio
+    at most 1 / 0.9); what ``bench allreduce`` reported before it became part of this one."""
+    goal = 1 / 0.9
+    out: dict = {}
+    for r in rows:
+        if r["op"] != "ring_pipelined" or r["baseline"] != BASELINE or r["bytes"] < from_bytes:
+            continue
+        lo, hi = r["ratio_low"], r["ratio_high"]
+        met = "met" if hi <= goal else "not met" if lo > goal else (
+            "undecided: the interval contains the goal")
+        out.setdefault(str(r["world_size"]), {})[str(r["bytes"])] = {
+            "time_ratio": r["ratio_to_baseline"], "interval": [lo, hi], "goal_met": met}
+    return out
 
 
 def _default_world_sizes() -> list[int]:
@@ -174,48 +219,70 @@ def _default_world_sizes() -> list[int]:
     return [w for w in (2, 4, 8) if w <= have] or [2]
 
 
-def main(argv: list[str]) -> int:
-    """``python -m course_lib.bench collectives``: print the JSON, write it; 0 if it ran."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib.bench collectives",
+def main(argv: list[str], *, name: str = "collectives",
+         default_ops: list[str] | None = None) -> int:
+    """``python -m course_lib.bench collectives``: print the JSON, write it; 0 if it ran.
+
+    ``name`` and ``default_ops`` serve the older name ``allreduce`` (its own results file,
+    two operations)."""
+    parser = argparse.ArgumentParser(prog=f"python -m course_lib.bench {name}",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="a quick look (seconds): 2 ranks, 3 sizes up to 256 KB, 3 samples")
+                        help="a quick look (seconds): 2 ranks, 3 sizes up to 256 KB, 3 samples "
+                        "of 5 ms")
     parser.add_argument("--world-sizes", default=None,
                         help="comma-separated (default: 2, 4, 8 up to the GPUs or CPU cores)")
     parser.add_argument("--sizes", default=None, help="comma-separated, e.g. 4K,1M,64M")
-    parser.add_argument("--samples", type=int, default=None, help="samples per op (default 9)")
+    parser.add_argument("--ops", default=",".join(default_ops or OPS),
+                        help=f"comma-separated, at least two of {', '.join(OPS)} (default: "
+                        "%(default)s)")
+    parser.add_argument("--samples", type=int, default=None,
+                        help="samples per operation and size (default 15, quick 3; at least 2)")
     parser.add_argument("--min-sample-ms", type=float, default=None,
-                        help="each sample loops for about this long (default 30, quick 5)")
-    parser.add_argument("--max-ops", type=int, default=2000)
+                        help="each sample loops for at least about this long (default 50, "
+                        "quick 5)")
+    parser.add_argument("--max-ops", type=int, default=2000,
+                        help="at most this many operations per sample")
     parser.add_argument("--out", default=None,
-                        help="where to write the JSON (default results/collectives-MACHINE.json"
-                        "; quick runs write nothing unless given); '-' writes nothing")
+                        help=f"where to write the JSON (default results/{name}-MACHINE.json; "
+                        "quick runs write nothing unless given); '-' writes nothing")
     args = parser.parse_args(argv)
-    if args.samples is not None and args.samples < 1:
-        parser.error(f"--samples must be an integer >= 1, got {args.samples}.")
+    if args.samples is not None and args.samples < 2:
+        parser.error(f"--samples must be an integer >= 2 (a spread and an interval need "
+                     f"several), got {args.samples}.")
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    if sorted(set(ops) - set(OPS)) or len(set(ops)) < 2:
+        parser.error(f"--ops must name at least two distinct operations of {list(OPS)}, got "
+                     f"{args.ops!r}.")
     if args.sizes:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
     else:
-        sizes = [4 * KB, 64 * KB, 256 * KB] if args.quick else DEFAULT_SIZES
+        sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
     world_sizes = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
                    else [2] if args.quick else _default_world_sizes())
-    samples = args.samples if args.samples is not None else (3 if args.quick else 9)
-    min_sample_s = (args.min_sample_ms or (5 if args.quick else 30)) / 1e3
-    report = report_header("collectives", argv, quick=args.quick)
+    samples = args.samples if args.samples is not None else (3 if args.quick else 15)
+    min_sample_s = (args.min_sample_ms or (5 if args.quick else 50)) / 1e3
+    report = report_header(name, argv, quick=args.quick)
     start = time.perf_counter()
     rows = []
     for ws in world_sizes:
-        rows += measure_collectives(ws, sizes, samples=samples, min_sample_s=min_sample_s,
-                                    max_ops=args.max_ops)
+        rows += measure_collectives(ws, sizes, names=ops, samples=samples,
+                                    min_sample_s=min_sample_s, max_ops=args.max_ops)
+    end = load_average()
+    report["load"]["load_end"] = end[0] if end else None
     report.update({
         "units": "seconds per all-reduce; busbw = bytes / time * 2 (p - 1) / p (nccl-tests)",
-        "sizes": sizes, "world_sizes": world_sizes, "ops": list(OPS),
+        "method": "every operation of a size interleaved in the same processes "
+                  "(course_lib.timing.compare); each sample a loop of many operations sized "
+                  "from the median of several calls, the slowest rank's time; 95 % bootstrap "
+                  "interval of each time ratio to dist.all_reduce",
+        "sizes": sizes, "world_sizes": world_sizes, "ops": ops, "baseline": BASELINE,
         "samples": samples, "min_sample_s": min_sample_s,
         "results": rows,
-        "load_average_end": load_average(),
+        "ring_pipelined_vs_all_reduce_16MB_and_up": pipelined_ring_goal(rows),
+        "load_average_end": end,
         "wall_s": round(time.perf_counter() - start, 1),
     })
     print(json.dumps(report, indent=2))
-    write_report(report, results_path("collectives", args.out, args.quick))
+    write_report(report, results_path(name, args.out, args.quick))
     return 0
-

@@ -1,17 +1,24 @@
 """Benchmark: LeNet's seconds per epoch through the fast in-memory path vs a plain DataLoader.
 
-Run: ``python -m course_lib.bench dataloader [--epochs 1] [--batch-size 256] [--quick] [--out
+Run: ``python -m course_lib.bench dataloader [--samples 12] [--batch-size 256] [--quick] [--out
 PATH]`` (full runs also write ``results/dataloader-MACHINE.json``). Prints JSON. Both paths train
-the same LeNet with the same loop in the same run, interleaved in chunks of batches (one chunk of
-one path, then one of the other) so that a change in the machine's load hits both alike. The ratio
-``fast / dataloader`` is the result (goal: at most 0.6 on a 2-core CPU).
+the same LeNet with the same loop in the same process, interleaved
+(``course_lib.timing.compare``): each timed call trains on one chunk of batches (a sixteenth
+of an epoch by default; the batches run on across epochs), each sample as many calls as last
+``--min-sample-ms``, the two paths alternating sample by sample so that a change in the
+machine's load hits both alike. Seconds per epoch are each sample's seconds per batch times the
+batches of an epoch. The result is the ratio ``fast / dataloader`` with its 95 % bootstrap
+interval (goal: at most 0.6 on a 2-core CPU) and a verdict. PyTorch counterpart: none
+(``torch.utils.benchmark`` times one statement; this times two input pipelines).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 
 import torch
@@ -19,66 +26,122 @@ import torch
 from ..data import load_fashion_mnist
 from ..devices import try_gpu
 from ..models.lenet import init_lenet_params
-from ..timing import Timer
+from ..timing import LoadStamp, compare
 from ..train import train_epoch
 from .scaling import load_average, report_header, results_path, write_report
 
-__all__ = ["compare_input_pipelines", "main"]
+__all__ = ["GOAL", "compare_input_pipelines", "main"]
+
+GOAL = 0.6  # the fast path's epoch at most 0.6 x the DataLoader's
 
 
-def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: int = 8,
-                            quick: bool | None = None,
-                            device: torch.device | None = None) -> dict:
-    """Train LeNet for ``epochs`` epochs through each input path, interleaved in ``chunks``
-    pieces per epoch; return seconds per epoch of each path and their ratio.
+def _forever(batches: Iterable) -> Iterator:
+    """The batches of epoch after epoch (each pass a new ``iter``: a new shuffle)."""
+    while True:
+        yield from batches
+
+
+def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: int = 16,
+                            samples: int | None = None, min_sample_s: float = 0.2,
+                            quick: bool | None = None, device: torch.device | None = None,
+                            stamp: LoadStamp | None = None) -> dict:
+    """Train LeNet through each input path, interleaved; seconds per epoch and their ratio.
+
+    Args:
+        batch_size: examples per batch.
+        epochs: with ``chunks``, the default number of samples (``epochs * chunks``): about
+            ``epochs`` epochs of each path are timed.
+        chunks: a timed call trains on ``1 / chunks`` of an epoch's batches.
+        samples: timed samples per path (at least 2; default ``epochs * chunks``).
+        min_sample_s: a sample loops over enough calls to last at least this long.
+        quick: the quick-mode slice of the data (default: quick mode).
+        device: where the fast path keeps its data and the network runs (default a GPU if
+            any).
+        stamp: a ``wait_for_quiet`` stamp to keep with the comparison.
 
     Returns:
-        ``{"fast_s_per_epoch": [...], "dataloader_s_per_epoch": [...],
-        "ratio_fast_over_dataloader": float}``; the ratio is of the medians over epochs.
+        ``{"fast_s_per_epoch": [...], "dataloader_s_per_epoch": [...]`` (one estimate per
+        sample, in the order taken), ``"fast_median_s_per_epoch"``, ``"fast_min_s_per_epoch"``
+        (and the same for ``dataloader``), ``"ratio_fast_over_dataloader"`` (of the medians),
+        ``"ratio_interval"`` (95 % bootstrap), ``"verdict"``, ``"batches_per_epoch"``,
+        ``"batches_per_call"``, ``"comparison"`` (``Comparison.to_json()``, seconds per call)}``.
     """
+    if samples is None:
+        samples = epochs * chunks
+    if samples < 2 or chunks < 1:
+        raise ValueError(f"compare_input_pipelines needs samples >= 2 (a spread and an interval "
+                         f"need several) and chunks >= 1, got samples={samples}, "
+                         f"chunks={chunks}.")
     device = device if device is not None else try_gpu()
     paths = {
         "fast": load_fashion_mnist(batch_size, fast=True, device=device, quick=quick, seed=0)[0],
         "dataloader": load_fashion_mnist(batch_size, fast=False, quick=quick)[0],
     }
+    n_batches = len(paths["fast"])
+    size = math.ceil(n_batches / chunks)  # batches per timed call
     params = {name: init_lenet_params(seed=0, device=device) for name in paths}
-    per_epoch = {name: [] for name in paths}
-    for _ in range(epochs):
-        iters = {name: iter(it) for name, it in paths.items()}
-        spent = dict.fromkeys(paths, 0.0)
-        size = -(-len(paths["fast"]) // chunks)  # batches per chunk, rounded up
-        for _ in range(chunks):
-            for name, it in iters.items():  # alternate: a chunk of one path, then of the other
-                with Timer(device) as t:
-                    train_epoch(params[name], islice(it, size), lr=0.9, device=device)
-                spent[name] += t.elapsed
-        for name in paths:
-            per_epoch[name].append(spent[name])
-    fast = statistics.median(per_epoch["fast"])
-    loader = statistics.median(per_epoch["dataloader"])
-    return {"fast_s_per_epoch": per_epoch["fast"],
-            "dataloader_s_per_epoch": per_epoch["dataloader"],
-            "ratio_fast_over_dataloader": fast / loader}
+    streams = {name: _forever(it) for name, it in paths.items()}
+
+    def chunk(name: str) -> Callable[[], None]:
+        def train_chunk() -> None:
+            train_epoch(params[name], islice(streams[name], size), lr=0.9, device=device)
+        return train_chunk
+
+    timed = compare({name: chunk(name) for name in paths}, samples=samples,
+                    min_sample_seconds=min_sample_s, warmup=1, calibration_calls=3,
+                    baseline="dataloader", device=device, stamp=stamp)
+    per_epoch = {name: [s / size * n_batches for s in timed.seconds[name]] for name in paths}
+    ratio, lo, hi = timed.ratio("fast")
+    out: dict = {f"{name}_s_per_epoch": per_epoch[name] for name in paths}
+    for name in paths:
+        out[f"{name}_median_s_per_epoch"] = statistics.median(per_epoch[name])
+        out[f"{name}_min_s_per_epoch"] = min(per_epoch[name])
+    out.update({"ratio_fast_over_dataloader": ratio, "ratio_interval": [lo, hi],
+                "verdict": timed.verdict("fast"), "batches_per_epoch": n_batches,
+                "batches_per_call": size, "comparison": timed.to_json()})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m course_lib.bench dataloader``: print the JSON comparison; 0 on success."""
-    ap = argparse.ArgumentParser(prog="python -m course_lib.bench dataloader")
-    ap.add_argument("--epochs", type=int, default=1)
+    ap = argparse.ArgumentParser(prog="python -m course_lib.bench dataloader",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=None,
+                    help="timed samples per path, at least 2 (default 12: with warm-up and "
+                    "calibration, one epoch of each path)")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="older spelling: --samples becomes epochs x 16")
+    ap.add_argument("--min-sample-ms", type=float, default=200.0,
+                    help="the least a sample lasts (default 200)")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--quick", action="store_true", help="the quick-mode slice of the data")
     ap.add_argument("--out", default=None,
                     help="where to write the JSON (default results/dataloader-MACHINE.json; "
                     "quick runs write nothing unless given); '-' writes nothing")
     args = ap.parse_args(argv)
+    samples = args.samples if args.samples is not None else (
+        args.epochs * 16 if args.epochs is not None else 12)
+    if samples < 2:
+        ap.error(f"--samples must be at least 2 (a spread and an interval need several), got "
+                 f"{samples}.")
     device = try_gpu()
     report = report_header("dataloader", list(argv or []), quick=args.quick)
     start = time.perf_counter()
-    result = compare_input_pipelines(args.batch_size, epochs=args.epochs, quick=args.quick,
+    result = compare_input_pipelines(args.batch_size, samples=samples,
+                                     min_sample_s=args.min_sample_ms / 1e3, quick=args.quick,
                                      device=device)
+    end = load_average()
+    report["load"]["load_end"] = end[0] if end else None
+    lo, hi = result["ratio_interval"]
     report.update({"what": "LeNet epoch: in-memory batches (fast) against a plain DataLoader",
-                   "device": str(device), "batch_size": args.batch_size, **result,
-                   "load_average_end": load_average(),
+                   "method": "both paths interleaved in one process (course_lib.timing."
+                             "compare); each sample a loop of chunks of batches sized from the "
+                             "median of several; 95 % bootstrap interval of the time ratio",
+                   "device": str(device), "batch_size": args.batch_size, "samples": samples,
+                   "goal": f"fast epoch at most {GOAL} x the DataLoader's",
+                   "goal_met": "met" if hi <= GOAL else "not met" if lo > GOAL
+                   else "undecided: the interval contains the goal",
+                   **result, "load_average_end": end,
                    "wall_s": round(time.perf_counter() - start, 1)})
     print(json.dumps(report, indent=2))
     write_report(report, results_path("dataloader", args.out, args.quick))

@@ -1,43 +1,51 @@
 """Benchmark: step time of our DistributedDataParallel strategies against torch's DDP.
 
-``python -m course_lib.bench ddp [--quick] [--out PATH]`` prints JSON (and writes it to
-``results/ddp-MACHINE.json``, or ``--out``; quick runs write nothing unless told): for LeNet (256
-images per rank) and ResNet-18 (32 per rank), 2 ranks (gloo on a CPU), the time of one training
+``python -m course_lib.bench ddp [--quick] [--models lenet,resnet18] [--out PATH]`` prints JSON
+(and writes it to ``results/ddp-MACHINE.json``, or ``--out``; quick runs write nothing unless
+told): for LeNet (256 images per rank; ResNet-18, 32 per rank, with ``--models``: by default its
+DDP comparison is the 2-worker launch of ``bench scaling``), 2 ranks (gloo on a CPU), the time of
+one training
 step (forward, backward with the gradient averaging, SGD step) of ``local`` (the plain module, no
 communication: the compute floor), ``strategy="naive"``, ``"overlap"``, ``"bucketed"``,
 ``"bucketed+bf16"`` (with ``bf16_compress_hook``) and
-``torch.nn.parallel.DistributedDataParallel``: median, min, interquartile range, and
-``ratio_to_torch`` (median / torch's median; goal: bucketed <= 1.10). All run in the same workers,
-interleaved round-robin (the order rotating every round), so a noisy machine hurts them alike.
-PyTorch counterpart: none (torch's DDP is the yardstick). Notebook 07 shows this measurement.
+``torch.nn.parallel.DistributedDataParallel``: median, min, quartiles, and ``ratio_to_torch``
+(median / torch's median; goal: bucketed <= 1.10) with its 95 % bootstrap interval and a verdict
+that names the faster one only when the interval excludes 1. All run in the same workers,
+interleaved (``course_lib.timing.compare``: the order rotating every round, each sample a loop
+of steps sized from the median of several steps, the slowest rank's time), so a noisy machine
+hurts them alike. PyTorch counterpart: none (torch's DDP is the yardstick). Notebook 07 shows
+this measurement.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..devices import synchronize
 from ..distributed import current_device, launch
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
 from ..parallel.ddp import STRATEGIES, DistributedDataParallel, bf16_compress_hook
+from ..timing import compare
 from .scaling import load_average, report_header, results_path, write_report
 
-__all__ = ["IMPLEMENTATIONS", "main", "measure_step_times", "summarize"]
+__all__ = ["IMPLEMENTATIONS", "MODELS", "main", "measure_step_times", "summarize"]
 
 #: What is timed: the compute floor, our three strategies, one with bf16 on the wire, the yardstick.
 IMPLEMENTATIONS = ["local", *STRATEGIES, "bucketed+bf16", "torch"]
-#: model -> (builder, batch per rank, steps per timed sample, batch per rank in --quick)
-MODELS = {"lenet": (LeNet, 256, 3, 128), "resnet18": (resnet18, 32, 1, 4)}
+#: model -> (builder, batch per rank, least seconds per sample, batch per rank in --quick)
+MODELS = {"lenet": (LeNet, 256, 0.3, 128), "resnet18": (resnet18, 32, 0.5, 4)}
 GOAL = 1.10  # bucketed's median step at most 1.10 x torch's DDP's
+SAMPLES, QUICK_SAMPLES = 15, 3  # timed rounds: full run, --quick
 
 
 def _wrap(name: str, module: nn.Module) -> nn.Module:
@@ -54,43 +62,54 @@ def _wrap(name: str, module: nn.Module) -> nn.Module:
     return DistributedDataParallel(module, strategy=name)
 
 
-def _time_steps(models: list[str], quick: bool, rounds: int, steps: int | None,
-                batch: int | None, warmup: int) -> tuple[str, dict] | None:
-    """Runs in every rank of ``launch``; rank 0 returns (backend, {model: {impl: [seconds]}})."""
+def _steps(net: nn.Module, X: torch.Tensor, y: torch.Tensor, k: int) -> Callable[[], None]:
+    """``k`` training steps of ``net`` on the batch (X, y): what one timed call does."""
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+
+    def run() -> None:
+        for _ in range(k):
+            opt.zero_grad()
+            F.cross_entropy(net(X), y).backward()
+            opt.step()
+    return run
+
+
+def _slowest(seconds: float) -> float:
+    """The largest ``seconds`` over the ranks: a step is as slow as its slowest rank."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _time_steps(models: list[str], quick: bool, samples: int, steps: int | None,
+                batch: int | None, warmup: int,
+                min_sample_s: float | None = None) -> tuple[str, dict] | None:
+    """Runs in every rank of ``launch``; rank 0 returns (backend, {model: comparison JSON})."""
     rank, device = dist.get_rank(), current_device()
-    times: dict[str, dict[str, list[float]]] = {}
+    out: dict[str, dict] = {}
     for model in models:
-        build, full_batch, model_steps, quick_batch = MODELS[model]
+        build, full_batch, least_s, quick_batch = MODELS[model]
         n = batch or (quick_batch if quick else full_batch)
-        k_steps = steps or (1 if quick else model_steps)
+        k = steps or 1
         torch.manual_seed(0)
-        base = build().to(device)
-        nets = {name: _wrap(name, copy.deepcopy(base)) for name in IMPLEMENTATIONS}
-        opts = {name: torch.optim.SGD(net.parameters(), lr=0.01) for name, net in nets.items()}
+        base = build().to(device)  # the same start in every rank and every implementation
         g = torch.Generator().manual_seed(rank)
         X = torch.randn(n, 1, 28, 28, generator=g).to(device)      # (n, 1, 28, 28) this rank's
         y = torch.randint(0, 10, (n,), generator=g).to(device)     # (n,)
-        times[model] = {name: [] for name in IMPLEMENTATIONS}
-        for r in range(warmup + rounds):
-            k = r % len(IMPLEMENTATIONS)  # rotate: no implementation always runs first
-            for name in IMPLEMENTATIONS[k:] + IMPLEMENTATIONS[:k]:
-                net, opt = nets[name], opts[name]
-                dist.barrier()
-                synchronize(device)
-                start = time.perf_counter()
-                for _ in range(k_steps):
-                    opt.zero_grad()
-                    F.cross_entropy(net(X), y).backward()
-                    opt.step()
-                synchronize(device)
-                # the slowest rank's time is the step's time
-                t = torch.tensor([(time.perf_counter() - start) / k_steps], dtype=torch.float64,
-                                 device=device)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                if r >= warmup:
-                    times[model][name].append(t.item())
-        del nets, opts
-    return (dist.get_backend(), times) if rank == 0 else None
+        variants = {name: _steps(_wrap(name, copy.deepcopy(base)), X, y, k)
+                    for name in IMPLEMENTATIONS}
+        # every implementation interleaved in these processes; each sample a loop of calls
+        # sized from the median of several, the slowest rank's time; barrier before each
+        timed = compare(variants, samples=samples, baseline="torch", warmup=warmup,
+                        min_sample_seconds=(0.01 if quick else least_s) if min_sample_s is None
+                        else min_sample_s, calibration_calls=2 if quick else 3,
+                        device=device, before=dist.barrier, reduce=_slowest)
+        # seconds per call of k steps -> seconds per step (ratios do not change)
+        per_step = {name: [s / k for s in seconds] for name, seconds in timed.seconds.items()}
+        out[model] = {**dataclasses.replace(timed, seconds=per_step, _ratios={}).to_json(),
+                      "steps_per_call": k}
+        del variants
+    return (dist.get_backend(), out) if rank == 0 else None
 
 
 def summarize(seconds: list[float], reference: list[float]) -> dict[str, float]:
@@ -106,7 +125,7 @@ def summarize(seconds: list[float], reference: list[float]) -> dict[str, float]:
     """
     q1, _, q3 = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else [seconds[0]] * 3
     median = statistics.median(seconds)
-    return {"median_s": median, "min_s": min(seconds), "iqr_s": q3 - q1,
+    return {"median_s": median, "min_s": min(seconds), "q1_s": q1, "q3_s": q3, "iqr_s": q3 - q1,
             "ratio_to_torch": median / statistics.median(reference),
             "min_ratio_to_torch": min(seconds) / min(reference),
             "paired_ratio_to_torch": statistics.median(a / b for a, b in zip(seconds, reference)),
@@ -114,29 +133,53 @@ def summarize(seconds: list[float], reference: list[float]) -> dict[str, float]:
 
 
 def measure_step_times(models: list[str], *, world_size: int = 2, quick: bool = False,
-                       rounds: int = 9, steps: int | None = None, batch: int | None = None,
-                       warmup: int = 1, timeout: float = 1800.0) -> dict:
+                       rounds: int | None = None, steps: int | None = None,
+                       batch: int | None = None, warmup: int = 1,
+                       min_sample_s: float | None = None, timeout: float = 1800.0) -> dict:
     """Time every implementation on each model in one launch, interleaved; a JSON-ready dict.
 
     Args:
         models: names from ``MODELS``.
         world_size: ranks (2: one per core of the course's 2-core machine).
-        quick: small ResNet-18 batch and one step per sample.
-        rounds: timed rounds; each times every implementation once.
-        steps: steps per timed sample (default per model: 3 for LeNet, 1 for ResNet-18).
+        quick: small ResNet-18 batch, short samples.
+        rounds: timed rounds, at least 2 (default 15, quick 3); each times every
+            implementation once (one sample, a loop of steps).
+        steps: steps per timed call (default 1); a sample is as many calls as last
+            ``min_sample_s``; times are reported per step.
         batch: examples per rank (default per model).
-        warmup: untimed rounds first.
+        warmup: untimed calls of each implementation first.
+        min_sample_s: the least a sample lasts (default per model: LeNet 0.3 s, ResNet-18
+            0.5 s; quick 0.01 s).
         timeout: seconds for the whole launch.
+
+    Returns:
+        ``{"backend", "world_size", "models": {model: {"batch_per_rank", "steps_per_call",
+        "rounds", "results": {impl: summarize(...) + "loops", "ratio_low", "ratio_high",
+        "verdict"}, "comparison": Comparison.to_json(), "winner"}}}``.
     """
-    backend, times = launch(_time_steps, world_size, models, quick, rounds, steps, batch,
-                            warmup, timeout=timeout)[0]
+    rounds = (QUICK_SAMPLES if quick else SAMPLES) if rounds is None else rounds
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 2:
+        raise ValueError(f"measure_step_times: rounds must be an integer >= 2 (a spread and an "
+                         f"interval need several samples), got {rounds!r}.")
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        raise ValueError(f"measure_step_times: unknown model(s) {unknown}; expected some of "
+                         f"{list(MODELS)}.")
+    backend, timed = launch(_time_steps, world_size, models, quick, rounds, steps, batch,
+                            warmup, min_sample_s, timeout=timeout)[0]
     results = {}
     for model in models:
+        c = timed[model]
+        v = c["variants"]
+        rows = {}
+        for name in IMPLEMENTATIONS:
+            rows[name] = {**summarize(v[name]["seconds"], v["torch"]["seconds"]),
+                          "loops": v[name]["loops"], "ratio_low": v[name]["ratio_low"],
+                          "ratio_high": v[name]["ratio_high"], "verdict": v[name]["verdict"]}
         results[model] = {
             "batch_per_rank": batch or MODELS[model][3 if quick else 1],
-            "steps_per_sample": steps or (1 if quick else MODELS[model][2]),
-            "results": {name: summarize(times[model][name], times[model]["torch"])
-                        for name in IMPLEMENTATIONS},
+            "steps_per_call": c["steps_per_call"], "rounds": rounds,
+            "results": rows, "winner": c["winner"], "comparison": c,
         }
     return {"backend": backend, "world_size": world_size, "models": results}
 
@@ -146,13 +189,19 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench ddp",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="a quick look (under 30 s): 2 rounds, one step each, smaller batches")
-    parser.add_argument("--models", default="lenet,resnet18",
-                        help=f"comma-separated, from {', '.join(MODELS)}")
+                        help="a quick look (under a minute): 3 rounds, short samples, smaller "
+                        "batches")
+    parser.add_argument("--models", default="lenet",
+                        help=f"comma-separated, from {', '.join(MODELS)} (default lenet: "
+                        "ResNet-18's DDP strategies are timed by `bench scaling` at 2 workers)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="timed rounds (default 9, quick 2)")
+                        help=f"timed rounds, at least 2 (default {SAMPLES}, quick "
+                        f"{QUICK_SAMPLES})")
     parser.add_argument("--steps", type=int, default=None,
-                        help="steps per timed sample (default: LeNet 3, ResNet-18 1; quick 1)")
+                        help="steps per timed call (default 1); samples are sized in calls")
+    parser.add_argument("--min-sample-ms", type=float, default=None,
+                        help="the least a sample lasts (default: LeNet 300, ResNet-18 500; "
+                        "quick 10)")
     parser.add_argument("--batch", type=int, default=None,
                         help="examples per rank (default: LeNet 256, ResNet-18 32; quick 128, 4)")
     parser.add_argument("--world-size", type=int, default=2)
@@ -164,23 +213,43 @@ def main(argv: list[str]) -> int:
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         parser.error(f"unknown model(s) {unknown}; expected some of {list(MODELS)}")
-    rounds = args.rounds or (2 if args.quick else 9)
+    rounds = args.rounds if args.rounds is not None else (QUICK_SAMPLES if args.quick
+                                                          else SAMPLES)
+    if rounds < 2:
+        parser.error(f"--rounds must be at least 2 (a spread and an interval need several "
+                     f"samples), got {rounds}.")
     header = report_header("ddp", argv, quick=args.quick)
     start = time.perf_counter()
     run = measure_step_times(models, world_size=args.world_size, quick=args.quick,
-                             rounds=rounds, steps=args.steps, batch=args.batch)
+                             rounds=rounds, steps=args.steps, batch=args.batch,
+                             min_sample_s=None if args.min_sample_ms is None
+                             else args.min_sample_ms / 1e3)
+    end = load_average()
+    header["load"]["load_end"] = end[0] if end else None
+    by_model = {m: run["models"][m]["results"] for m in models}
     report = {
         **header,
         "goal": f"bucketed median step at most {GOAL:.2f} x torch's DDP's",
-        "ratio_to_torch": {m: {name: round(r["ratio_to_torch"], 3)
-                               for name, r in run["models"][m]["results"].items()}
-                           for m in models},
+        "method": "every implementation interleaved in the same processes "
+                  "(course_lib.timing.compare); each sample a loop of steps sized from the "
+                  "median of several steps, the slowest rank's time; 95 % bootstrap interval "
+                  "of each time ratio to torch's DDP",
+        "ratio_to_torch": {m: {name: round(r["ratio_to_torch"], 3) for name, r in res.items()}
+                           for m, res in by_model.items()},
+        "ratio_to_torch_interval": {m: {name: [round(r["ratio_low"], 3),
+                                               round(r["ratio_high"], 3)]
+                                        for name, r in res.items()}
+                                    for m, res in by_model.items()},
         "paired_ratio_to_torch": {m: {name: round(r["paired_ratio_to_torch"], 3)
-                                      for name, r in run["models"][m]["results"].items()}
-                                  for m in models},
+                                      for name, r in res.items()}
+                                  for m, res in by_model.items()},
+        "goal_met": {m: ("met" if res["bucketed"]["ratio_high"] <= GOAL else "not met"
+                         if res["bucketed"]["ratio_low"] > GOAL
+                         else "undecided: the interval contains the goal")
+                     for m, res in by_model.items()},
         "rounds": rounds,
         **run,
-        "load_average_end": load_average(),
+        "load_average_end": end,
         "wall_s": round(time.perf_counter() - start, 1),
     }
     print(json.dumps(report, indent=2))
