@@ -55,14 +55,16 @@ notebooks: setup
 	GLOO_SOCKET_IFNAME=lo $(PY) scripts/execute_notebooks.py $(NB)
 
 # Every benchmark, each writing its JSON to results/NAME-MACHINE.json (the stored results), with
-# the command, machine, date and load average that made it.
+# the command, machine, date, load before and after, samples, medians, minimums and intervals.
+# Each waits (bounded) for a quiet machine first, so run it with nothing else running: about
+# 12 minutes on 2 quiet cores, scaling 9 of them (last: no other benchmark then waits for its
+# load average to decay). `bench allreduce` is the older name of a part of `bench collectives`.
 bench: setup
 	mkdir -p results
-	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench scaling
 	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench collectives
 	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench ddp
-	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench allreduce
 	$(PY) -m course_lib.bench dataloader
+	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench scaling
 
 # Grade a learner's copy of a lesson: run it in quick mode, print each exercise's verdict;
 # non-zero exit when an answered exercise is wrong. make grade NB=path/to/my_copy.ipynb

@@ -138,3 +138,11 @@ def test_dataloader_interleaved_with_interval(capsys, tmp_path):
     assert report["goal_met"] in ("met", "not met", "undecided: the interval contains the goal")
     with pytest.raises(SystemExit):
         dataloader.main(["--quick", "--samples", "1", "--out", "-"])
+
+
+def test_old_measure_keeps_its_row_keys():
+    rows = allreduce.measure(2, [4096], repeat=2)
+    (row,) = rows
+    assert row["bytes"] == 4096 and row["ring_s"] > 0 and row["all_reduce_s"] > 0
+    lo, hi = row["speed_ratio_interval"]
+    assert 0 < lo <= row["speed_ratio"] <= hi

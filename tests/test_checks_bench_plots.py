@@ -1,4 +1,3 @@
-import json
 import subprocess
 import sys
 
@@ -74,14 +73,12 @@ def test_bench_cli_lists_and_rejects(capsys):
     assert main(["nope"]) == 2
 
 
-def test_bench_dataloader_prints_json():
-    out = subprocess.run([sys.executable, "-m", "course_lib.bench", "dataloader", "--quick",
-                          "--samples", "2", "--min-sample-ms", "10"],
+def test_bench_entry_point_runs_a_benchmark():
+    """``python -m course_lib.bench NAME`` reaches NAME's own options (the JSON each prints is
+    checked in tests/test_bench_interleaved.py, in-process and faster)."""
+    out = subprocess.run([sys.executable, "-m", "course_lib.bench", "dataloader", "--help"],
                          capture_output=True, text=True, timeout=300, check=True)
-    result = json.loads(out.stdout)
-    lo, hi = result["ratio_interval"]
-    assert 0 < lo <= result["ratio_fast_over_dataloader"] <= hi
-    assert len(result["fast_s_per_epoch"]) == 2
+    assert "--samples" in out.stdout and "--min-sample-ms" in out.stdout
 
 
 def test_quick_mode(monkeypatch):

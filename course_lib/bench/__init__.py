@@ -4,17 +4,23 @@ Command line: ``python -m course_lib.bench NAME [options]`` (``--list`` names th
 
 - ``dataloader`` (``course_lib.bench.dataloader``): LeNet's epoch through the in-memory path
   against a plain DataLoader (lesson 01).
-- ``allreduce`` (``course_lib.bench.allreduce``): the hand-written ring against
-  ``dist.all_reduce`` over message sizes (lesson 06).
 - ``ddp`` (``course_lib.bench.ddp``): step time of the course's DDP strategies against torch's
-  DDP, 2 ranks, LeNet and ResNet-18 (lesson 07).
+  DDP, 2 ranks, LeNet (ResNet-18 with ``--models``) (lesson 07).
 - ``scaling`` (``course_lib.bench.scaling``): step time against the number of workers for the
   from-scratch DP, ``nn.DataParallel``, the course's DDP strategies and torch's DDP, LeNet and
-  ResNet-18 (lesson 09).
+  ResNet-18 (lesson 10).
 - ``collectives`` (``course_lib.bench.collectives``): naive, ring and ``dist.all_reduce`` time and
-  bus bandwidth, 4 KB to 64 MB, loops of many operations per sample (lesson 09).
+  bus bandwidth, 4 KB to 64 MB, loops of many operations per sample (lessons 06 and 10): the
+  course's one way to time collectives. ``allreduce`` is its older name, kept for old commands
+  (``course_lib.bench.allreduce``: the pipelined ring against ``dist.all_reduce`` only).
 
-``course_lib.bench.cost_model`` fits the alpha-beta model to those measurements (lesson 09).
+Every benchmark compares its variants with ``course_lib.timing.compare`` (interleaved in the same
+processes, loops sized from the median of several calls, a bootstrap interval on each ratio, a
+winner named only when its interval excludes 1) and records the command, date, hardware and the
+load before and after (``course_lib.timing.wait_for_quiet``) beside its samples, medians,
+minimums and intervals. ``make bench`` runs them all.
+
+``course_lib.bench.cost_model`` fits the alpha-beta model to those measurements (lesson 10).
 
 ``step_breakdown`` (``course_lib.bench.breakdown``) times the phases of a ``DataParallel`` step
 (lesson 05). The timer itself is ``course_lib.timing.Timer``.

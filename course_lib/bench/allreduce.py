@@ -12,14 +12,42 @@ from __future__ import annotations
 
 import sys
 
+from . import collectives
 from .collectives import DEFAULT_SIZES, KB, MB, QUICK_SIZES, bus_bandwidth, parse_size
-from .collectives import main as collectives_main
 
-__all__ = ["DEFAULT_SIZES", "KB", "MB", "OPS", "QUICK_SIZES", "bus_bandwidth", "main",
+__all__ = ["DEFAULT_SIZES", "KB", "MB", "OPS", "QUICK_SIZES", "bus_bandwidth", "main", "measure",
            "parse_size"]
 
 #: What ``bench allreduce`` compares: the hand-written pipelined ring against the library's.
 OPS = ["ring_pipelined", "all_reduce"]
+
+
+def measure(world_size: int, sizes: list[int], repeat: int = 10, warmup: int = 2,
+            timeout: float = 600.0) -> list[dict]:
+    """The pipelined ring against ``dist.all_reduce`` at each size, the older rows' keys.
+
+    Runs ``collectives.measure_collectives`` on the two operations (``repeat`` samples, at
+    least 2; ``warmup`` is unused: ``compare`` warms up) and returns, per size, ``ring_s`` and
+    ``all_reduce_s`` (medians per operation), ``ring_min_s``, ``all_reduce_min_s``, both bus
+    bandwidths, ``speed_ratio = all_reduce time / ring time`` and its 95 % interval
+    ``speed_ratio_interval``.
+    """
+    del warmup
+    rows = collectives.measure_collectives(world_size, sizes, names=OPS, samples=max(2, repeat),
+                               timeout=timeout)
+    out = []
+    for nbytes in sizes:
+        ring, ref = (next(r for r in rows if r["bytes"] == nbytes and r["op"] == op)
+                     for op in OPS)
+        out.append({
+            "world_size": world_size, "bytes": nbytes,
+            "ring_s": ring["median_s"], "all_reduce_s": ref["median_s"],
+            "ring_min_s": ring["min_s"], "all_reduce_min_s": ref["min_s"],
+            "ring_busbw_GBps": ring["busbw_GBps"], "all_reduce_busbw_GBps": ref["busbw_GBps"],
+            "speed_ratio": 1 / ring["ratio_to_baseline"],
+            "speed_ratio_interval": [1 / ring["ratio_high"], 1 / ring["ratio_low"]],
+        })
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -42,4 +70,4 @@ def main(argv: list[str]) -> int:
           "loops of many operations per sample, interleaved, with intervals); running "
           "`python -m course_lib.bench collectives --ops " + ",".join(OPS) + "`",
           file=sys.stderr)
-    return collectives_main(translated, name="allreduce", default_ops=OPS)
+    return collectives.main(translated, name="allreduce", default_ops=OPS)
