@@ -61,8 +61,8 @@ def _check_collective_rows(report, ops, sizes, world_sizes, samples):
 
 def test_collectives_2_and_3_ranks_every_op_interleaved(capsys, tmp_path):
     report, _ = _run(collectives.main, ["--quick", "--world-sizes", "2,3", "--sizes", "4K",
-                                        "--samples", "3", "--min-sample-ms", "2"],
-                     capsys, tmp_path)
+                                        "--samples", "3", "--min-sample-ms", "2",
+                                        "--timeout", "300"], capsys, tmp_path)
     assert report["benchmark"] == "collectives" and report["samples"] == 3
     _check_collective_rows(report, list(collectives.OPS), [4096], [2, 3], 3)
 
@@ -70,8 +70,8 @@ def test_collectives_2_and_3_ranks_every_op_interleaved(capsys, tmp_path):
 def test_old_allreduce_name_runs_collectives_with_its_two_ops(capsys, tmp_path):
     """``bench allreduce`` timed one operation behind a barrier; now it is ``collectives``."""
     report, err = _run(allreduce.main, ["--world-sizes", "3", "--sizes", "4K", "--repeat", "2",
-                                        "--warmup", "1", "--min-sample-ms", "2"],
-                       capsys, tmp_path)
+                                        "--warmup", "1", "--min-sample-ms", "2",
+                                        "--timeout", "300"], capsys, tmp_path)
     assert "now part of bench collectives" in err
     assert report["benchmark"] == "allreduce" and report["ops"] == allreduce.OPS
     _check_collective_rows(report, allreduce.OPS, [4096], [3], 2)
@@ -95,7 +95,8 @@ def test_pipelined_ring_goal_reads_the_interval():
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ddp_interleaved_with_intervals(world_size, capsys, tmp_path):
     report, _ = _run(ddp.main, ["--quick", "--models", "lenet", "--batch", "8", "--rounds", "2",
-                                "--world-size", str(world_size)], capsys, tmp_path)
+                                "--world-size", str(world_size), "--timeout", "300"],
+                     capsys, tmp_path)
     assert report["world_size"] == world_size and report["rounds"] == 2
     entry = report["models"]["lenet"]
     results = entry["results"]
@@ -141,7 +142,7 @@ def test_dataloader_interleaved_with_interval(capsys, tmp_path):
 
 
 def test_old_measure_keeps_its_row_keys():
-    rows = allreduce.measure(2, [4096], repeat=2)
+    rows = allreduce.measure(2, [4096], repeat=2, timeout=300)
     (row,) = rows
     assert row["bytes"] == 4096 and row["ring_s"] > 0 and row["all_reduce_s"] > 0
     lo, hi = row["speed_ratio_interval"]

@@ -243,6 +243,9 @@ def main(argv: list[str], *, name: str = "collectives",
                         "quick 5)")
     parser.add_argument("--max-ops", type=int, default=2000,
                         help="at most this many operations per sample")
+    parser.add_argument("--timeout", type=float, default=1200.0,
+                        help="seconds for each launch (one per world size) before its workers "
+                        "are stopped (default 1200)")
     parser.add_argument("--out", default=None,
                         help=f"where to write the JSON (default results/{name}-MACHINE.json; "
                         "quick runs write nothing unless given); '-' writes nothing")
@@ -267,7 +270,8 @@ def main(argv: list[str], *, name: str = "collectives",
     rows = []
     for ws in world_sizes:
         rows += measure_collectives(ws, sizes, names=ops, samples=samples,
-                                    min_sample_s=min_sample_s, max_ops=args.max_ops)
+                                    min_sample_s=min_sample_s, max_ops=args.max_ops,
+                                    timeout=args.timeout)
     end = load_average()
     report["load"]["load_end"] = end[0] if end else None
     report.update({

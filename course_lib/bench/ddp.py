@@ -205,6 +205,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=None,
                         help="examples per rank (default: LeNet 256, ResNet-18 32; quick 128, 4)")
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds for the launch before its workers are stopped (default "
+                        "1800)")
     parser.add_argument("--out", default=None,
                         help="where to write the JSON (default results/ddp-MACHINE.json; quick "
                         "runs write nothing unless given); '-' writes nothing")
@@ -223,7 +226,7 @@ def main(argv: list[str]) -> int:
     run = measure_step_times(models, world_size=args.world_size, quick=args.quick,
                              rounds=rounds, steps=args.steps, batch=args.batch,
                              min_sample_s=None if args.min_sample_ms is None
-                             else args.min_sample_ms / 1e3)
+                             else args.min_sample_ms / 1e3, timeout=args.timeout)
     end = load_average()
     header["load"]["load_end"] = end[0] if end else None
     by_model = {m: run["models"][m]["results"] for m in models}
