@@ -9,19 +9,16 @@ answer (what an autograder wants).
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 __all__ = ["GRADE_LOG", "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer",
-           "check_function", "failure", "first_failure_in_ranks", "resolve", "unanswered",
-           "verdict", "worker_spec"]
+           "check_function", "failure", "unanswered", "verdict"]
 
 #: Environment variable naming a file: when set (``make grade`` sets it), every verdict is also
 #: appended to that file as one JSON line ``{"name", "ok", "message"}``, for the grader to read.
@@ -232,63 +229,14 @@ def _short(case: tuple) -> str:
     parts = [f"tensor{tuple(c.shape)}" if isinstance(c, torch.Tensor) else repr(c) for c in case]
     return "(" + ", ".join(parts) + ")"
 
-# ---- a learner's function that worker processes must import ----------------------------------
 
-def worker_spec(fn: Callable | str, example: str) -> Callable | tuple[str, str, str] | str:
-    """What worker processes receive for the learner's ``fn``: the function itself, or
-    ``(module, name, folder)`` for a ``"module:function"`` string (imported afresh in each
-    worker from the current folder, so an edited file needs no kernel restart), or an error
-    message (str) saying what to do. ``example`` is the string form to suggest.
-    """
-    if isinstance(fn, str):
-        module_name, sep, attr = fn.partition(":")
-        if not sep or not module_name or not attr:
-            return (f"expected a function or a string 'module:function' such as {example!r}, "
-                    f"got {fn!r}.")
-        return (module_name, attr, os.getcwd())
-    if not callable(fn):
-        return f"expected a function or a string 'module:function', got {type(fn).__name__}."
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
-        file = example.partition(":")[0]
-        return ("worker processes cannot import a function defined in a notebook cell (or "
-                f"inside another function). Write it to a file with %%writefile {file}.py and "
-                f"pass {example!r}.")
-    return fn
+def __getattr__(name: str) -> Any:
+    """The launch helpers' old home: they moved to ``course_lib.checks._launch``."""
+    if name in _MOVED:
+        from . import _launch
+
+        return getattr(_launch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def resolve(spec: Callable | tuple[str, str, str]) -> Callable:
-    """In a worker: the learner's function, given or imported from (module, name, folder)."""
-    if callable(spec):
-        return spec
-    module_name, attr, folder = spec
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    importlib.invalidate_caches()
-    return getattr(importlib.import_module(module_name), attr)
-
-
-
-def first_failure_in_ranks(worker: Callable, spec: Any, world_sizes: Sequence[int],
-                           args: tuple, *, timeout: float, hang_hint: str,
-                           hint: str) -> str | None:
-    """Run ``worker(spec, *args)`` under ``launch`` for each world size; the first failure.
-
-    Each rank returns None or a description of what it found wrong. A hang becomes "no result
-    within N s" with ``hang_hint``; a rank that raised or died, its first line; a wrong value,
-    the description followed by ``hint``. None when every rank of every world size was right.
-    """
-    from ..distributed.launch import LaunchTimeout, WorkerError, launch
-
-    for world in world_sizes:
-        try:
-            failures = launch(worker, world, spec, *args, timeout=timeout)
-        except LaunchTimeout:
-            return f"world_size={world}: no result within {timeout:g} s. {hang_hint}"
-        except WorkerError as e:
-            return f"world_size={world}: {str(e).splitlines()[0]}"
-        # a rank that saw a wrong value says more than a peer whose collective then broke
-        found = sorted((f for f in failures if f is not None), key=lambda f: "raised" in f)
-        if found:
-            return f"{found[0]} Hint: {hint}"
-    return None
+_MOVED = ("first_failure_in_ranks", "resolve", "worker_spec")

@@ -24,20 +24,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ._core import (
-    ExerciseResult,
-    first_failure_in_ranks,
-    resolve,
-    unanswered,
-    verdict,
-    worker_spec,
-)
+from ._core import ExerciseResult, verdict
+from ._launch import UNANSWERED, check_in_ranks, load_answer
 
 __all__ = ["check_average_gradients", "check_ddp"]
 
 _NAME = "average_gradients"
-#: What a rank reports when the learner's code still raises NotImplementedError (a scaffold).
-_UNANSWERED = "not answered: NotImplementedError"
 _HINT = ("all-reduce (sum) every parameter's .grad in place, then divide it by "
          "dist.get_world_size(); skip parameters whose .grad is None.")
 
@@ -110,11 +102,9 @@ def _diagnose(got: torch.Tensor, want: torch.Tensor, local: torch.Tensor, world:
 def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) -> str | None:
     """Every model of ``_MODELS`` on this rank's shard; the first failure as text, or None."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    try:
-        average_gradients = resolve(fn)
-    except Exception as e:  # the file is missing, or does not define the function
-        return (f"could not import your function in the workers: {type(e).__name__}: {e} "
-                "(did the %%writefile cell run?)")
+    average_gradients, error = load_answer(fn)
+    if error:
+        return error
     for case, (build, shape) in _MODELS.items():
         torch.manual_seed(seed)                    # the same initial weights on every rank
         net = build()
@@ -131,7 +121,7 @@ def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) ->
         try:
             average_gradients(net)
         except NotImplementedError:
-            return _UNANSWERED
+            return UNANSWERED
         except Exception as e:
             return f"{where}: your function raised {type(e).__name__}: {' '.join(str(e).split())}"
         for (name, p), q in zip(net.named_parameters(), oracle.parameters()):
@@ -157,7 +147,7 @@ def check_average_gradients(fn: Callable | str | None, *,
                             timeout: float = 60.0, strict: bool = False) -> ExerciseResult:
     """Exercise 07: ``fn(model)`` averages every ``p.grad`` over the ranks, in place.
 
-    For each world size, ``launch`` starts that many processes; each builds the same small
+    For each world size, a process group of that many worker processes; each builds the same small
     model (an MLP, a conv net, an MLP with a frozen layer: parameter sizes 35, 5, 15, 3, 27, ...
     that no world size divides), computes the gradient of its own shard of a global batch, calls
     ``fn(model)``, and compares every ``.grad`` with the gradient one process gets on the whole
@@ -168,7 +158,7 @@ def check_average_gradients(fn: Callable | str | None, *,
             (imported in the workers from the current folder); None: not answered yet.
         world_sizes: numbers of processes to try.
         per_rank: examples per rank.
-        timeout: seconds for each launch (a function that hangs fails, it does not hang).
+        timeout: seconds for each world size (a function that hangs fails, it does not hang).
         strict: raise ``AssertionError`` on a wrong answer.
 
     Returns:
@@ -177,18 +167,12 @@ def check_average_gradients(fn: Callable | str | None, *,
     if fn is None:
         return verdict(_NAME, None, "write average_gradients(model) to a file and pass it "
                        "here.", strict)
-    spec = worker_spec(fn, "my_ddp:average_gradients")
-    if isinstance(spec, str):
-        return verdict(_NAME, False, spec, strict)
-    failure = first_failure_in_ranks(
-        _run_cases, spec, world_sizes, (per_rank, 7), timeout=timeout, hint=_HINT,
-        hang_hint="Does every rank call all_reduce on the same tensors, in the same order?")
-    if failure is not None and _UNANSWERED in failure:
-        return unanswered(_NAME, strict)
-    if failure is not None:
-        return verdict(_NAME, False, failure, strict)
-    return verdict(_NAME, True, f"every .grad equals the whole-batch gradient for world sizes "
-                   f"{list(world_sizes)} and {len(_MODELS)} models.", strict)
+    return check_in_ranks(
+        _NAME, fn, "my_ddp:average_gradients", _run_cases, (per_rank, 7),
+        world_sizes=world_sizes, timeout=timeout, hint=_HINT,
+        hang_hint="Does every rank call all_reduce on the same tensors, in the same order?",
+        passed=f"every .grad equals the whole-batch gradient for world sizes "
+               f"{list(world_sizes)} and {len(_MODELS)} models.", strict=strict)
 
 
 # ================================================================================================
@@ -299,11 +283,9 @@ def _ddp_cases(spec, per_rank: int, steps: int, cap_mb: float | None, seed: int)
     from ._ddp_cases import CASES
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    try:
-        cls = resolve(spec)
-    except Exception as e:  # the file is missing, or does not define the class
-        return (f"could not import your class in the workers: {type(e).__name__}: {e} "
-                "(did the %%writefile cell run?)")
+    cls, error = load_answer(spec, "class")
+    if error:
+        return error
     recorder = _AllReduceRecorder()
     dist.all_reduce = recorder
     try:
@@ -335,7 +317,7 @@ def _ddp_one_case(cls, case: str, build, recorder: _AllReduceRecorder, rank: int
                f"{type(e).__name__}: {' '.join(str(e).split())}"
     theirs = nn.parallel.DistributedDataParallel(theirs_net, bucket_cap_mb=cap_mb or 25)
     if mine is None:
-        return _UNANSWERED
+        return UNANSWERED
     named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
     for _, p in named:  # after the learner's hooks: runs once the learner's hook has returned
         p.register_post_accumulate_grad_hook(lambda p: recorder.events.append("grad"))
@@ -375,7 +357,7 @@ def _ddp_one_step(mine, net, plain, theirs, theirs_net, recorder: _AllReduceReco
         F.cross_entropy(mine(X[mine_x]), y[mine_x]).backward()
         raised = None
     except NotImplementedError:
-        raised = _UNANSWERED
+        raised = UNANSWERED
     except Exception as e:
         raised = (recorder.mismatch if recorder.mismatch is not None else
                   f"forward or backward raised {type(e).__name__}: {' '.join(str(e).split())}")
@@ -443,7 +425,7 @@ def check_ddp(cls: type | str | None, *, bucket_cap_mb: float | None = None,
 
     ``cls(module)`` (or ``cls(module, bucket_cap_mb=...)`` when ``bucket_cap_mb`` is given)
     wraps a model that starts with the same weights on every rank; calling it runs the model.
-    For each world size, ``launch`` starts that many processes; each wraps five small models
+    For each world size, a process group of that many worker processes; each wraps five small models
     (an MLP; one registered in another order than it runs; one with a tied weight; one with a
     frozen layer; one whose branches run in a rank-dependent order) with the learner's class
     and with ``torch.nn.parallel.DistributedDataParallel``, takes ``steps`` SGD steps on its
@@ -460,7 +442,7 @@ def check_ddp(cls: type | str | None, *, bucket_cap_mb: float | None = None,
         world_sizes: numbers of processes to try.
         per_rank: examples per rank and step.
         steps: SGD steps per model (a class that works once and not twice fails).
-        timeout: seconds for each launch (a class that hangs fails, it does not hang).
+        timeout: seconds for each world size (a class that hangs fails, it does not hang).
         strict: raise ``AssertionError`` on a wrong answer.
 
     Returns:
@@ -471,18 +453,11 @@ def check_ddp(cls: type | str | None, *, bucket_cap_mb: float | None = None,
         return verdict(name, None, "write your class to a file and pass it here.", strict)
     if bucket_cap_mb is not None and not bucket_cap_mb > 0:
         return verdict(name, False, f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}.", strict)
-    spec = worker_spec(cls, "my_ddp:OverlapDDP")
-    if isinstance(spec, str):
-        return verdict(name, False, spec, strict)
-    failure = first_failure_in_ranks(
-        _ddp_cases, spec, world_sizes, (per_rank, steps, bucket_cap_mb, 11), timeout=timeout,
-        hint=_DDP_HINT,
+    return check_in_ranks(
+        name, cls, "my_ddp:OverlapDDP", _ddp_cases, (per_rank, steps, bucket_cap_mb, 11),
+        world_sizes=world_sizes, timeout=timeout, hint=_DDP_HINT,
         hang_hint="Does every rank launch the same all-reduces, and is every one waited for "
-                  "(a hook waiting for a gradient that never comes, a frozen parameter?)")
-    if failure is not None and _UNANSWERED in failure:
-        return unanswered(name, strict)
-    if failure is not None:
-        return verdict(name, False, failure, strict)
-    return verdict(name, True, f"every .grad equals torch's DDP after each of {steps} steps, "
-                   f"for world sizes {list(world_sizes)} and 5 models (out-of-order "
-                   f"registration, tied and frozen parameters, rank-dependent order).", strict)
+                  "(a hook waiting for a gradient that never comes, a frozen parameter?)",
+        passed=f"every .grad equals torch's DDP after each of {steps} steps, for world sizes "
+               f"{list(world_sizes)} and 5 models (out-of-order registration, tied and frozen "
+               f"parameters, rank-dependent order).", strict=strict)

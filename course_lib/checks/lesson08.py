@@ -23,22 +23,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._core import (
-    ExerciseResult,
-    call_bounded,
-    failure,
-    first_failure_in_ranks,
-    resolve,
-    unanswered,
-    verdict,
-    worker_spec,
-)
+from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
+from ._launch import UNANSWERED, check_in_ranks, load_answer
 
 __all__ = ["check_epoch_shards", "check_exact_accuracy"]
 
 _NAME = "exact_accuracy"
-#: What a rank reports when the learner's code still raises NotImplementedError (a scaffold).
-_UNANSWERED = "not answered: NotImplementedError"
 _HINT = ("evaluate X[rank::world_size] (every example once, shards differ by at most one), "
          "all-reduce the integers (correct, count) and return correct / count.")
 #: float32's precision: a float32 answer passes, every popular wrong one differs by far more
@@ -113,11 +103,9 @@ def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed
                ) -> str | None:
     """Every size of ``sizes`` on this rank; the first failure as text, or None."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    try:
-        exact_accuracy = resolve(fn)
-    except Exception as e:  # the file is missing, or does not define the function
-        return (f"could not import your function in the workers: {type(e).__name__}: {e} "
-                "(did the %%writefile cell run?)")
+    exact_accuracy, error = load_answer(fn)
+    if error:
+        return error
     for n in sizes:
         model, X, y, correct = _case(n, seed)
         want = correct.sum().item() / n
@@ -126,7 +114,7 @@ def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed
             got = exact_accuracy(model, X.clone(), y.clone())
             got = float(got.item() if isinstance(got, torch.Tensor) else got)
         except NotImplementedError:
-            return _UNANSWERED
+            return UNANSWERED
         except Exception as e:
             return f"{where}: your function raised {type(e).__name__}: {' '.join(str(e).split())}"
         if abs(got - want) > _TOL:
@@ -156,17 +144,18 @@ def check_exact_accuracy(fn: Callable | str | None, *,
                          strict: bool = False) -> ExerciseResult:
     """Exercise 08: ``fn(model, X, y)`` returns the exact accuracy of the whole set on every rank.
 
-    For each world size, ``launch`` starts that many processes; each gets the same classifier
-    and the same evaluation set (X (N, 5), y (N,), N in ``sizes``: not divisible by 3 or 4, and
-    10 not by 4), calls ``fn(model, X, y)`` and compares the result with one process's accuracy
-    on the whole set; then checks that the ranks together evaluated every example exactly once.
+    For each world size, a process group of that many worker processes; each gets the same
+    classifier and the same evaluation set (X (N, 5), y (N,), N in ``sizes``: not divisible by 3
+    or 4, and 10 not by 4), calls ``fn(model, X, y)`` and compares the result with one process's
+    accuracy on the whole set; then checks that the ranks together evaluated every example
+    exactly once.
 
     Args:
         fn: the learner's function, importable by worker processes, or ``"module:function"``
             (imported in the workers from the current folder); None: not answered yet.
         world_sizes: numbers of processes to try.
         sizes: evaluation-set sizes to try.
-        timeout: seconds for each launch (a function that hangs fails, it does not hang).
+        timeout: seconds for each world size (a function that hangs fails, it does not hang).
         strict: raise ``AssertionError`` on a wrong answer.
 
     Returns:
@@ -175,19 +164,13 @@ def check_exact_accuracy(fn: Callable | str | None, *,
     if fn is None:
         return verdict(_NAME, None, "write exact_accuracy(model, X, y) to a file and pass it "
                        "here.", strict)
-    spec = worker_spec(fn, "my_eval:exact_accuracy")
-    if isinstance(spec, str):
-        return verdict(_NAME, False, spec, strict)
-    failure = first_failure_in_ranks(
-        _run_cases, spec, world_sizes, (tuple(sizes), 8), timeout=timeout, hint=_HINT,
-        hang_hint="Does every rank call the same collectives, in the same order?")
-    if failure is not None and _UNANSWERED in failure:
-        return unanswered(_NAME, strict)
-    if failure is not None:
-        return verdict(_NAME, False, failure, strict)
-    return verdict(_NAME, True, f"the exact accuracy on every rank, every example counted once, "
-                   f"for world sizes {list(world_sizes)} and {len(sizes)} set sizes "
-                   f"{list(sizes)}.", strict)
+    return check_in_ranks(
+        _NAME, fn, "my_eval:exact_accuracy", _run_cases, (tuple(sizes), 8),
+        world_sizes=world_sizes, timeout=timeout, hint=_HINT,
+        hang_hint="Does every rank call the same collectives, in the same order?",
+        passed=f"the exact accuracy on every rank, every example counted once, for world "
+               f"sizes {list(world_sizes)} and {len(sizes)} set sizes {list(sizes)}.",
+        strict=strict)
 
 
 # ================================================================================================

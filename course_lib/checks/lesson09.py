@@ -20,16 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from ._core import (
-    ExerciseResult,
-    call_bounded,
-    failure,
-    first_failure_in_ranks,
-    resolve,
-    unanswered,
-    verdict,
-    worker_spec,
-)
+from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
+from ._launch import UNANSWERED, check_in_ranks, load_answer
 
 __all__ = ["check_resume", "check_syncbn"]
 
@@ -38,8 +30,6 @@ __all__ = ["check_resume", "check_syncbn"]
 # ================================================================================================
 
 _BN_NAME = "sync_batchnorm"
-#: What a rank reports when the learner's code still raises NotImplementedError (a scaffold).
-_UNANSWERED = "not answered: NotImplementedError"
 _BN_HINT = ("forward: all-reduce each channel's [count, sum x, sum x^2], normalise with the "
             "global mean and biased variance, update running_var with the unbiased one "
             "(times n / (n - 1), n the global count); backward: all-reduce each channel's "
@@ -116,10 +106,14 @@ def _bn_backward_hint(dx: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, mean,
 def _syncbn_cases(spec, steps: int, seed: int) -> str | None:
     """In every rank: ``steps`` training steps of the learner's layer on uneven shards."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    cls, error = load_answer(spec, "class")
+    if error:
+        return error
     try:
-        cls = resolve(spec)
         mine = cls(_C).double().train()
         reference = nn.BatchNorm2d(_C).double().train()    # one process, the global batch
+    except NotImplementedError:
+        return UNANSWERED
     except Exception as e:
         return f"rank {rank}: could not build {_C} channels: {type(e).__name__}: {e}"
     sizes = _SHARDS.get(world, [(3 + 2 * r) % 7 + 2 for r in range(world)])
@@ -150,7 +144,7 @@ def _syncbn_cases(spec, steps: int, seed: int) -> str | None:
             out = mine(x)
             out.backward(dys[rank])
         except NotImplementedError:
-            failure_text = _UNANSWERED
+            failure_text = UNANSWERED
         except Exception as e:
             failure_text = f"{where}: raised {type(e).__name__}: {' '.join(str(e).split())}"
         if failure_text is None:
@@ -203,11 +197,11 @@ def check_syncbn(cls: type | str | None, *, world_sizes: tuple[int, ...] = (2, 3
                  steps: int = 2, timeout: float = 60.0, strict: bool = False) -> ExerciseResult:
     """Exercise 09: ``cls(num_features)`` normalises over the global batch of all ranks.
 
-    For each world size, ``launch`` starts that many processes with shards of different sizes
-    (5 and 3 examples; 5, 3 and 8), inputs (n_r, 3, 2, 2) in float64. Each rank runs the
-    learner's layer (``.double()``, training mode, weight and bias set) on its shard, forward
-    and backward, for ``steps`` steps, and compares with one ``nn.BatchNorm2d`` on the whole
-    batch: this rank's rows of the output and of the input gradient, the weight and bias
+    For each world size, a process group of that many worker processes, with shards of
+    different sizes (5 and 3 examples; 5, 3 and 8), inputs (n_r, 3, 2, 2) in float64. Each rank
+    runs the learner's layer (``.double()``, training mode, weight and bias set) on its shard,
+    forward and backward, for ``steps`` steps, and compares with one ``nn.BatchNorm2d`` on the
+    whole batch: this rank's rows of the output and of the input gradient, the weight and bias
     gradients summed over the ranks (as DDP combines them), and the running statistics.
 
     Args:
@@ -215,7 +209,7 @@ def check_syncbn(cls: type | str | None, *, world_sizes: tuple[int, ...] = (2, 3
             (imported in the workers from the current folder); None: not answered yet.
         world_sizes: numbers of processes to try.
         steps: training steps (the running statistics move twice).
-        timeout: seconds for each launch (a layer that hangs fails, it does not hang).
+        timeout: seconds for each world size (a layer that hangs fails, it does not hang).
         strict: raise ``AssertionError`` on a wrong answer.
 
     Returns:
@@ -224,20 +218,13 @@ def check_syncbn(cls: type | str | None, *, world_sizes: tuple[int, ...] = (2, 3
     if cls is None:
         return verdict(_BN_NAME, None, "write your SyncBatchNorm class to a file and pass it "
                        "here.", strict)
-    spec = worker_spec(cls, "my_syncbn:SyncBatchNorm")
-    if isinstance(spec, str):
-        return verdict(_BN_NAME, False, spec, strict)
-    found = first_failure_in_ranks(
-        _syncbn_cases, spec, world_sizes, (steps, 3), timeout=timeout, hint=_BN_HINT,
+    return check_in_ranks(
+        _BN_NAME, cls, "my_syncbn:SyncBatchNorm", _syncbn_cases, (steps, 3),
+        world_sizes=world_sizes, timeout=timeout, hint=_BN_HINT,
         hang_hint="Does every rank call the same collectives, in the same order, in forward "
-                  "and in backward?")
-    if found is not None and _UNANSWERED in found:
-        return unanswered(_BN_NAME, strict)
-    if found is not None:
-        return verdict(_BN_NAME, False, found, strict)
-    return verdict(_BN_NAME, True, f"output, gradients and running statistics equal "
-                   f"BatchNorm2d's on the global batch, on uneven shards, for world sizes "
-                   f"{list(world_sizes)}.", strict)
+                  "and in backward?",
+        passed=f"output, gradients and running statistics equal BatchNorm2d's on the global "
+               f"batch, on uneven shards, for world sizes {list(world_sizes)}.", strict=strict)
 
 
 # ================================================================================================

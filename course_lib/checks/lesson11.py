@@ -22,7 +22,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ._core import ExerciseResult, first_failure_in_ranks, resolve, verdict, worker_spec
+from ._core import ExerciseResult, verdict
+from ._launch import UNANSWERED, check_in_ranks, load_answer
+from ._zero_cases import MODELS as _ZERO_MODELS
 
 __all__ = ["check_fsdp", "check_zero"]
 
@@ -32,49 +34,10 @@ def _short(t: torch.Tensor) -> str:
     return f"[{values}{', ...' if t.numel() > 3 else ''}] of shape {tuple(t.shape)}"
 
 
-def _import(spec) -> tuple[Callable | None, str | None]:
-    try:
-        return resolve(spec), None
-    except Exception as e:  # the file is missing, or does not define the class
-        return None, (f"could not import your class in the workers: {type(e).__name__}: {e} "
-                      "(did the %%writefile cell run?)")
-
-
 # ------------------------------------------------------------------------------------------------
 # ZeRO-1
 # ------------------------------------------------------------------------------------------------
 
-class _MLP(nn.Module):
-    """Linear 7 -> 13 -> 5 -> 3: parameter sizes 91, 13, 65, 5, 15, 3."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(7, 13), nn.Linear(13, 5), nn.Linear(5, 3)
-
-    def forward(self, X):                                       # (B, 7)
-        return self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(X)))))  # (B, 3)
-
-
-class _Tied(_MLP):
-    """One weight used by two layers (``parameters()`` lists it once)."""
-
-    def __init__(self):
-        super().__init__()
-        self.again = nn.Linear(7, 13)
-        self.again.weight = self.fc1.weight
-
-    def forward(self, X):
-        h = torch.tanh(self.fc1(X)) + torch.tanh(self.again(X))
-        return self.fc3(torch.tanh(self.fc2(h)))
-
-
-def _frozen() -> nn.Module:
-    net = _MLP()
-    net.fc2.requires_grad_(False)
-    return net
-
-
-_ZERO_MODELS = {"mlp": _MLP, "tied": _Tied, "frozen fc2": _frozen}
 _OPTIMIZERS = {"AdamW(lr=0.01, weight_decay=0.1)": (torch.optim.AdamW,
                                                     dict(lr=0.01, weight_decay=0.1)),
                "SGD(lr=0.05, momentum=0.9)": (torch.optim.SGD, dict(lr=0.05, momentum=0.9))}
@@ -86,7 +49,7 @@ _ZERO_HINT = ("assign each parameter to one rank (largest first, to the rank wit
 
 def _zero_cases(spec, steps: int, seed: int) -> str | None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    cls, error = _import(spec)
+    cls, error = load_answer(spec, "class")
     if error:
         return error
     for model, build in _ZERO_MODELS.items():
@@ -97,6 +60,8 @@ def _zero_cases(spec, steps: int, seed: int) -> str | None:
             ref = copy.deepcopy(net)
             try:
                 zero = cls(net.parameters(), opt_cls, **options)
+            except NotImplementedError:
+                return UNANSWERED
             except Exception as e:
                 return f"{where}: your constructor raised {type(e).__name__}: {e}"
             oracle = opt_cls(ref.parameters(), **options)
@@ -111,6 +76,8 @@ def _zero_cases(spec, steps: int, seed: int) -> str | None:
                     zero.zero_grad()
                     F.cross_entropy(net(X), y).backward()
                     zero.step()
+                except NotImplementedError:
+                    return UNANSWERED
                 except Exception as e:
                     return f"{where}, step {step}: your optimizer raised {type(e).__name__}: {e}"
                 mine = torch.cat([p.detach().flatten() for p in net.parameters()])
@@ -156,7 +123,8 @@ def check_zero(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
                steps: int = 3, timeout: float = 120.0, strict: bool = False) -> ExerciseResult:
     """Exercise 11.1: ``cls(params, optimizer_class, **defaults)``, a ZeRO-1 optimizer.
 
-    For each world size, ``launch`` starts that many processes; each builds the same small model
+    For each world size, a process group of that many worker processes; each builds the same
+    small model
     (an MLP, one with tied weights, one with a frozen layer), gives your optimizer and the
     unsharded one the same gradients for ``steps`` steps (AdamW with weight decay, SGD with
     momentum), and compares every parameter after every step. Then: your ``self.optim`` (the
@@ -168,23 +136,19 @@ def check_zero(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
             answered yet.
         world_sizes: numbers of processes to try.
         steps: optimizer steps per case.
-        timeout: seconds for each launch (a class that hangs fails, it does not hang).
+        timeout: seconds for each world size (a class that hangs fails, it does not hang).
         strict: raise ``AssertionError`` on a wrong answer.
     """
     name = "ZeRO-1"
     if cls is None:
         return verdict(name, None, "write your class to a file and pass it here.", strict)
-    spec = worker_spec(cls, "my_zero:ZeRO1")
-    if isinstance(spec, str):
-        return verdict(name, False, spec, strict)
-    failure = first_failure_in_ranks(
-        _zero_cases, spec, world_sizes, (steps, 3), timeout=timeout, hint=_ZERO_HINT,
-        hang_hint="Does every rank make the same broadcasts, in the same order?")
-    if failure is not None:
-        return verdict(name, False, failure, strict)
-    return verdict(name, True, f"equal to the unsharded optimizer for world sizes "
-                   f"{list(world_sizes)}, {len(_ZERO_MODELS)} models and "
-                   f"{len(_OPTIMIZERS)} optimizers; each rank steps only its shard.", strict)
+    return check_in_ranks(
+        name, cls, "my_zero:ZeRO1", _zero_cases, (steps, 3), world_sizes=world_sizes,
+        timeout=timeout, hint=_ZERO_HINT,
+        hang_hint="Does every rank make the same broadcasts, in the same order?",
+        passed=f"equal to the unsharded optimizer for world sizes {list(world_sizes)}, "
+               f"{len(_ZERO_MODELS)} models and {len(_OPTIMIZERS)} optimizers; each rank steps "
+               f"only its shard.", strict=strict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -206,7 +170,7 @@ def _flat(linear: nn.Linear, grad: bool = False) -> torch.Tensor:
 
 def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    cls, error = _import(spec)
+    cls, error = load_answer(spec, "class")
     if error:
         return error
     where = f"world_size={world}, rank {rank}"
@@ -215,6 +179,8 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
     ref = nn.Sequential(layers[0], nn.Tanh(), layers[1])
     try:
         units = [cls(copy.deepcopy(layer)) for layer in layers]
+    except NotImplementedError:
+        return UNANSWERED
     except Exception as e:
         return f"{where}: your constructor raised {type(e).__name__}: {e}"
     ref = copy.deepcopy(ref)
@@ -271,6 +237,8 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
                         "held: FSDP frees the gathered parameters after forward and gathers "
                         "them again in backward (save X and the shard, not W).")
             loss.backward()
+        except NotImplementedError:
+            return UNANSWERED
         except Exception as e:
             return f"{where}, step {step}: forward or backward raised {type(e).__name__}: {e}"
         for unit, layer, (a, b) in zip(units, (ref[0], ref[2]), _SIZES):
@@ -298,7 +266,8 @@ def check_fsdp(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
                steps: int = 2, timeout: float = 120.0, strict: bool = False) -> ExerciseResult:
     """Exercise 11.2: ``cls(linear)``, one Linear layer as a simplified FSDP unit.
 
-    For each world size, ``launch`` starts that many processes; each wraps Linear(16, 12) and
+    For each world size, a process group of that many worker processes; each wraps
+    Linear(16, 12) and
     Linear(12, 5) (204 and 65 elements: 3 and 4 do not divide them) in your class, checks each
     ``self.shard`` (a 1-D ``nn.Parameter`` of ``ceil(N / world_size)`` elements: rank's slice of
     ``[weight.flatten(), bias]`` padded with zeros), trains ``steps`` SGD steps with each rank on
@@ -311,21 +280,17 @@ def check_fsdp(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
             answered yet.
         world_sizes: numbers of processes to try.
         steps: training steps.
-        timeout: seconds for each launch.
+        timeout: seconds for each world size.
         strict: raise ``AssertionError`` on a wrong answer.
     """
     name = "FSDP unit"
     if cls is None:
         return verdict(name, None, "write your class to a file and pass it here.", strict)
-    spec = worker_spec(cls, "my_fsdp:ShardedLinear")
-    if isinstance(spec, str):
-        return verdict(name, False, spec, strict)
-    failure = first_failure_in_ranks(
-        _fsdp_cases, spec, world_sizes, (steps, 5), timeout=timeout, hint=_FSDP_HINT,
+    return check_in_ranks(
+        name, cls, "my_fsdp:ShardedLinear", _fsdp_cases, (steps, 5), world_sizes=world_sizes,
+        timeout=timeout, hint=_FSDP_HINT,
         hang_hint="Does every rank make the same collectives (all-gather in forward and in "
-                  "backward, reduce-scatter in backward)?")
-    if failure is not None:
-        return verdict(name, False, failure, strict)
-    return verdict(name, True, f"shards, averaged gradients and {steps} training steps equal one "
-                   f"process on the whole batch for world sizes {list(world_sizes)}; the full "
-                   "weights are freed between forward and backward.", strict)
+                  "backward, reduce-scatter in backward)?",
+        passed=f"shards, averaged gradients and {steps} training steps equal one process on "
+               f"the whole batch for world sizes {list(world_sizes)}; the full weights are freed "
+               "between forward and backward.", strict=strict)

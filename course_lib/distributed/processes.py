@@ -9,26 +9,32 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 __all__ = ["descendant_processes", "group_alive", "kill_processes", "pid_alive",
            "stop_process_groups", "tagged_processes"]
 
 
+def _live_processes() -> Iterator[tuple[int, int, int]]:
+    """``(pid, parent pid, process group)`` of every live process that is not a zombie, read
+    from Linux's /proc (the caller checks that /proc exists)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # after "pid (command)": state, ppid, pgrp, ... (the command may hold ")")
+                state, ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):  # it exited while we looked
+            continue
+        if state not in ("Z", "X"):
+            yield int(entry), int(ppid), int(pgrp)
+
+
 def group_alive(pgid: int) -> bool:
     """Whether process group ``pgid`` still has a member that is not a zombie."""
     if os.path.isdir("/proc"):
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:  # it exited while we looked
-                continue
-            if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:  # state, ..., pgrp
-                return True
-        return False
+        return any(pgrp == pgid for _, _, pgrp in _live_processes())
     try:  # no /proc: ask the kernel (zombies count as alive here)
         os.killpg(pgid, 0)
         return True
@@ -113,16 +119,8 @@ def descendant_processes(pids: Sequence[int]) -> list[int]:
     if not os.path.isdir("/proc"):
         return []
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # it exited while we looked
-            continue
-        if fields[0] not in ("Z", "X"):
-            children.setdefault(int(fields[1]), []).append(int(entry))  # state, ppid
+    for pid, ppid, _ in _live_processes():
+        children.setdefault(ppid, []).append(pid)
     found, todo = [], list(pids)
     while todo:
         for child in children.get(todo.pop(), []):

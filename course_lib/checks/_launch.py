@@ -1,0 +1,214 @@
+"""Checking a learner's answer in real worker processes, under a deadline, for several world sizes.
+
+The machinery of every checker whose answer must run in a process group (lessons 07, 08, 09, 11):
+the learner's function or class travels to the workers (``worker_spec``, ``load_answer``), one
+``course_lib.distributed.launch`` runs the checker's worker in a group of each world size in turn,
+and the first failing case becomes the verdict (``check_in_ranks``). PyTorch counterpart: none
+(torch's own tests use ``MultiProcessTestCase``, one process group per test). Read more: notebook
+06 (``launch``) and ``course_lib/checks/_core.py`` (verdicts).
+
+Why one launch for all world sizes: a fresh worker process pays seconds the first time it builds
+torch's DDP or steps an optimizer (both import ``torch._dynamo``). One launch of
+``max(world_sizes)`` processes forms a group of each size in turn from the same processes (the
+ranks beyond it wait), so 2, 3 and 4 ranks cost 4 process starts instead of 9. Each world size
+stays bounded by ``timeout`` on its own: a watchdog in every process ends the launch when one
+overruns, and the verdict names that world size.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..devices import cpu_cores
+from ._core import ExerciseResult, unanswered, verdict
+
+__all__ = ["UNANSWERED", "check_in_ranks", "first_failure_in_ranks", "load_answer", "resolve",
+           "worker_spec"]
+
+#: What a rank's worker returns when the learner's code still raises NotImplementedError.
+UNANSWERED = "not answered: NotImplementedError"
+#: Exit code of a worker whose world size ran past its time (the launch then stops them all).
+_OVERRAN = 70
+
+
+# ---- the learner's function, as worker processes receive and import it -------------------------
+
+def worker_spec(fn: Callable | str, example: str) -> Callable | tuple[str, str, str] | str:
+    """What worker processes receive for the learner's ``fn``: the function itself, or
+    ``(module, name, folder)`` for a ``"module:function"`` string (imported afresh in each
+    worker from the current folder, so an edited file needs no kernel restart), or an error
+    message (str) saying what to do. ``example`` is the string form to suggest.
+    """
+    if isinstance(fn, str):
+        module_name, sep, attr = fn.partition(":")
+        if not sep or not module_name or not attr:
+            return (f"expected a function or a string 'module:function' such as {example!r}, "
+                    f"got {fn!r}.")
+        return (module_name, attr, os.getcwd())
+    if not callable(fn):
+        return f"expected a function or a string 'module:function', got {type(fn).__name__}."
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
+        file = example.partition(":")[0]
+        return ("worker processes cannot import a function defined in a notebook cell (or "
+                f"inside another function). Write it to a file with %%writefile {file}.py and "
+                f"pass {example!r}.")
+    return fn
+
+
+def resolve(spec: Callable | tuple[str, str, str]) -> Callable:
+    """In a worker: the learner's function, given or imported from (module, name, folder)."""
+    if callable(spec):
+        return spec
+    module_name, attr, folder = spec
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    importlib.invalidate_caches()
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def load_answer(spec: Callable | tuple[str, str, str],
+                what: str = "function") -> tuple[Callable | None, str | None]:
+    """In a worker: ``(the learner's function or class, None)``, or ``(None, what went wrong)``
+    when its file is missing or does not define it."""
+    try:
+        return resolve(spec), None
+    except Exception as e:  # noqa: BLE001 - any import error is the learner's, said in words
+        return None, (f"could not import your {what} in the workers: {type(e).__name__}: {e} "
+                      "(did the %%writefile cell run?)")
+
+
+# ---- one launch, a process group of each world size in turn ------------------------------------
+
+def _mark(folder: str, name: str) -> None:
+    """Leave an empty file ``name`` in ``folder``: how workers tell the launcher where they were."""
+    with open(os.path.join(folder, name), "a"):
+        pass
+
+
+def _marked(folder: str, prefix: str) -> int | None:
+    """The largest N of the files ``prefix-N`` in ``folder`` (None if there is none)."""
+    found = [int(name.rpartition("-")[2]) for name in os.listdir(folder)
+             if name.startswith(prefix + "-")]
+    return max(found, default=None)
+
+
+def _overran(folder: str, index: int) -> None:
+    """The watchdog's end: world size number ``index`` ran past its time; stop this process
+    (the launch then kills the others and the launcher reads the mark)."""
+    _mark(folder, f"overran-{index}")
+    os._exit(_OVERRAN)
+
+
+def _in_each_world(worker: Callable, spec: Any, world_sizes: list[int], args: tuple,
+                   folder: str, timeout: float) -> list[str | None] | None:
+    """In every process of the launch: ``worker(spec, *args)`` in a group of each world size.
+
+    The ranks below the world size form a fresh default group (a file rendezvous in
+    ``folder``), so the learner's code sees ``dist.get_world_size()`` equal to it; the others
+    wait. Every process then reads every rank's result; all return the first world size's
+    results that hold a failure (one entry per rank), or None when every world size passed.
+    """
+    rank = dist.get_rank()
+    dist.destroy_process_group()  # launch's group of every process: each size gets its own
+    store = dist.FileStore(os.path.join(folder, "store"), max(world_sizes))
+    store.set_timeout(timedelta(seconds=timeout * (len(world_sizes) + 1)))
+    for index, world in enumerate(world_sizes):
+        watchdog = threading.Timer(timeout, _overran, args=(folder, index))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            if rank < world:
+                _mark(folder, f"entered-{index}")
+                torch.set_num_threads(max(1, cpu_cores() // world))
+                dist.init_process_group("gloo", store=dist.PrefixStore(f"group{index}/", store),
+                                        rank=rank, world_size=world,
+                                        timeout=timedelta(seconds=2 * timeout))
+                try:
+                    found = worker(spec, *args)
+                finally:
+                    dist.destroy_process_group()
+                store.set(f"result{index}/{rank}", pickle.dumps(found))
+            results = [pickle.loads(store.get(f"result{index}/{r}")) for r in range(world)]
+        finally:
+            watchdog.cancel()
+        if any(r is not None for r in results):
+            return results
+    return None
+
+
+def first_failure_in_ranks(worker: Callable, spec: Any, world_sizes: Sequence[int],
+                           args: tuple, *, timeout: float, hang_hint: str,
+                           hint: str) -> str | None:
+    """Run ``worker(spec, *args)`` in a process group of each world size; the first failure.
+
+    One ``launch`` of ``max(world_sizes)`` processes (gloo: the checkers' cases are small CPU
+    tensors) forms a group of each size in turn. Each rank's worker returns None or a
+    description of what it found wrong. A world size that takes more than ``timeout`` seconds
+    becomes "no result within N s" with ``hang_hint``; a rank that raised or died, its first
+    line; a wrong value, the description followed by ``hint``. None when every rank of every
+    world size was right.
+    """
+    from ..distributed.launch import LaunchTimeout, WorkerError, launch
+
+    world_sizes = list(world_sizes)
+    if not world_sizes:  # the checker's author's mistake: "correct for no world size"
+        raise ValueError("first_failure_in_ranks needs at least one world size, got none.")
+    folder = tempfile.mkdtemp(prefix=f"course_check_{os.getpid()}_")
+    hung = f"no result within {timeout:g} s. {hang_hint}"
+    try:
+        try:
+            results = launch(_in_each_world, max(world_sizes), worker, spec, world_sizes, args,
+                             folder, timeout, backend="gloo",
+                             timeout=timeout * (len(world_sizes) + 1))
+        except LaunchTimeout:
+            return f"world_size={world_sizes[_marked(folder, 'entered') or 0]}: {hung}"
+        except WorkerError as e:
+            index = _marked(folder, "overran")
+            if index is not None:
+                return f"world_size={world_sizes[index]}: {hung}"
+            index = _marked(folder, "entered") or 0
+            return f"world_size={world_sizes[index]}: {str(e).splitlines()[0]}"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if results[0] is None:
+        return None
+    # a rank that saw a wrong value says more than a peer whose collective then broke
+    found = sorted((f for f in results[0] if f is not None), key=lambda f: "raised" in f)
+    return f"{found[0]} Hint: {hint}"
+
+
+# ---- the whole check ---------------------------------------------------------------------------
+
+def check_in_ranks(name: str, answer: Callable | str, example: str, worker: Callable,
+                   args: tuple, *, world_sizes: Sequence[int], timeout: float, hint: str,
+                   hang_hint: str, passed: str, strict: bool) -> ExerciseResult:
+    """The verdict on a learner's ``answer`` (a function, a class or ``"module:name"``) that
+    ``worker(spec, *args)`` judges in every rank of each world size.
+
+    A function workers cannot import is refused with what to do (``example`` is the string to
+    suggest); a worker that returns ``UNANSWERED`` (the learner's code still raises
+    ``NotImplementedError``) makes it "not answered yet"; the first failure, "not yet right";
+    else ``passed``, "correct".
+    """
+    spec = worker_spec(answer, example)
+    if isinstance(spec, str):
+        return verdict(name, False, spec, strict)
+    found = first_failure_in_ranks(worker, spec, world_sizes, args, timeout=timeout,
+                                   hang_hint=hang_hint, hint=hint)
+    if found is not None and UNANSWERED in found:
+        return unanswered(name, strict)
+    if found is not None:
+        return verdict(name, False, found, strict)
+    return verdict(name, True, passed, strict)
