@@ -98,12 +98,12 @@ def _time_steps(models: list[str], quick: bool, samples: int, steps: int | None,
         y = torch.randint(0, 10, (n,), generator=g).to(device)     # (n,)
         variants = {name: _steps(_wrap(name, copy.deepcopy(base)), X, y, k)
                     for name in IMPLEMENTATIONS}
+        least_s = min_sample_s if min_sample_s is not None else 0.01 if quick else least_s
         # every implementation interleaved in these processes; each sample a loop of calls
-        # sized from the median of several, the slowest rank's time; barrier before each
+        # sized from the median of 3 single calls, the slowest rank's time; barrier before each
         timed = compare(variants, samples=samples, baseline="torch", warmup=warmup,
-                        min_sample_seconds=(0.01 if quick else least_s) if min_sample_s is None
-                        else min_sample_s, calibration_calls=2 if quick else 3,
-                        device=device, before=dist.barrier, reduce=_slowest)
+                        min_sample_seconds=least_s, calibration_calls=3, device=device,
+                        before=dist.barrier, reduce=_slowest)
         # seconds per call of k steps -> seconds per step (ratios do not change)
         per_step = {name: [s / k for s in seconds] for name, seconds in timed.seconds.items()}
         out[model] = {**dataclasses.replace(timed, seconds=per_step, _ratios={}).to_json(),
