@@ -23,6 +23,7 @@ from itertools import islice
 
 import torch
 
+from ..config import quick_mode
 from ..data import load_fashion_mnist
 from ..devices import try_gpu
 from ..models.lenet import init_lenet_params
@@ -42,7 +43,7 @@ def _forever(batches: Iterable) -> Iterator:
 
 
 def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: int = 16,
-                            samples: int | None = None, min_sample_s: float = 0.2,
+                            samples: int | None = None, min_sample_s: float | None = None,
                             quick: bool | None = None, device: torch.device | None = None,
                             stamp: LoadStamp | None = None) -> dict:
     """Train LeNet through each input path, interleaved; seconds per epoch and their ratio.
@@ -53,7 +54,8 @@ def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: i
             ``epochs`` epochs of each path are timed.
         chunks: a timed call trains on ``1 / chunks`` of an epoch's batches.
         samples: timed samples per path (at least 2; default ``epochs * chunks``).
-        min_sample_s: a sample loops over enough calls to last at least this long.
+        min_sample_s: a sample loops over enough calls to last at least this long (default
+            0.2 s; 0.02 s on the quick slice, whose calls are one batch each).
         quick: the quick-mode slice of the data (default: quick mode).
         device: where the fast path keeps its data and the network runs (default a GPU if
             any).
@@ -73,6 +75,9 @@ def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: i
                          f"need several) and chunks >= 1, got samples={samples}, "
                          f"chunks={chunks}.")
     device = device if device is not None else try_gpu()
+    quick = quick_mode() if quick is None else quick
+    if min_sample_s is None:
+        min_sample_s = 0.02 if quick else 0.2
     paths = {
         "fast": load_fashion_mnist(batch_size, fast=True, device=device, quick=quick, seed=0)[0],
         "dataloader": load_fashion_mnist(batch_size, fast=False, quick=quick)[0],
@@ -98,7 +103,8 @@ def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: i
         out[f"{name}_min_s_per_epoch"] = min(per_epoch[name])
     out.update({"ratio_fast_over_dataloader": ratio, "ratio_interval": [lo, hi],
                 "verdict": timed.verdict("fast"), "batches_per_epoch": n_batches,
-                "batches_per_call": size, "comparison": timed.to_json()})
+                "batches_per_call": size, "min_sample_s": min_sample_s,
+                "comparison": timed.to_json()})
     return out
 
 
@@ -111,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                     "calibration, one epoch of each path)")
     ap.add_argument("--epochs", type=int, default=None,
                     help="older spelling: --samples becomes epochs x 16")
-    ap.add_argument("--min-sample-ms", type=float, default=200.0,
-                    help="the least a sample lasts (default 200)")
+    ap.add_argument("--min-sample-ms", type=float, default=None,
+                    help="the least a sample lasts (default 200; quick 20)")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--quick", action="store_true", help="the quick-mode slice of the data")
     ap.add_argument("--out", default=None,
@@ -128,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     report = report_header("dataloader", list(argv or []), quick=args.quick)
     start = time.perf_counter()
     result = compare_input_pipelines(args.batch_size, samples=samples,
-                                     min_sample_s=args.min_sample_ms / 1e3, quick=args.quick,
+                                     min_sample_s=None if args.min_sample_ms is None
+                                     else args.min_sample_ms / 1e3, quick=args.quick,
                                      device=device)
     end = load_average()
     report["load"]["load_end"] = end[0] if end else None
