@@ -1,5 +1,7 @@
 """The lesson-07 checker: None is "not answered yet", the reference answer passes (as a function
 and as a "module:function" string), and realistic wrong answers fail with the case shown."""
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -95,6 +97,21 @@ def test_wrong_answers_fail_with_the_first_failing_case(wrong, says):
 def test_a_hang_fails_within_the_timeout():
     result = check_average_gradients(only_rank_zero, world_sizes=(2,), timeout=5)
     assert result.ok is False
+
+
+def hangs_with_three_ranks(model):  # right with 2 ranks; with 3, never returns
+    if dist.get_world_size() == 3:
+        time.sleep(600)
+    average_gradients(model)
+
+
+def test_each_world_size_is_bounded_and_named_in_one_launch():
+    # one launch runs 2 then 3 ranks: the hang at 3 ends after that world size's timeout
+    start = time.monotonic()
+    result = check_average_gradients(hangs_with_three_ranks, world_sizes=(2, 3, 4), timeout=20)
+    assert result.ok is False
+    assert result.message.startswith("world_size=3: no result within 20 s"), result.message
+    assert time.monotonic() - start < 120  # not 3 x 20 s plus the launch's own bound
 
 
 def test_a_function_workers_cannot_import_is_explained():

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from ddp_oracle import MLP, PER_RANK, Branchy, batches, check, grads, launch_checks, shard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -24,28 +25,17 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_h
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from course_lib.bench.ddp import main as bench_main
-from course_lib.distributed import launch
 from course_lib.models.lenet import LeNet
 from course_lib.parallel import ddp as D
 from course_lib.parallel.ddp import DistributedDataParallel as DDP
 
 STRATEGIES = list(D.STRATEGIES)
-PER_RANK = 3  # examples per rank and step
 STEPS = 3
 
 
 # ------------------------------------------------------------------------------------------------
 # models: each covers one way a parameter can be special
 # ------------------------------------------------------------------------------------------------
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
-
-    def forward(self, X):
-        return self.fc2(torch.tanh(self.fc1(X)))  # (B, 4)
-
 
 class Tied(nn.Module):
     """``b`` shares its weight with ``a``: one parameter, used twice."""
@@ -79,20 +69,6 @@ class WithBatchNorm(nn.Module):
         return self.fc(F.relu(self.bn(self.conv(X))).flatten(1))  # (B, 4, 4, 4) -> (B, 4)
 
 
-class Branchy(nn.Module):
-    """``fc2`` takes part only when ``use_fc2`` is true: an unused parameter otherwise."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 4)
-
-    def forward(self, X, use_fc2=True):
-        h = torch.tanh(self.fc1(X))                          # (B, 8)
-        if use_fc2:
-            h = torch.tanh(self.fc2(h))
-        return self.fc3(h)                                   # (B, 4)
-
-
 def frozen_layer() -> nn.Module:
     net = MLP()
     net.fc1.requires_grad_(False)
@@ -122,20 +98,6 @@ MODELS = {
 # helpers (run inside the workers)
 # ------------------------------------------------------------------------------------------------
 
-def batches(shape: tuple, steps: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same global batches on every rank: ``steps`` of (world * PER_RANK) examples."""
-    g = torch.Generator().manual_seed(seed)
-    n = dist.get_world_size() * PER_RANK
-    return [(torch.randn(n, *shape, generator=g), torch.randint(0, 4, (n,), generator=g))
-            for _ in range(steps)]
-
-
-def shard(X: torch.Tensor) -> torch.Tensor:
-    """This rank's slice of a global batch."""
-    rank = dist.get_rank()
-    return X[rank * PER_RANK:(rank + 1) * PER_RANK]
-
-
 def sgd_steps(net: nn.Module, data, local: bool, lr: float = 0.1, **kwargs) -> None:
     """A few SGD steps of the mean cross-entropy, on this rank's shard when ``local``."""
     opt = torch.optim.SGD(net.parameters(), lr=lr)
@@ -145,18 +107,6 @@ def sgd_steps(net: nn.Module, data, local: bool, lr: float = 0.1, **kwargs) -> N
         opt.zero_grad()
         F.cross_entropy(net(X, **kwargs), y).backward()
         opt.step()
-
-
-def check(failures: list[str], label: str, actual, expected, **tolerance) -> None:
-    """assert_close, recording a failure instead of raising (one launch, many cases)."""
-    try:
-        torch.testing.assert_close(actual, expected, **tolerance)
-    except AssertionError as e:
-        failures.append(f"rank {dist.get_rank()} of {dist.get_world_size()}, {label}: {e}")
-
-
-def grads(net: nn.Module) -> dict[str, torch.Tensor | None]:
-    return {name: p.grad for name, p in net.named_parameters()}
 
 
 def bucket_problems(ddp: DDP, cap_bytes: int) -> list[str]:
@@ -445,23 +395,21 @@ def oracle_cases(world_size: int) -> list[tuple[str, str, float]]:
     return cases
 
 
+def oracles() -> list[str]:
+    """Worker: every case of ``oracle_cases`` for this world size."""
+    return train_against_oracles(oracle_cases(dist.get_world_size()))
+
+
 #: The checks each world size runs, in one launch (see the module docstring).
-PLAN = {2: ["oracles", "unused", "hooks"], 3: ["oracles", "no_sync"], 4: ["oracles", "group"]}
-
-
-def run_checks(names: list[str]) -> dict[str, list[str]]:
-    """Worker: the named checks in turn; their failures by name."""
-    checks = {"oracles": lambda: train_against_oracles(oracle_cases(dist.get_world_size())),
-              "no_sync": no_sync_semantics, "unused": unused_parameters, "hooks": comm_hooks,
-              "group": sub_group}
-    return {name: checks[name]() for name in names}
+PLAN = {2: {"oracles": oracles, "unused": unused_parameters, "hooks": comm_hooks},
+        3: {"oracles": oracles, "no_sync": no_sync_semantics},
+        4: {"oracles": oracles, "group": sub_group}}
 
 
 @functools.cache
 def failures(world_size: int) -> dict[str, list[str]]:
     """Every rank's failures for each check of ``PLAN[world_size]`` (one launch, cached)."""
-    per_rank = launch(run_checks, world_size, PLAN[world_size], timeout=240)
-    return {name: [f for rank in per_rank for f in rank[name]] for name in PLAN[world_size]}
+    return launch_checks(PLAN[world_size], world_size, timeout=240)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])

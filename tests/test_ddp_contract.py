@@ -16,40 +16,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from ddp_oracle import MLP, Branchy, batches, check, grads, launch_checks, shard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from course_lib.distributed import launch
 from course_lib.parallel import ddp as D
 from course_lib.parallel.ddp import DistributedDataParallel as DDP
 
 STRATEGIES = list(D.STRATEGIES)
-PER_RANK = 3  # examples per rank and micro-step
-
-
-class Branchy(nn.Module):
-    """``fc2`` takes part only when ``use_fc2`` is true: an unused parameter otherwise."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 4)
-
-    def forward(self, X, use_fc2=True):
-        h = torch.tanh(self.fc1(X))                          # (B, 8)
-        if use_fc2:
-            h = torch.tanh(self.fc2(h))
-        return self.fc3(h)                                   # (B, 4)
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
-
-    def forward(self, X):
-        return self.fc2(torch.tanh(self.fc1(X)))            # (B, 4)
 
 
 class WithBatchNorm(nn.Module):
@@ -81,32 +57,6 @@ class Backwards(nn.Module):
 # ------------------------------------------------------------------------------------------------
 # helpers (run inside the workers)
 # ------------------------------------------------------------------------------------------------
-
-def data(features: int, steps: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same global batches on every rank: ``steps`` of (world * PER_RANK) examples."""
-    g = torch.Generator().manual_seed(seed)
-    n = dist.get_world_size() * PER_RANK
-    return [(torch.randn(n, features, generator=g), torch.randint(0, 4, (n,), generator=g))
-            for _ in range(steps)]
-
-
-def shard(X: torch.Tensor) -> torch.Tensor:
-    """This rank's slice of a global batch."""
-    rank = dist.get_rank()
-    return X[rank * PER_RANK:(rank + 1) * PER_RANK]
-
-
-def check(failures: list[str], label: str, actual, expected, **tolerance) -> None:
-    """assert_close, recording a failure instead of raising (one launch, many cases)."""
-    try:
-        torch.testing.assert_close(actual, expected, **tolerance)
-    except AssertionError as e:
-        failures.append(f"rank {dist.get_rank()} of {dist.get_world_size()}, {label}: {e}")
-
-
-def grads(net: nn.Module) -> dict[str, torch.Tensor | None]:
-    return {name: p.grad for name, p in net.named_parameters()}
-
 
 def same_on_every_rank(failures: list[str], label: str, net: nn.Module) -> None:
     """Every rank's gradients must equal rank 0's (the replicas must not drift apart)."""
@@ -162,7 +112,7 @@ def unused_with_no_sync() -> list[str]:
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             for step, uses in enumerate(plan):
                 opt.zero_grad()
-                for micro, ((X, y), use) in enumerate(zip(data(8, 2, seed=step), uses)):
+                for micro, ((X, y), use) in enumerate(zip(batches((8,), 2, seed=step), uses)):
                     if micro == 0:
                         with model.no_sync():
                             F.cross_entropy(model(shard(X), use_fc2=use), shard(y)).backward()
@@ -202,7 +152,7 @@ def constructor_arguments() -> list[str]:
         failures.append(f"positional arguments landed elsewhere: {got}")
     for model in (ours, theirs):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for X, y in data(8, 3):
+        for X, y in batches((8,), 3):
             opt.zero_grad()
             F.cross_entropy(model(shard(X)), shard(y)).backward()
             opt.step()
@@ -225,7 +175,7 @@ def constructor_arguments() -> list[str]:
                             f"{expected} everywhere")
         for model in (ours, theirs):
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            for X, y in data(8, 2, seed=5):
+            for X, y in batches((8,), 2, seed=5):
                 opt.zero_grad()
                 F.cross_entropy(model(shard(X)), shard(y)).backward()
                 opt.step()
@@ -239,7 +189,7 @@ def constructor_arguments() -> list[str]:
             failures.append(f"bucket_cap_mb={cap!r}: {message or 'accepted'}")
     for cap, buckets in ((math.inf, 1), (None, 1), (1e-9, 4)):
         ours = DDP(MLP(), bucket_cap_mb=cap)
-        for X, y in data(8, 2):                              # the second forward rebuilds
+        for X, y in batches((8,), 2):                         # the second forward rebuilds
             F.cross_entropy(ours(shard(X)), shard(y)).backward()
         if len(ours.reducer.buckets) != buckets:
             failures.append(f"bucket_cap_mb={cap}: {len(ours.reducer.buckets)} buckets, "
@@ -258,7 +208,7 @@ def constructor_arguments() -> list[str]:
     ours = DDP(net, dim=1, static_graph=True, find_unused_parameters=True)
     for model in (ours, theirs):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for X, y in data(8, 3, seed=7):
+        for X, y in batches((8,), 3, seed=7):
             opt.zero_grad()
             F.cross_entropy(model(shard(X), use_fc2=False), shard(y)).backward()
             opt.step()
@@ -313,7 +263,8 @@ def different_models() -> list[str]:
     net = MLP()
     theirs, ours = torch_ddp(copy.deepcopy(net)), DDP(net)
     for model in (ours, theirs):
-        F.cross_entropy(model(shard(data(8, 1)[0][0])), shard(data(8, 1)[0][1])).backward()
+        X, y = batches((8,), 1)[0]
+        F.cross_entropy(model(shard(X)), shard(y)).backward()
     check(failures, "after the refused models", grads(ours.module), grads(theirs.module))
     return failures
 
@@ -354,7 +305,7 @@ def rebuilt_buckets() -> list[str]:
             failures.append(f"{label}: {len(ours.reducer.buckets)} buckets before the first "
                             f"iteration; torch starts with one")
         opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (ours, theirs)]
-        for step, (X, y) in enumerate(data(256, 3)):
+        for step, (X, y) in enumerate(batches((256,), 3)):
             events.clear()
             for model, opt in zip((ours, theirs), opts):
                 opt.zero_grad()
@@ -408,7 +359,7 @@ def bucket_views() -> list[str]:
                               bucket_cap_mb=0.0005)}
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
                 for k, m in models.items()}
-        for step, (X, y) in enumerate(data(8, 4)):
+        for step, (X, y) in enumerate(batches((8,), 4)):
             for name, model in models.items():
                 opts[name].zero_grad(set_to_none=step % 2 == 0)
                 with model.no_sync():                        # accumulate, then synchronise
@@ -452,7 +403,7 @@ def tensor_hook(state, bucket) -> torch.Tensor:
 def clear_errors() -> list[str]:
     """Freezing (or unfreezing) after wrapping, a hook that returns a tensor: errors that help."""
     failures = []
-    X, y = (shard(t) for t in data(8, 1)[0])
+    X, y = (shard(t) for t in batches((8,), 1)[0])
     for strategy in STRATEGIES:
         ours = DDP(MLP(), strategy=strategy)
         ours.module.fc1.requires_grad_(False)                # after wrapping
@@ -494,23 +445,10 @@ CHECKS = {"unused_with_no_sync": unused_with_no_sync, "constructor": constructor
           "bucket_views": bucket_views, "errors": clear_errors}
 
 
-def run_checks(names: list[str]) -> dict[str, list[str]]:
-    """Worker: the named checks in turn; their failures (or the exception) by name."""
-    out = {}
-    for name in names:
-        try:
-            out[name] = CHECKS[name]()
-        except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
-            out[name] = [f"rank {dist.get_rank()}: {name} raised {type(e).__name__}: {e}"]
-        dist.barrier()  # a check that failed half-way must not leave a peer mid-collective
-    return out
-
-
 @functools.cache
 def failures(world_size: int) -> dict[str, list[str]]:
     """Every rank's failures for each check (one launch per world size, cached)."""
-    per_rank = launch(run_checks, world_size, list(CHECKS), timeout=300)
-    return {name: [f for rank in per_rank for f in rank[name]] for name in CHECKS}
+    return launch_checks(CHECKS, world_size, timeout=300)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

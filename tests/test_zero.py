@@ -13,41 +13,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.checks._zero_cases import MLP, MODELS, Tied
 from course_lib.distributed import launch
 from course_lib.distributed.optim import ZeroRedundancyOptimizer, partition_parameters
 
 STEPS = 4
 
 
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(7, 13), nn.Linear(13, 5), nn.Linear(5, 3)
-
-    def forward(self, X):
-        return self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(X)))))  # (B, 3)
-
-
-class Tied(MLP):
-    """fc1 and an extra layer share one weight; fc2 is used twice."""
-
-    def __init__(self):
-        super().__init__()
-        self.again = nn.Linear(7, 13)
-        self.again.weight = self.fc1.weight
-
-    def forward(self, X):
-        h = torch.tanh(self.fc1(X)) + torch.tanh(self.again(X))
-        return self.fc3(torch.tanh(self.fc2(h)))
-
-
-def frozen() -> nn.Module:
-    net = MLP()
-    net.fc2.requires_grad_(False)
-    return net
-
-
-MODELS = {"mlp": MLP, "tied": Tied, "frozen": frozen}
 OPTIMIZERS = {
     "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
     "sgd": (torch.optim.SGD, dict(lr=0.05, momentum=0.9, weight_decay=0.01)),

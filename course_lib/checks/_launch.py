@@ -117,10 +117,13 @@ def _in_each_world(worker: Callable, spec: Any, world_sizes: list[int], args: tu
 
     The ranks below the world size form a fresh default group (a file rendezvous in
     ``folder``), so the learner's code sees ``dist.get_world_size()`` equal to it; the others
-    wait. Every process then reads every rank's result; all return the first world size's
-    results that hold a failure (one entry per rank), or None when every world size passed.
+    wait. Each world size starts from torch's random state as a fresh worker has it (the same
+    on every rank, as a launch of its own would give). Every process then reads every rank's
+    result; all return the first world size's results that hold a failure (one entry per
+    rank), or None when every world size passed.
     """
     rank = dist.get_rank()
+    fresh = torch.get_rng_state()  # a rank of an earlier world size has drawn from it since
     dist.destroy_process_group()  # launch's group of every process: each size gets its own
     store = dist.FileStore(os.path.join(folder, "store"), max(world_sizes))
     store.set_timeout(timedelta(seconds=timeout * (len(world_sizes) + 1)))
@@ -132,6 +135,7 @@ def _in_each_world(worker: Callable, spec: Any, world_sizes: list[int], args: tu
             if rank < world:
                 _mark(folder, f"entered-{index}")
                 torch.set_num_threads(max(1, cpu_cores() // world))
+                torch.set_rng_state(fresh)
                 dist.init_process_group("gloo", store=dist.PrefixStore(f"group{index}/", store),
                                         rank=rank, world_size=world,
                                         timeout=timedelta(seconds=2 * timeout))
