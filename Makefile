@@ -7,6 +7,10 @@ ROOTFLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 # nbval: run every notebook in quick mode, compare only cells marked NBVAL_CHECK_OUTPUT.
 NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
            --nbval-cell-timeout=600
+# pytest-xdist: most tests wait on processes they launch, so two pytest workers fill two cores;
+# a notebook's cells stay together in one worker (--dist loadfile). TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
+XDIST   := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 TESTENV := COURSE_QUICK=1 TQDM_DISABLE=1 MPLBACKEND=agg PYTHONHASHSEED=0 COURSE_QUIET_WAIT_S=0
 
 .PHONY: setup lab test unit nbtest notebooks bench lint grade clean site sitetest executed
@@ -20,7 +24,7 @@ lab: setup
 test: setup
 	$(VENV)/bin/ruff check course_lib tests
 	$(VENV)/bin/lint-imports
-	$(TESTENV) $(PY) -m pytest tests notebooks -m "not site" --durations=25 $(NBVAL)
+	$(TESTENV) $(PY) -m pytest tests notebooks -m "not site" --durations=25 $(XDIST) $(NBVAL)
 
 unit: setup
 	$(TESTENV) $(PY) -m pytest tests -m "not site"
