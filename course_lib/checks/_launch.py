@@ -40,6 +40,8 @@ __all__ = ["UNANSWERED", "check_in_ranks", "first_failure_in_ranks", "load_answe
 UNANSWERED = "not answered: NotImplementedError"
 #: Exit code of a worker whose world size ran past its time (the launch then stops them all).
 _OVERRAN = 70
+#: Prefix of a check's folder (rendezvous store, progress marks); the launcher's pid follows.
+_PREFIX = "course_check_"
 
 
 # ---- the learner's function, as worker processes receive and import it -------------------------
@@ -91,6 +93,19 @@ def load_answer(spec: Callable | tuple[str, str, str],
 
 # ---- one launch, a process group of each world size in turn ------------------------------------
 
+def _new_folder() -> str:
+    """A fresh folder for one check, named after this process; folders of checks whose process
+    is gone (killed before its ``finally`` ran) are removed first."""
+    from ..distributed.processes import pid_alive
+
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        pid = name[len(_PREFIX):].partition("_")[0]
+        if name.startswith(_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}_")
+
+
 def _mark(folder: str, name: str) -> None:
     """Leave an empty file ``name`` in ``folder``: how workers tell the launcher where they were."""
     with open(os.path.join(folder, name), "a"):
@@ -112,15 +127,17 @@ def _overran(folder: str, index: int) -> None:
 
 
 def _in_each_world(worker: Callable, spec: Any, world_sizes: list[int], args: tuple,
-                   folder: str, timeout: float) -> list[str | None] | None:
+                   folder: str, timeout: float) -> tuple[int, dict[int, str | None]] | None:
     """In every process of the launch: ``worker(spec, *args)`` in a group of each world size.
 
     The ranks below the world size form a fresh default group (a file rendezvous in
     ``folder``), so the learner's code sees ``dist.get_world_size()`` equal to it; the others
     wait. Each world size starts from torch's random state as a fresh worker has it (the same
-    on every rank, as a launch of its own would give). Every process then reads every rank's
-    result; all return the first world size's results that hold a failure (one entry per
-    rank), or None when every world size passed.
+    on every rank, as a launch of its own would give). A rank that found a failure publishes
+    it and returns at once: its process ends, so a peer still waiting for it inside a
+    collective fails at once too, as in a launch of its own. The others read every rank's
+    result. Returns ``(index of the world size, {rank: result})`` where a failure stopped this
+    process, or None when every world size passed.
     """
     rank = dist.get_rank()
     fresh = torch.get_rng_state()  # a rank of an earlier world size has drawn from it since
@@ -144,11 +161,13 @@ def _in_each_world(worker: Callable, spec: Any, world_sizes: list[int], args: tu
                 finally:
                     dist.destroy_process_group()
                 store.set(f"result{index}/{rank}", pickle.dumps(found))
-            results = [pickle.loads(store.get(f"result{index}/{r}")) for r in range(world)]
+                if found is not None:
+                    return index, {rank: found}
+            results = {r: pickle.loads(store.get(f"result{index}/{r}")) for r in range(world)}
         finally:
             watchdog.cancel()
-        if any(r is not None for r in results):
-            return results
+        if any(r is not None for r in results.values()):
+            return index, results
     return None
 
 
@@ -169,7 +188,7 @@ def first_failure_in_ranks(worker: Callable, spec: Any, world_sizes: Sequence[in
     world_sizes = list(world_sizes)
     if not world_sizes:  # the checker's author's mistake: "correct for no world size"
         raise ValueError("first_failure_in_ranks needs at least one world size, got none.")
-    folder = tempfile.mkdtemp(prefix=f"course_check_{os.getpid()}_")
+    folder = _new_folder()
     hung = f"no result within {timeout:g} s. {hang_hint}"
     try:
         try:
@@ -186,11 +205,14 @@ def first_failure_in_ranks(worker: Callable, spec: Any, world_sizes: Sequence[in
             return f"world_size={world_sizes[index]}: {str(e).splitlines()[0]}"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    if results[0] is None:
+    stopped = [r for r in results if r is not None]  # (world size index, {rank: result})
+    if not stopped:
         return None
+    first = min(index for index, _ in stopped)
+    failures = [f for index, found in stopped if index == first for f in found.values()
+                if f is not None]
     # a rank that saw a wrong value says more than a peer whose collective then broke
-    found = sorted((f for f in results[0] if f is not None), key=lambda f: "raised" in f)
-    return f"{found[0]} Hint: {hint}"
+    return f"{sorted(failures, key=lambda f: 'raised' in f)[0]} Hint: {hint}"
 
 
 # ---- the whole check ---------------------------------------------------------------------------

@@ -124,17 +124,28 @@ def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) ->
             return UNANSWERED
         except Exception as e:
             return f"{where}: your function raised {type(e).__name__}: {' '.join(str(e).split())}"
-        for (name, p), q in zip(net.named_parameters(), oracle.parameters()):
-            got, want = p.grad, q.grad
-            if want is None or got is None:
-                if got is not want:
-                    return (f"{where}, parameter {name}: expected .grad {_short(want)}, "
-                            f"received {_short(got)}.")
-                continue
-            if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
-                hint = _diagnose(got, want, local[name], world) if got.shape == want.shape else ""
-                return (f"{where}, parameter {name}: expected .grad {_short(want)}, received "
-                        f"{_short(got)}.{hint}")
+        wrong = _first_wrong_grad(net, oracle, local, world, where, "", _diagnose)
+        if wrong is not None:
+            return wrong
+    return None
+
+
+def _first_wrong_grad(net: nn.Module, oracle: nn.Module, local: dict[str, torch.Tensor | None],
+                      world: int, where: str, source: str, diagnose: Callable) -> str | None:
+    """The first parameter of ``net`` whose ``.grad`` is not the ``oracle``'s, described (with
+    what ``diagnose`` recognises, given this rank's ``local`` gradients); None if none."""
+    for (name, p), q in zip(net.named_parameters(), oracle.parameters()):
+        got, want = p.grad, q.grad
+        if want is None or got is None:
+            if got is not want:
+                return (f"{where}, parameter {name}: expected .grad {_short(want)}{source}, "
+                        f"received {_short(got)}.")
+            continue
+        # float32 sums in another order: a right answer differs by rounding only
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+            hint = diagnose(got, want, local[name], world) if got.shape == want.shape else ""
+            return (f"{where}, parameter {name}: expected .grad {_short(want)}{source}, "
+                    f"received {_short(got)}.{hint}")
     return None
 
 
@@ -186,8 +197,6 @@ _DDP_HINT = ("register p.register_post_accumulate_grad_hook on every parameter t
              "and queue Variable._execution_engine.queue_callback at the first hook of a "
              "backward to wait for every one and divide by the world size before backward "
              "returns.")
-#: float32 sums in another order: a right answer differs from torch's by rounding only
-_DDP_RTOL, _DDP_ATOL = 1e-5, 1e-6
 
 
 class _OrderMismatch(RuntimeError):
@@ -377,20 +386,11 @@ def _ddp_one_step(mine, net, plain, theirs, theirs_net, recorder: _AllReduceReco
         return (f"{at}: backward changed the parameter {changed[0]} itself. The "
                 f"post-accumulate-grad hook receives the parameter, not its gradient: "
                 f"all-reduce param.grad.")
-    local = dict(plain.named_parameters())
-    for (name, p), q in zip(net.named_parameters(), theirs_net.parameters()):
-        got, want = p.grad, q.grad
-        if want is None or got is None:
-            if got is not want:
-                return (f"{at}, parameter {name}: expected .grad {_short(want)} (as torch's "
-                        f"DDP), received {_short(got)}.")
-            continue
-        if got.shape != want.shape or not torch.allclose(got, want, rtol=_DDP_RTOL,
-                                                         atol=_DDP_ATOL):
-            hint = (_ddp_diagnose(got, want, local[name].grad, world)
-                    if got.shape == want.shape else "")
-            return (f"{at}, parameter {name}: expected .grad {_short(want)} (as torch's DDP), "
-                    f"received {_short(got)}.{hint}")
+    local = {name: q.grad for name, q in plain.named_parameters()}
+    wrong = _first_wrong_grad(net, theirs_net, local, world, at, " (as torch's DDP)",
+                              _ddp_diagnose)
+    if wrong is not None:
+        return wrong
     if step == 0 and case == "mlp" and "grad" in recorder.events:
         last_grad = len(recorder.events) - 1 - recorder.events[::-1].index("grad")
         if "all_reduce" not in recorder.events[:last_grad]:

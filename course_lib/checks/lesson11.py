@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import gc
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -168,6 +169,21 @@ def _flat(linear: nn.Linear, grad: bool = False) -> torch.Tensor:
     return torch.cat([w.detach().flatten(), b.detach()])  # (N,)
 
 
+def _kept_since(before: set[int], sizes: set[int]) -> list[int]:
+    """Sizes of the tensors made since ``before`` (their ids) and still alive, of a full
+    weight's size. gloo's worker thread may hold a collective's output a moment after the
+    collective returned: only a tensor still alive after a second (a dozen looks) counts."""
+    for _ in range(12):
+        gc.collect()
+        kept = [t.numel() for t in gc.get_objects() if issubclass(type(t), torch.Tensor)
+                and id(t) not in before and t.numel() in sizes
+                and t.untyped_storage().nbytes() > 0]
+        if not kept:
+            return []
+        time.sleep(0.1)
+    return kept
+
+
 def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     cls, error = load_answer(spec, "class")
@@ -226,11 +242,7 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = F.cross_entropy(net(X[mine]), y[mine])
-            gc.collect()
-            # tensors made by the forward and still alive, of a full weight's size
-            kept = [t.numel() for t in gc.get_objects() if issubclass(type(t), torch.Tensor)
-                    and id(t) not in before and t.numel() in sizes
-                    and t.untyped_storage().nbytes() > 0]
+            kept = _kept_since(before, sizes)
             if any(n in sizes for n in saved) or kept:
                 return (f"{where}: between forward and backward a full weight "
                         f"({sorted(set(kept) | (set(saved) & sizes))} elements) is still "
