@@ -206,8 +206,10 @@ def _context(start_method: str):
         # Workers re-import the main module of a script (or of `python -m pkg.mod`) before they
         # run: import it (for -m, its top-level package: importing pkg.mod itself would make
         # runpy warn) in the server once, with torch, and forking a worker costs little.
+        # torch._dynamo too: torch's DDP and every optimizer's first step import it, 3 to 7 s
+        # per fresh worker on a 2-core machine when each worker imports it itself.
         main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        preload = ["__main__", "torch", "torch.distributed", __name__]
+        preload = ["__main__", "torch", "torch.distributed", "torch._dynamo", __name__]
         ctx.set_forkserver_preload(preload + ([main_spec.name.partition(".")[0]] if main_spec
                                               else []))
         _PRELOADED = True
