@@ -96,8 +96,15 @@ def collectives() -> dict[str, list]:
     return out
 
 
-def compare_by_hand(numel: int, seed: int = 0) -> dict[str, bool]:
-    """The hand-written collectives give what torch's give, on random tensors of ``numel``."""
+def compare_by_hand(numel: int | list[int] | tuple[int, ...], seed: int = 0) -> dict[str, bool]:
+    """The hand-written collectives give what torch's give, on random tensors of ``numel``.
+
+    Several sizes in one launch: ``numel`` a list or tuple; the keys then name the size too
+    (``"ring_allreduce, 7 elements"``).
+    """
+    if isinstance(numel, (list, tuple)):
+        return {f"{name}, {n} elements": ok for n in numel
+                for name, ok in compare_by_hand(n, seed).items()}
     rank, world = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(seed + rank)
     x = torch.randn(numel, generator=g).to(current_device())  # (numel,) different on every rank
