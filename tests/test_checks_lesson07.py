@@ -114,6 +114,22 @@ def test_each_world_size_is_bounded_and_named_in_one_launch():
     assert time.monotonic() - start < 45  # the launch's own bound is 4 x 12 s
 
 
+def fails_at_once(spec):  # a verdict before any collective: the rank leaves straight away
+    return f"rank {dist.get_rank()} found it wrong"
+
+
+def test_a_rank_that_fails_at_once_never_breaks_a_peer_still_connecting():
+    # Without a barrier after each group forms, about one launch in ten (more under load) gave
+    # "rank 0 raised RuntimeError: Gloo connectFullMesh failed": the failing rank had left
+    # while its peer was still connecting, and the learner saw gloo's error, not the verdict.
+    from course_lib.checks._launch import first_failure_in_ranks
+
+    for _ in range(12):
+        found = first_failure_in_ranks(fails_at_once, None, [2], (), timeout=30,
+                                       hang_hint="", hint="")
+        assert found.startswith("rank "), found
+
+
 def test_a_function_workers_cannot_import_is_explained():
     defined_in_main.__module__ = "__main__"
     result = check_average_gradients(defined_in_main)

@@ -156,6 +156,10 @@ def _in_each_world(worker: Callable, spec: Any, world_sizes: list[int], args: tu
                 dist.init_process_group("gloo", store=dist.PrefixStore(f"group{index}/", store),
                                         rank=rank, world_size=world,
                                         timeout=timedelta(seconds=2 * timeout))
+                # every rank fully connected before any may return and exit (as in launch):
+                # else a rank whose answer fails at once leaves while a peer still connects
+                # to it, and the peer's "connectFullMesh failed" hides the learner's verdict
+                dist.barrier()
                 try:
                     found = worker(spec, *args)
                 finally:
