@@ -466,7 +466,7 @@ def test_a_workers_children_in_new_sessions_do_not_outlive_launch(tmp_path, then
 
     if then_sleep:
         with pytest.raises(D.LaunchTimeout):
-            D.launch(start_children_in_new_sessions, 2, str(tmp_path), True, timeout=25)
+            D.launch(start_children_in_new_sessions, 2, str(tmp_path), True, timeout=12)
     else:
         D.launch(start_children_in_new_sessions, 2, str(tmp_path), False, timeout=60)
     pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
