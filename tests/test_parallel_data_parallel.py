@@ -283,6 +283,67 @@ def test_step_breakdown_phases_and_gradients():
         assert_close(g, g_ref)
 
 
+class _SlowBackward(torch.autograd.Function):
+    """Identity whose backward sleeps: on a CPU the autograd engine runs every replica's
+    backward in the calling thread, so k replicas sleep k times."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        import time
+        time.sleep(0.05)
+        return g
+
+
+class SleepyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(784, 10)
+
+    def forward(self, x):
+        return _SlowBackward.apply(self.fc(x.flatten(1)))  # after the weights: on the grad path
+
+
+def test_compare_breakdown_interleaves_and_finds_the_slower_backward():
+    from course_lib.bench.breakdown import PHASES, compare_breakdown
+
+    torch.manual_seed(0)
+    net, X, y = SleepyNet(), torch.rand(6, 1, 28, 28), torch.randint(0, 10, (6,))
+    ref = copy.deepcopy(net)
+    result = compare_breakdown(net, X, y, {"1 device": cpus(1), "3 devices": cpus(3)},
+                               rounds=6, warmup=1)
+    # one step of each per round, the first set rotating
+    assert result.order == ["1 device", "3 devices", "3 devices", "1 device"] * 3
+    for name in result.names:
+        assert all(len(result.seconds[name][p]) == 6 for p in (*PHASES, "total"))
+        for i in range(6):
+            assert result.seconds[name]["total"][i] == pytest.approx(
+                sum(result.seconds[name][p][i] for p in PHASES))
+    backward = result.phase("backward")  # 3 replicas sleep 3 times in backward
+    r, lo, hi = backward.ratio("3 devices")
+    assert lo > 1.5 and 2 < r < 4, (r, lo, hi)
+    assert backward.verdict("3 devices").startswith("3 devices is slower than 1 device")
+    assert "total" in str(result) and "backward" in str(result)
+    F.cross_entropy(ref(X), y).backward()  # the last step's gradients are the whole batch's
+    for g, g_ref in zip(grads(net), grads(ref)):
+        assert_close(g, g_ref)
+
+
+def test_compare_breakdown_refuses_what_it_cannot_compare():
+    from course_lib.bench.breakdown import compare_breakdown
+
+    net, X, y = LeNet(), torch.rand(2, 1, 28, 28), torch.randint(0, 10, (2,))
+    with pytest.raises(ValueError, match="at least two sets"):
+        compare_breakdown(net, X, y, {"one": cpus(1)})
+    with pytest.raises(ValueError, match="rounds >= 2"):
+        compare_breakdown(net, X, y, {"a": cpus(1), "b": cpus(2)}, rounds=1)
+    with pytest.raises(ValueError, match="repeat >= 1"):
+        step_breakdown(net, X, y, cpus(1), repeat=0)
+
+
 def test_recalibrate_batch_norm_gives_the_average_of_the_batch_statistics():
     from course_lib.train import recalibrate_batch_norm
 

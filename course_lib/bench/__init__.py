@@ -22,17 +22,18 @@ minimums and intervals. ``make bench`` runs them all.
 
 ``course_lib.bench.cost_model`` fits the alpha-beta model to those measurements (lesson 10).
 
-``step_breakdown`` (``course_lib.bench.breakdown``) times the phases of a ``DataParallel`` step
-(lesson 05). The timer itself is ``course_lib.timing.Timer``.
+``step_breakdown`` (``course_lib.bench.breakdown``) times the phases of a ``DataParallel`` step;
+``compare_breakdown`` compares them for several sets of devices, a step of each in turn, with
+an interval on each phase's ratio (lesson 05). The timer itself is ``course_lib.timing.Timer``.
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-from .breakdown import step_breakdown
+from .breakdown import compare_breakdown, step_breakdown
 
-__all__ = ["BENCHMARKS", "main", "step_breakdown"]
+__all__ = ["BENCHMARKS", "compare_breakdown", "main", "step_breakdown"]
 
 #: name -> "module:function" of a benchmark that takes argv and prints JSON.
 BENCHMARKS: dict[str, str] = {
