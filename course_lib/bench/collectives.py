@@ -142,7 +142,7 @@ def summarize_samples(seconds: list[float]) -> dict[str, float]:
 
 
 def measure_collectives(world_size: int, sizes: list[int], *, names: list[str] | None = None,
-                        samples: int = 15, min_sample_s: float = 0.05, max_ops: int = 2000,
+                        samples: int = 41, min_sample_s: float = 0.05, max_ops: int = 2000,
                         calibration_calls: int = 5, timeout: float = 1200.0) -> list[dict]:
     """Time the operations of ``OPS`` at each size over ``world_size`` ranks, interleaved.
 
@@ -152,7 +152,9 @@ def measure_collectives(world_size: int, sizes: list[int], *, names: list[str] |
         names: which of ``OPS`` (default all; at least two, ``all_reduce`` is the baseline
             when among them, else the last).
         samples: timed samples per operation and size (at least 2; 10 or more for a useful
-            interval).
+            interval). Small messages on a shared CPU are bimodal (a rank descheduled for a
+            moment slows a whole sample many times over): 15 samples left the 4 KB ratios at
+            about [0.3, 5], 41 samples at about [0.3, 0.45] on the 2-core machine.
         min_sample_s: each sample loops over enough operations to last about this long (sized
             from the median of ``calibration_calls`` single calls).
         max_ops: at most this many operations per sample.
@@ -237,7 +239,7 @@ def main(argv: list[str], *, name: str = "collectives",
                         help=f"comma-separated, at least two of {', '.join(OPS)} (default: "
                         "%(default)s)")
     parser.add_argument("--samples", type=int, default=None,
-                        help="samples per operation and size (default 15, quick 3; at least 2)")
+                        help="samples per operation and size (default 41, quick 3; at least 2)")
     parser.add_argument("--min-sample-ms", type=float, default=None,
                         help="each sample loops for at least about this long (default 50, "
                         "quick 5)")
@@ -263,7 +265,7 @@ def main(argv: list[str], *, name: str = "collectives",
         sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
     world_sizes = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
                    else [2] if args.quick else _default_world_sizes())
-    samples = args.samples if args.samples is not None else (3 if args.quick else 15)
+    samples = args.samples if args.samples is not None else (3 if args.quick else 41)
     min_sample_s = (args.min_sample_ms or (5 if args.quick else 50)) / 1e3
     report = report_header(name, argv, quick=args.quick)
     start = time.perf_counter()
