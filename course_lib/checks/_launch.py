@@ -21,7 +21,6 @@ import os
 import pickle
 import shutil
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -96,14 +95,9 @@ def load_answer(spec: Callable | tuple[str, str, str],
 def _new_folder() -> str:
     """A fresh folder for one check, named after this process; folders of checks whose process
     is gone (killed before its ``finally`` ran) are removed first."""
-    from ..distributed.processes import pid_alive
+    from ..distributed.processes import pid_temp_folder
 
-    base = tempfile.gettempdir()
-    for name in os.listdir(base):
-        pid = name[len(_PREFIX):].partition("_")[0]
-        if name.startswith(_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}_")
+    return pid_temp_folder(_PREFIX)
 
 
 def _mark(folder: str, name: str) -> None:

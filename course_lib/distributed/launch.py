@@ -33,6 +33,7 @@ from .processes import (
     descendant_processes,
     kill_processes,
     pid_alive,
+    pid_temp_folder,
     stop_process_groups,
     tagged_processes,
 )
@@ -185,12 +186,7 @@ def _mp_temp_dir() -> str:
 
     config = multiprocessing.process.current_process()._config
     if config.get("tempdir") is None:
-        base = tempfile.gettempdir()
-        for name in os.listdir(base):  # left behind by launchers killed earlier
-            pid = name[len(_MP_PREFIX):].partition("-")[0]
-            if name.startswith(_MP_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
-                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-        folder = tempfile.mkdtemp(prefix=f"{_MP_PREFIX}{os.getpid()}-")
+        folder = pid_temp_folder(_MP_PREFIX, "-")  # and those of launchers killed earlier
         multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True),
                                       exitpriority=-100)  # as multiprocessing does for its own
         config["tempdir"] = folder

@@ -7,12 +7,14 @@ worker processes and ``run_commands`` (``torchrun``, ``mpirun``) for the command
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 
 __all__ = ["descendant_processes", "group_alive", "kill_processes", "pid_alive",
-           "stop_process_groups", "tagged_processes"]
+           "pid_temp_folder", "stop_process_groups", "tagged_processes"]
 
 
 def _live_processes() -> Iterator[tuple[int, int, int]]:
@@ -143,6 +145,17 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def pid_temp_folder(prefix: str, sep: str = "_") -> str:
+    """A fresh temporary folder ``{prefix}{this pid}{sep}...``; the folders of that name whose
+    process is gone (killed before it could remove its own) are removed first."""
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        pid = name[len(prefix):].partition(sep)[0]
+        if name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}{sep}")
 
 
 def kill_processes(pids: Sequence[int], *, wait: float = 5.0) -> None:
