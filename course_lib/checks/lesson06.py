@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..distributed.compat import FLAT_COLLECTIVE_NAMES
 from ._core import (
     ExerciseResult,
     check_function,
@@ -236,8 +237,8 @@ _UNANSWERED = "not answered: NotImplementedError"
 #: Shapes tried in every rank: 1, 5, 21 and 28 elements (no world size of 2-4 divides them all).
 _DIST_SHAPES = [(1,), (5,), (7, 3), (4, 1, 7)]
 #: The collectives that ``p2p_only`` forbids during the learner's call.
-_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-                "reduce_scatter", "reduce_scatter_tensor", "all_to_all")
+_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
+                "all_to_all", "all_to_all_single") + FLAT_COLLECTIVE_NAMES
 
 
 def _refuse(name: str) -> Callable:
@@ -273,7 +274,8 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
         mine = inputs[rank].to(device, copy=True)
         where = f"world_size={world}, tensor of shape {shape}, rank {rank}"
         problem = None
-        saved = {name: getattr(dist, name) for name in _COLLECTIVES} if p2p_only else {}
+        saved = ({name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+                 if p2p_only else {})
         for name in saved:
             setattr(dist, name, _refuse(name))
         try:

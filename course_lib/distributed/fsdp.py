@@ -27,6 +27,8 @@ from torch import nn
 from torch.autograd import Variable
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .compat import all_gather_into_tensor, reduce_scatter_tensor
+
 __all__ = ["FullyShardedDataParallel", "default_policy", "shard_bounds"]
 
 
@@ -45,50 +47,17 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------------------------------------
-# collectives: the backend's own where it has them, else what every backend has
+# collectives: the backend's own where it has them (decided alike on every rank), see compat
 # ------------------------------------------------------------------------------------------------
-
-_NATIVE = {"all_gather": True, "reduce_scatter": True}
-
-
-def _unsupported(e: Exception) -> bool:
-    """Did a collective fail because the backend lacks it (raised at the call, on every rank)?"""
-    text = str(e).lower()
-    return "support" in text or "not implemented" in text
-
 
 def _all_gather(full: torch.Tensor, shard: torch.Tensor, group) -> None:
     """``full`` (world * S,) <- every rank's ``shard`` (S,), in rank order."""
-    if _NATIVE["all_gather"]:
-        try:
-            dist.all_gather_into_tensor(full, shard, group=group)
-            return
-        except (RuntimeError, NotImplementedError) as e:
-            if not _unsupported(e):
-                raise
-            _NATIVE["all_gather"] = False
-    dist.all_gather(list(full.chunk(dist.get_world_size(group))), shard, group=group)
+    all_gather_into_tensor(full, shard, group=group)
 
 
 def _reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group) -> None:
-    """``shard`` (S,) <- the sum over ranks of this rank's slice of ``full`` (world * S,).
-
-    NCCL (and recent gloo) have ``reduce_scatter_tensor``. Where the backend lacks it (gloo in
-    older torch), all-reduce the whole vector and keep this rank's slice: the same sums, with
-    twice the traffic of a real reduce-scatter.
-    """
-    if _NATIVE["reduce_scatter"]:
-        try:
-            dist.reduce_scatter_tensor(shard, full, group=group)
-            return
-        except (RuntimeError, NotImplementedError) as e:
-            if not _unsupported(e):
-                raise
-            _NATIVE["reduce_scatter"] = False
-    total = full.clone()
-    dist.all_reduce(total, group=group)
-    start, stop = shard_bounds(full.numel(), dist.get_world_size(group), dist.get_rank(group))
-    shard.copy_(total[start:stop])
+    """``shard`` (S,) <- the sum over ranks of this rank's slice of ``full`` (world * S,)."""
+    reduce_scatter_tensor(shard, full, group=group)
 
 
 # ------------------------------------------------------------------------------------------------

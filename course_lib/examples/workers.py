@@ -20,6 +20,7 @@ from course_lib.distributed import (
     ring_allreduce_pipelined,
     tree_broadcast,
 )
+from course_lib.distributed.compat import reduce_scatter_tensor
 
 __all__ = ["collectives", "compare_by_hand", "fail_on_rank", "hang_on_rank", "point_to_point",
            "whoami"]
@@ -81,7 +82,7 @@ def collectives() -> dict[str, list]:
 
     x = torch.zeros(1, **i64)
     mine_rs = torch.arange(world, **i64) + rank                # (world,) in, (1,) out
-    dist.reduce_scatter_tensor(x, mine_rs)
+    reduce_scatter_tensor(x, mine_rs)                       # dist's, by either name
     out["reduce_scatter"] = x.tolist()
 
     x = torch.zeros(world, **i64)
