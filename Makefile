@@ -13,10 +13,23 @@ TEST_WORKERS ?= 2
 XDIST   := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 TESTENV := COURSE_QUICK=1 TQDM_DISABLE=1 MPLBACKEND=agg PYTHONHASHSEED=0 COURSE_QUIET_WAIT_S=0
 
-.PHONY: setup lab test unit nbtest notebooks bench lint grade clean site sitetest executed
+.PHONY: setup lab test unit nbtest notebooks bench lint grade clean site sitetest executed lock
+
+# The versions: LOCK=1 (default) the lock, requirements/lock.txt, that CI ran green; LOCK=0 the
+# newest releases within pyproject.toml's ranges; TORCH="torch==X torchvision==Y" another torch.
+LOCK    ?= 1
+TORCH   ?=
+export LOCK TORCH
 
 setup:
 	@bash scripts/setup.sh
+
+# Write the lock anew from .venv (after a green `make test LOCK=0` on newer releases).
+lock:
+	@{ sed -n '/^#/p' requirements/lock.txt; \
+	   $(PY) -m pip freeze --exclude-editable --all | grep -v -i -E '^(pip|setuptools|wheel)==' \
+	   | sort -f; } > requirements/lock.txt.new && mv requirements/lock.txt.new requirements/lock.txt
+	@echo "lock: requirements/lock.txt written from .venv"
 
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(ROOTFLAG)

@@ -7,9 +7,27 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.course-setup
+# Which versions: by default the lock (requirements/lock.txt, every package at the version CI ran
+# green); LOCK=0 the newest releases within pyproject.toml's ranges; TORCH="torch==X
+# torchvision==Y" another torch with everything else locked (CI's lowest-supported-torch job).
+LOCK=${LOCK:-1}
+TORCH=${TORCH:-}
+# The constraints used are kept in .venv/.constraints.txt for scripts/setup_site.sh.
+mkdir -p "$VENV"
+if [ "$LOCK" = 0 ]; then
+    : > "$VENV/.constraints.txt"
+elif [ -n "$TORCH" ]; then
+    # torch's own dependencies (CUDA libraries, triton) follow the torch asked for
+    grep -v -i -E '^(torch|torchvision|triton|nvidia-.*|cuda-.*)==' requirements/lock.txt \
+        > "$VENV/.constraints.txt"
+else
+    cp requirements/lock.txt "$VENV/.constraints.txt"
+fi
+CONSTRAINTS=(-c "$VENV/.constraints.txt")
 
 # What the stamp records: when any of it changes, the install runs again.
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml scripts/setup.sh requirements/lock.txt; echo "LOCK=$LOCK TORCH=$TORCH") \
+        | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "import course_lib, torch, d2l" 2>/dev/null; then
     echo "setup: .venv is up to date"
     exit 0
@@ -46,8 +64,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 say "installing the course package and its dependencies (first time: a few minutes, ~5 GB)"
+if [ "$LOCK" != 0 ]; then echo "setup: the locked versions (requirements/lock.txt)${TORCH:+, with $TORCH}"
+else echo "setup: the newest releases within pyproject.toml's ranges (LOCK=0)${TORCH:+, with $TORCH}"; fi
 "${PIP[@]}" install --upgrade pip
-"${PIP[@]}" install -e ".[dev]"
+# shellcheck disable=SC2086  # TORCH is a list of requirements
+"${PIP[@]}" install "${CONSTRAINTS[@]}" -e ".[dev]" $TORCH
 # d2l 1.0.3 pins numpy 1.23.5 (no wheels for Python >= 3.12): install it without its pins; its
 # real import-time needs are in pyproject.toml.
 "${PIP[@]}" install --no-deps "d2l==1.0.3"

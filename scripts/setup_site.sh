@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
 STAMP=$VENV/.course-site
-want=$(cat pyproject.toml scripts/setup_site.sh | sha256sum | cut -d' ' -f1)
+# The same versions make setup chose (the lock by default; see scripts/setup.sh).
+CONSTRAINTS=(-c "$VENV/.constraints.txt")
+want=$(cat pyproject.toml scripts/setup_site.sh "$VENV/.constraints.txt" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
-    "$VENV/bin/python" -m pip --disable-pip-version-check -q install -e ".[site]"
+    "$VENV/bin/python" -m pip --disable-pip-version-check -q install "${CONSTRAINTS[@]}" -e ".[site]"
     echo "$want" > "$STAMP"
 fi
 if ! command -v chromium >/dev/null 2>&1; then

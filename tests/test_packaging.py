@@ -16,7 +16,20 @@ def _name(req: str) -> str:
     return re.split(r"[<>=!~\[; ]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
-def test_environment_yml_matches_pyproject():
+def _lock() -> dict[str, str]:
+    """requirements/lock.txt as {name: exact version}."""
+    pins = {}
+    for line in (ROOT / "requirements" / "lock.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            assert re.fullmatch(r"[A-Za-z0-9_.\-]+==[^=\s]+", line), f"not an exact pin: {line!r}"
+            name, version = line.split("==")
+            pins[_name(name)] = version
+    return pins
+
+
+def test_environment_yml_follows_the_lock_and_pyproject():
+    from packaging.requirements import Requirement
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     assert "conda-forge" in env["channels"]
@@ -24,10 +37,28 @@ def test_environment_yml_matches_pyproject():
     assert any(str(d).startswith("python") for d in deps) and "pip" in deps
     pip = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
     assert "-e ." in pip, "the pip section must install this package"
-    listed = sorted(r for r in pip if r != "-e .")
-    # same packages with the same version ranges
-    assert sorted(project["dependencies"]) == listed
-    assert {_name(r) for r in listed} == {_name(r) for r in project["dependencies"]}
+    listed = [r for r in pip if r != "-e ."]
+    lock = _lock()
+    # the same packages as pyproject, each at the lock's exact version
+    assert sorted(_name(r) for r in listed) == sorted(_name(r) for r in project["dependencies"])
+    for r in listed:
+        assert r == f"{_name(r)}=={lock[_name(r)]}", (r, lock.get(_name(r)))
+    # every package the course asks for (extras and d2l included) is in the lock, at a version
+    # pyproject's range admits: the lock is one point of the range the course states
+    extras = [r for group in project["optional-dependencies"].values() for r in group]
+    for req in map(Requirement, project["dependencies"] + extras + ["d2l==1.0.3"]):
+        name = _name(req.name)
+        assert name in lock, f"{name} is not in requirements/lock.txt (run make lock)"
+        assert req.specifier.contains(lock[name], prereleases=True), (str(req), lock[name])
+
+
+def test_setup_installs_the_lock_by_default_and_can_opt_out():
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "LOCK=${LOCK:-1}" in setup and 'CONSTRAINTS=(-c "$VENV/.constraints.txt")' in setup
+    assert 'install "${CONSTRAINTS[@]}" -e ".[dev]"' in setup
+    assert "LOCK=0" in (ROOT / "README.md").read_text(), "the README says how to opt out"
+    lock = _lock()
+    assert lock["torch"] == "2.14.1", "the lock must install where the newest torch is 2.14.1"
 
 
 def test_required_layout_and_ci_calls_make_test():

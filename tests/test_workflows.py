@@ -70,3 +70,23 @@ def test_ci_script_calls_existing_targets():
     calls = make_calls((ROOT / ".ci" / "run").read_text())
     assert calls[0] == "test"
     assert set(calls) <= make_targets()
+
+
+def test_cpu_workflow_runs_the_lock_the_lowest_torch_and_the_newest():
+    """The range pyproject states is the range CI runs: the lock, torch at pyproject's lower
+    bound (with its torchvision), and the newest releases (LOCK=0)."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    job = next(iter(flow["jobs"].values()))
+    runs = {m["versions"]: m for m in job["strategy"]["matrix"]["include"]}
+    assert {"lock", "lowest-torch", "newest"} <= set(runs)
+    assert runs["lock"]["lock"] == "1" and not runs["lock"]["torch"]
+    assert runs["newest"]["lock"] == "0" and not runs["newest"]["torch"]
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_req = next(Requirement(d) for d in deps if d.startswith("torch>"))
+    lower = next(s.version for s in torch_req.specifier if s.operator == ">=")
+    pinned = dict(p.split("==") for p in runs["lowest-torch"]["torch"].split())
+    assert pinned["torch"].startswith(lower), (pinned, str(torch_req))
+    assert job["env"]["LOCK"] and job["env"]["TORCH"], "the matrix must reach make setup"
