@@ -1,4 +1,5 @@
 """Oracle tests for course_lib.parallel.comm: plain sums, torch.chunk and torch.cat are oracles."""
+import collections
 import warnings
 
 import pytest
@@ -215,6 +216,9 @@ def test_scatter_errors():
         scatter(torch.zeros(3), [])
     with pytest.raises(ValueError, match="0-d"):
         scatter(torch.tensor(1.0), devs(2))
+    # a namedtuple raised AttributeError: 'P' object has no attribute 'dim'
+    with pytest.raises(TypeError, match="got a P; for tuples, namedtuples.*use scatter_kwargs"):
+        scatter(collections.namedtuple("P", "x")(torch.zeros(4)), devs(2))
 
 
 def test_gather_dim_and_errors():

@@ -1,5 +1,7 @@
+import collections
 import copy
 import threading
+import typing
 import warnings
 
 import pytest
@@ -211,6 +213,86 @@ def test_gather_nested_and_differentiable():
     assert_close(a.grad, torch.ones(2, 3))
     with pytest.raises(ValueError, match="0-d"):
         gather([torch.tensor(1.0), torch.tensor(2.0)], "cpu")
+
+
+class OneField(collections.namedtuple("OneField", "x")):
+    pass
+
+
+class Pair(typing.NamedTuple):
+    x: torch.Tensor
+    tag: str
+
+
+class _CpuScatter:
+    """torch's ``Scatter`` refuses CPU devices: the same chunks (torch.chunk along dim 0, as
+    torch.cuda.comm.scatter), so torch's own ``scatter_gather`` code builds the structure."""
+
+    @staticmethod
+    def apply(target_gpus, chunk_sizes, dim, tensor):
+        return tuple(torch.chunk(tensor, len(target_gpus), dim))
+
+
+class _CpuGather:
+    @staticmethod
+    def apply(target_device, dim, *tensors):
+        return torch.cat(tensors, dim)
+
+
+def same_structure(ours, theirs) -> None:
+    """Equal types at every level, equal keys and lengths, equal tensors, equal leaves."""
+    assert type(ours) is type(theirs), (type(ours), type(theirs))
+    if isinstance(ours, torch.Tensor):
+        assert torch.equal(ours, theirs)
+    elif isinstance(ours, dict):
+        assert list(ours) == list(theirs)
+        for k in ours:
+            same_structure(ours[k], theirs[k])
+    elif isinstance(ours, (tuple, list)):
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            same_structure(a, b)
+    else:
+        assert ours == theirs
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_scatter_kwargs_and_gather_keep_namedtuples_as_torch(k, monkeypatch):
+    """A one-field namedtuple came back holding a tuple, one of several fields raised, and gather
+    raised on namedtuple outputs. Compared with torch's own scatter_gather code."""
+    import torch.nn.parallel.scatter_gather as torch_sg
+
+    monkeypatch.setattr(torch_sg, "Scatter", _CpuScatter)
+    monkeypatch.setattr(torch_sg, "Gather", _CpuGather)
+    X = torch.arange(10.0).reshape(5, 2)                 # (5, 2): chunks 3+2, or 2+2+1
+    inputs = (OneField(X), Pair(X + 1, "t"), [X, "s", (X,)], {"a": X, "b": 3},
+              collections.OrderedDict(z=Pair(X, "u")), (), "plain")
+    kwargs = {"nt": Pair(X * 2, "k"), "one": OneField(X), "plain": (X, [X])}
+    ins, kws = scatter_kwargs(inputs, kwargs, cpus(k))
+    torch_ins, torch_kws = torch_sg.scatter_kwargs(inputs, kwargs, cpus(k))
+    assert len(ins) == len(torch_ins) == len(kws) == len(torch_kws) == k
+    for ours, theirs in [*zip(ins, torch_ins), *zip(kws, torch_kws)]:
+        same_structure(ours, theirs)
+    assert type(ins[0][0]) is OneField and ins[-1][1].tag == "t"
+    assert_close(ins[-1][0].x, X[-ins[-1][0].x.shape[0]:])   # the last chunk of the batch
+    XY = collections.namedtuple("XY", "x y")               # outputs: namedtuples of tensors
+    for outputs in ([XY(i[0].x, i[1].x) for i in ins], [i[0] for i in ins],
+                    [(XY(i[0].x, i[1].x), i[0]) for i in ins],
+                    [{"o": i[0], "p": [i[1].x]} for i in ins]):
+        same_structure(gather(outputs, "cpu"), torch_sg.gather(outputs, "cpu"))
+    joined = gather([XY(i[0].x, i[1].x) for i in ins], "cpu")
+    assert type(joined) is XY and torch.equal(joined.x, X) and torch.equal(joined.y, X + 1)
+
+    class Halves(nn.Module):                          # takes and returns namedtuples
+        def forward(self, p: Pair, one: OneField):
+            return XY(p.x * 2, one.x + 1)
+
+    out = DataParallel(Halves(), cpus(k))(Pair(X, "t"), one=OneField(X))
+    assert type(out) is XY and torch.equal(out.x, X * 2) and torch.equal(out.y, X + 1)
+    with pytest.raises(ValueError, match="same length, got lengths \\[1, 2\\]"):
+        gather([(X,), (X, X)], "cpu")
+    with pytest.raises(ValueError, match="same keys"):
+        gather([{"a": X}, {"a": X, "b": X}], "cpu")
 
 
 # --- DataParallel ----------------------------------------------------------------------

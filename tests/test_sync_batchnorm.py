@@ -179,3 +179,120 @@ def eval_without_running_stats_stays_local() -> int:
 def test_eval_mode_without_running_stats_does_not_communicate(world_size):
     calls = launch(eval_without_running_stats_stays_local, world_size, timeout=60)
     assert calls == [0] * world_size  # no all_reduce on any rank
+
+
+# --- a large mean against a small spread, in float32 ------------------------------------------
+
+
+
+def _largest(t: torch.Tensor) -> float:
+    """max |t|, 0 for an empty tensor (a rank with an empty shard)."""
+    return t.abs().flatten().max().item() if t.numel() else 0.0
+
+
+def large_mean_float32(sizes: list[int]) -> dict[str, float]:
+    """Worker: channel mean 100, spread 0.05, float32. Ours on this rank's shard against torch's
+    ``BatchNorm2d`` on the whole batch in float32 and in float64 (the oracle, on the same float32
+    input). E[x^2] - E[x]^2 cancels here: 10000.0025 - 10000 leaves no correct digit in float32."""
+    rank = dist.get_rank()
+    mine = _my_slice(sizes, rank)
+    torch.manual_seed(0)  # the same global batch and upstream gradients on every rank
+    C = 3
+    X = (100 + 0.05 * torch.randn(sum(sizes), C, 4, 4, dtype=torch.float64)).float()
+    dY = torch.randn(X.shape, dtype=torch.float64).float()
+    torch_bn = nn.BatchNorm2d(C)
+    with torch.no_grad():
+        torch_bn.weight.uniform_(0.5, 2.0)
+        torch_bn.bias.uniform_(-1.0, 1.0)
+    exact_bn = nn.BatchNorm2d(C).double()
+    exact_bn.load_state_dict(torch_bn.state_dict())
+    ours = SyncBatchNorm(C)
+    ours.load_state_dict(torch_bn.state_dict())
+    results = {}
+    for name, bn, X_all, dY_all in [("torch", torch_bn, X, dY),
+                                    ("exact", exact_bn, X.double(), dY.double())]:
+        X_all = X_all.clone().requires_grad_()
+        Y_all = bn(X_all)                                                   # (N, C, 4, 4)
+        Y_all.backward(dY_all)
+        results[name] = (Y_all.detach()[mine], X_all.grad[mine], bn.running_mean, bn.running_var)
+    x = X[mine].clone().requires_grad_()
+    y = ours(x)
+    y.backward(dY[mine])
+    results["ours"] = (y.detach(), x.grad, ours.running_mean, ours.running_var)
+    exact = [t.double() for t in results["exact"]]
+    errors = {}
+    for who in ("ours", "torch"):
+        for what, t, e in zip(("output", "input grad", "running mean", "running var"),
+                              results[who], exact):
+            errors[f"{who} {what}"] = _largest(t.double() - e)
+    # torch's float32 BatchNorm2d on the whole batch is within 1e-4 of float64 here (the
+    # output); ours must be as close: twice torch's error, plus 4 float32 ulps of the values
+    for what, e in zip(("output", "input grad", "running mean", "running var"), exact):
+        ulps = 4 * torch.finfo(torch.float32).eps * _largest(e)
+        assert errors[f"ours {what}"] <= 2 * errors[f"torch {what}"] + ulps, (what, errors)
+    return errors
+
+
+@pytest.mark.parametrize("sizes", [[5, 3], [5, 3, 8], [6, 0, 10]])  # one rank with no examples
+def test_large_mean_small_spread_in_float32_matches_float64(sizes):
+    errors = launch(large_mean_float32, len(sizes), sizes, timeout=60)
+    assert len(errors) == len(sizes)
+
+
+# --- ranks whose layers differ in size ---------------------------------------------------------
+
+def channels_differ_on_last_rank() -> str:
+    """Worker: a first SyncBatchNorm(3) alike on every rank, then SyncBatchNorm(4), but (5) on
+    the last rank. Before the check, gloo failed on the mismatched all-gather ("Received data
+    size doesn't match") or the process was killed by signal 6."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    width = 5 if rank == world - 1 else 4
+    net = nn.Sequential(SyncBatchNorm(3), nn.Conv2d(3, width, 1), SyncBatchNorm(width))
+    with pytest.raises(ValueError) as info:
+        net(torch.randn(2, 3, 4, 4))
+    return str(info.value)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_with_different_channel_counts_get_a_clear_error(world_size):
+    messages = launch(channels_differ_on_last_rank, world_size, timeout=60)
+    per_rank = ", ".join(f"rank {r}: {5 if r == world_size - 1 else 4}" for r in range(world_size))
+    for rank, message in enumerate(messages):  # every rank raises, none waits for the others
+        assert f"different num_features on the ranks: {per_rank}." in message, message
+        assert f"the 2nd SyncBatchNorm layer to run in training on rank {rank}" in message
+        assert "build it the same way on every rank" in message
+
+
+def channel_check_runs_once() -> list[int]:
+    """Worker: collectives per training step of one SyncBatchNorm: the channel check (one
+    all-gather) on the first step only, then the statistics (one all-gather) and the backward
+    (one all-reduce) on every step."""
+    layer = SyncBatchNorm(3)
+    calls = {"all_gather": 0, "all_reduce": 0}
+    real = {name: getattr(dist, name) for name in calls}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real[name](*args, **kwargs)
+        return call
+
+    per_step = []
+    for name in calls:
+        setattr(dist, name, counting(name))
+    try:
+        for _ in range(3):
+            before = dict(calls)
+            x = torch.randn(4, 3, 2, 2, requires_grad=True)
+            layer(x).sum().backward()
+            per_step.append([calls[n] - before[n] for n in ("all_gather", "all_reduce")])
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+    return per_step
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_channel_check_is_one_all_gather_on_the_first_step_only(world_size):
+    per_step = launch(channel_check_runs_once, world_size, timeout=60)
+    assert per_step == [[[2, 1], [1, 1], [1, 1]]] * world_size

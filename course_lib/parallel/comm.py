@@ -77,6 +77,9 @@ def scatter(tensor: torch.Tensor, devices: Sequence[Device]) -> list[torch.Tenso
     devices = [torch.device(d) for d in devices]
     if not devices:
         raise ValueError("scatter needs at least one device, got an empty list.")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"scatter splits one tensor, got a {type(tensor).__name__}; for tuples, "
+                        "namedtuples, lists and dicts of tensors use scatter_kwargs.")
     if tensor.dim() == 0:
         raise ValueError("scatter splits along dim 0 and needs a tensor with at least one "
                          "dimension, got a 0-d tensor.")

@@ -19,17 +19,27 @@ from .comm import scatter
 __all__ = ["gather", "scatter_kwargs"]
 
 
+def _is_namedtuple(obj: Any) -> bool:
+    """A ``collections.namedtuple`` or ``typing.NamedTuple`` (torch's ``_is_namedtuple``)."""
+    return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
+
+
 def _scatter_obj(obj: Any, devices: list[torch.device]) -> list[Any]:
-    """Tensors are split along dim 0; tuples, lists and dicts are split element by element;
-    anything else is given to every device. Like torch's ``scatter_gather.scatter``."""
+    """One part of ``obj`` per device, as torch's ``scatter_gather.scatter``: tensors are split
+    along dim 0; namedtuples (rebuilt field by field, same type), tuples, lists and dicts (same
+    type) element by element; anything else, and empty containers, go to every device."""
     if isinstance(obj, torch.Tensor):
         return scatter(obj, devices)
-    if isinstance(obj, (tuple, list)) and obj:
-        return [type(obj)(parts) for parts in zip(*[_scatter_obj(x, devices) for x in obj])]
-    if isinstance(obj, dict) and obj:
-        keys = list(obj)
-        return [dict(zip(keys, parts))
-                for parts in zip(*[_scatter_obj(obj[k], devices) for k in keys])]
+    if isinstance(obj, (tuple, list, dict)) and obj:
+        items = obj.values() if isinstance(obj, dict) else obj
+        per_device = zip(*[_scatter_obj(x, devices) for x in items])  # one tuple per device
+        if _is_namedtuple(obj):
+            return [type(obj)(*parts) for parts in per_device]
+        if isinstance(obj, tuple):
+            return list(per_device)
+        if isinstance(obj, list):
+            return [list(parts) for parts in per_device]
+        return [type(obj)(zip(obj.keys(), parts)) for parts in per_device]
     return [obj] * len(devices)
 
 
@@ -91,12 +101,14 @@ def scatter_kwargs(inputs: tuple, kwargs: dict[str, Any],
 def gather(outputs: Sequence[Any], device: Device) -> Any:
     """Concatenate the replicas' outputs along dim 0 on ``device`` (differentiable).
 
-    Tensors are concatenated (``course_lib.comm.gather``); tuples, lists and dicts of tensors
-    element by element; ``None`` stays ``None``.
+    Tensors are concatenated (``course_lib.comm.gather``); tuples, namedtuples, lists and dicts
+    of tensors element by element, keeping their type; ``None`` stays ``None``. As torch's
+    ``scatter_gather.gather``.
 
     Raises:
         ValueError: for 0-d tensors (e.g. a loss computed inside ``forward``): there is no batch
             dimension to join along. Return per-example values and reduce after the gather.
+            Also when the replicas' tuples differ in length, or their dicts in keys.
     """
     device = as_device(device)
     if not outputs:
@@ -111,8 +123,15 @@ def gather(outputs: Sequence[Any], device: Device) -> Any:
     if first is None:
         return None
     if isinstance(first, dict):
+        if any(o.keys() != first.keys() for o in outputs):
+            raise ValueError(f"gather expects every replica to return a dict with the same "
+                             f"keys, got {[list(o) for o in outputs]}.")
         return type(first)((k, gather([o[k] for o in outputs], device)) for k in first)
     if isinstance(first, (tuple, list)):
-        return type(first)(gather(parts, device) for parts in zip(*outputs))
+        if any(len(o) != len(first) for o in outputs):
+            raise ValueError(f"gather expects every replica to return a {type(first).__name__} "
+                             f"of the same length, got lengths {[len(o) for o in outputs]}.")
+        parts = [gather(list(p), device) for p in zip(*outputs)]
+        return type(first)._make(parts) if _is_namedtuple(first) else type(first)(parts)
     raise TypeError(f"gather expects tensors or tuples/lists/dicts of tensors, got "
                     f"{type(first).__name__}.")
