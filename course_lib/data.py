@@ -8,14 +8,17 @@ Search order for the files: the ``root`` argument, ``$FASHION_MNIST_DIR``, the r
 ``data/`` folder, the Debian package ``dataset-fashion-mnist`` (``/usr/share/datasets/``), and
 only then torchvision's download. A prepared copy records its source (path, size, modification
 time): when the source is replaced, the next load prepares it again.
+
+Every file is checked before it is used (``_data_checks``): its IDX header and size, labels in
+0..9, and for the full set the md5 of its content against the published one. A damaged file is
+refused with its name, where it came from and where to fetch a genuine one; the verdict is
+cached per file, so the check costs once.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import operator
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -23,10 +26,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ._data_checks import DEBIAN_DIR, DamagedDataError, damaged, idx_problem, read_content
+from ._data_checks import verify_folder as _verify_folder
 from .config import QUICK_TEST_SIZE, QUICK_TRAIN_SIZE, quick_mode
 
 __all__ = [
     "DEBIAN_DIR",
+    "DamagedDataError",
     "REPO_DATA",
     "TEXT_LABELS",
     "TensorBatches",
@@ -47,8 +53,6 @@ FILES = (
 )
 #: The repository's own data folder (ignored by git); the prepared raw folder usually lands here.
 REPO_DATA = Path(__file__).resolve().parent.parent / "data"
-#: Where Debian's ``dataset-fashion-mnist`` package puts the original ``*-ubyte.gz`` files.
-DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 _CACHE_DATA = Path.home() / ".cache" / "course_lib" / "data"
 
 
@@ -108,20 +112,14 @@ def _changed_sources(raw: Path) -> dict[str, Path]:
 
 
 def _copy_one(src: Path, dst: Path) -> None:
-    """Decompress (or copy) ``src`` to ``dst`` through a temporary file, then rename."""
+    """Decompress (or copy) ``src`` to ``dst`` if its content checks out (``idx_problem``),
+    through a temporary file, then rename."""
+    content = read_content(src)  # a broken .gz: DamagedDataError naming src
+    problem = idx_problem(content, dst.name)
+    if problem:  # nothing is copied from a damaged source
+        raise DamagedDataError(damaged(src, problem))
     tmp = dst.with_name(f"{dst.name}.{os.getpid()}.part")
-    try:
-        if src.suffix == ".gz":
-            with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
-                shutil.copyfileobj(fin, fout)
-        else:
-            shutil.copyfile(src, tmp)
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-        tmp.unlink(missing_ok=True)
-        raise ValueError(f"Fashion-MNIST file {src} is corrupted or truncated "
-                         f"({type(e).__name__}: {e}). Replace it with a good copy "
-                         "(apt-get install --reinstall dataset-fashion-mnist, or "
-                         "download it again).") from None
+    tmp.write_bytes(content)
     tmp.replace(dst)  # atomic: a crash never leaves a half-written file under its name
 
 
@@ -163,6 +161,16 @@ def _prepare(files: dict[str, Path], source: Path, in_place: bool) -> Path:
     )
 
 
+def _verified(root: Path) -> Path:
+    """``root`` once the four files of its ``FashionMNIST/raw`` pass ``_data_checks`` (cached
+    per file): a damaged one raises ``DamagedDataError`` naming it and where it came from."""
+    raw = root / "FashionMNIST" / "raw"
+    origins = {name: Path(rec["source"]) for name, rec in _read_sources(raw).items()
+               if rec.get("source")}
+    _verify_folder(raw, FILES, origins)
+    return root
+
+
 def _download(root: Path) -> None:
     """torchvision's download, the last resort (needs the internet)."""
     import torchvision
@@ -194,7 +202,7 @@ def find_fashion_mnist(root: str | os.PathLike | None = None, *, download: bool 
     for label, path, in_place in candidates:
         files = _raw_files_in(path)
         if files:
-            return _prepare(files, path, in_place)
+            return _verified(_prepare(files, path, in_place))
         if label in ("the root argument", "$FASHION_MNIST_DIR"):  # named explicitly: no fallback
             holds = sorted(p.name for p in path.iterdir())[:8] if path.is_dir() else None
             what = ("does not exist" if holds is None else
@@ -210,10 +218,11 @@ def find_fashion_mnist(root: str | os.PathLike | None = None, *, download: bool 
         target = REPO_DATA if _writable(REPO_DATA) else _CACHE_DATA
         try:
             _download(target)
-            return target
         except Exception as exc:  # offline: URLError, socket errors, HTTP errors
             reason = (f"torchvision's download into {target} failed too "
                       f"({type(exc).__name__}: {exc}).")
+        else:
+            return _verified(target)
     else:
         reason = "Download was not allowed (download=False)."
     raise FileNotFoundError(
@@ -247,22 +256,12 @@ def _version(root: str) -> tuple:
 
 
 def _unreadable(raw: Path, what: str, error: Exception) -> ValueError:
-    """The error for a prepared file torchvision cannot read, with the fix that loses nothing:
-    delete only copies whose originals are elsewhere; never the only copy."""
-    sources = {name: Path(rec.get("source", "")) for name, rec in _read_sources(raw).items()}
-    kept = sorted({str(p.parent) for p in sources.values() if p.is_file() and p.parent != raw})
-    if kept:
-        fix = (f"The files there are copies prepared from {', '.join(kept)}: delete the copies "
-               f"({', '.join(n for n in FILES if (raw / n).is_file())} in {raw}; the originals "
-               "stay where they are) and run again to prepare fresh ones.")
-    else:
-        fix = (f"The files in {raw} are the only copy found (nothing was prepared from "
-               "elsewhere), so do not delete them without another copy: replace the damaged "
-               "one with a good copy (apt-get install --reinstall dataset-fashion-mnist, or "
-               "download it again).")
-    return ValueError(f"could not read the Fashion-MNIST {what} files in {raw} "
-                      f"({type(error).__name__}: {error}). A file there is corrupted or "
-                      f"truncated. {fix}")
+    """The error for prepared files that passed the checks yet torchvision cannot read."""
+    sources = _read_sources(raw)
+    name = next((n for n in FILES if what in n), FILES[0])
+    origin = Path(sources[name]["source"]) if sources.get(name, {}).get("source") else None
+    return ValueError(damaged(raw / name, f"torchvision could not read the {what} files "
+                                          f"({type(error).__name__}: {error})", origin))
 
 
 @lru_cache(maxsize=4)
@@ -274,8 +273,8 @@ def _load_split(root: str, train: bool, version: tuple = ()) -> tuple[torch.Tens
     try:
         ds = torchvision.datasets.FashionMNIST(root=root, train=train, download=False)
     except Exception as e:  # a truncated or corrupted prepared file
-        raise _unreadable(Path(root) / "FashionMNIST" / "raw",
-                          "training" if train else "test", e) from None
+        raise _unreadable(Path(root) / "FashionMNIST" / "raw", "train" if train else "t10k",
+                          e) from None
     return ds.data, ds.targets
 
 

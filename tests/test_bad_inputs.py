@@ -547,7 +547,8 @@ def test_a_corrupted_gzip_file_is_named_and_leaves_no_part_file(tmp_path):
     src.mkdir()
     for name in FILES:
         (src / f"{name}.gz").write_bytes(b"this is not gzip")
-    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz is corrupted or truncated"):
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz is damaged: it is corrupted "
+                                         r"or truncated"):
         find_fashion_mnist(src, download=False)
     assert not list(tmp_path.rglob("*.part"))
 
@@ -603,14 +604,16 @@ def test_a_truncated_prepared_file_is_named_with_how_to_re_prepare(tmp_path):
     raw.mkdir(parents=True)
     for name in FILES:
         (raw / name).write_bytes(b"\x00\x00\x08\x03")  # an IDX header cut short
-    with pytest.raises(ValueError, match=r"corrupted or truncated.*only copy.*do not delete"):
+    with pytest.raises(ValueError, match=r"damaged: .*\(truncated\).*only copy.*do not delete"):
         load_fashion_mnist(8, root=tmp_path, download=False)
 
-    src = tmp_path / "originals"  # prepared from originals kept elsewhere: delete the copies
+    src = tmp_path / "originals"  # the originals are damaged too: never "prepare them again"
     src.mkdir()
     for name in FILES:
         with gzip.open(src / f"{name}.gz", "wb") as f:
             f.write(b"\x00\x00\x08\x03")
-    with pytest.raises(ValueError, match=r"copies prepared from .*originals: delete the copies "
-                                         r"\(train-images-idx3-ubyte.*originals stay"):
+    with pytest.raises(ValueError, match=r"originals/train-images-idx3-ubyte.gz is damaged.*"
+                                         r"truncated.*Fetch a genuine") as err:
         load_fashion_mnist(8, root=src, download=False)
+    assert "run again" not in str(err.value)
+    assert not (src / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").exists()

@@ -185,3 +185,160 @@ def test_a_replaced_debian_file_is_prepared_again_into_data(nowhere):
     _write_idx(D.DEBIAN_DIR, n_train=7)  # apt-get install --reinstall with another release
     assert len(D.load_fashion_mnist(4, quick=False, download=False)[0].y) == 7
     assert not (D.DEBIAN_DIR / "FashionMNIST").exists()
+
+
+# ---- damaged files: refused with their name, their source and where to fetch a genuine one ----
+
+from course_lib import _data_checks as C  # noqa: E402
+
+GENUINE = D.REPO_DATA / "FashionMNIST" / "raw"  # the real files (captured before monkeypatching)
+needs_genuine = pytest.mark.skipif(
+    not all((GENUINE / n).is_file() for n in D.FILES) or any(
+        (GENUINE / n).stat().st_size != s for n, s in (("train-images-idx3-ubyte", 47040016),
+                                                        ("t10k-labels-idx1-ubyte", 10008))),
+    reason="the real Fashion-MNIST files are not prepared in data/ (make setup)")
+
+
+def _copy_with(folder, damaged=None, change=None, gz=False):
+    """``folder`` holding the four genuine files (links), ``damaged`` a changed real copy
+    (``change(bytes) -> bytes``), gzipped when ``gz``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in D.FILES:
+        if name == damaged:
+            blob = change((GENUINE / name).read_bytes())
+            if gz:
+                (folder / f"{name}.gz").write_bytes(gzip.compress(blob, compresslevel=1))
+            else:
+                (folder / name).write_bytes(blob)
+        else:
+            (folder / name).symlink_to(GENUINE / name)
+    return folder
+
+
+def _set(offset, value):
+    return lambda b: b[:offset] + bytes([value]) + b[offset + 1:]
+
+
+def _fetch_advice_in(msg, name):
+    assert "apt-get install --reinstall dataset-fashion-mnist" in msg
+    assert f"{C.MIRROR}{name}.gz" in msg and C.PUBLISHED[name][2] in msg
+
+
+@needs_genuine
+def test_the_genuine_files_pass_the_checks():
+    for name in D.FILES:
+        assert C.idx_problem((GENUINE / name).read_bytes(), name) is None
+    train_iter, test_iter = D.load_fashion_mnist(1000, quick=False, download=False)
+    assert len(train_iter.y) == 60000 and len(test_iter.y) == 10000
+
+
+@needs_genuine
+@pytest.mark.parametrize("name, change, words", [
+    ("train-labels-idx1-ubyte", _set(8 + 123, 200),
+     r"label 200 of example 123 is outside the classes 0\.\.9"),
+    ("t10k-images-idx3-ubyte", lambda b: b[:5_000_000],
+     r"its header announces 10000 examples \(7840016 bytes\) but it holds 5000000 bytes "
+     r"\(truncated\)"),
+    ("train-images-idx3-ubyte", lambda b: _set(16 + 1000, (b[16 + 1000] + 1) % 256)(b),
+     r"its md5 is [0-9a-f]{32}, not f4a8712d7a061bf5bd6d2ca38dc4d50a.*altered"),
+    ("t10k-labels-idx1-ubyte", _set(3, 3),  # an image file's magic number on a label file
+     r"its header starts with 0x00000803, not 0x00000801, the IDX magic number of a label "
+     r"file"),
+])
+def test_a_damaged_file_is_refused_naming_it(nowhere, tmp_path, name, change, words):
+    """A label byte of 200 used to load and fail much later as 'Target 200 is out of bounds'."""
+    raw = _copy_with(tmp_path / "mine" / "FashionMNIST" / "raw", name, change)
+    with pytest.raises(D.DamagedDataError, match=rf"{raw / name} is damaged: {words}") as err:
+        D.load_fashion_mnist(64, root=tmp_path / "mine", download=False)
+    msg = str(err.value)
+    _fetch_advice_in(msg, name)
+    assert "only copy" in msg and "run again" not in msg
+
+
+@needs_genuine
+def test_a_damaged_source_is_named_and_never_copied(nowhere, tmp_path):
+    """A damaged .gz used to be prepared, and the advice 'delete the copies and run again'
+    prepared the same damage again."""
+    src = _copy_with(tmp_path / "src", "train-labels-idx1-ubyte", _set(8, 200), gz=True)
+    for _ in range(2):  # the advice, if followed, would not help: the error says so each time
+        with pytest.raises(D.DamagedDataError,
+                           match=rf"{src / 'train-labels-idx1-ubyte.gz'} is damaged: label 200 "
+                                 r"of example 0") as err:
+            D.find_fashion_mnist(src, download=False)
+        _fetch_advice_in(str(err.value), "train-labels-idx1-ubyte")
+        assert "run again" not in str(err.value)
+        assert not (src / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte").exists()
+        assert not list(tmp_path.rglob("*.part"))
+
+
+@needs_genuine
+def test_a_damaged_copy_of_a_genuine_source_says_to_prepare_it_again(nowhere, tmp_path):
+    src = _copy_with(tmp_path / "src")
+    D.find_fashion_mnist(src, download=False)  # prepared into src/FashionMNIST/raw
+    copy = src / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    copy.write_bytes(_set(8 + 9999, 10)(copy.read_bytes()))  # the copy is damaged later
+    with pytest.raises(D.DamagedDataError, match=rf"{copy} is damaged: label 10 of example 9999.*"
+                                                 rf"prepared from \S+{copy.name}, which checks "
+                                                 rf"out as genuine: delete {copy}"):
+        D.find_fashion_mnist(src, download=False)
+    copy.unlink()  # what the message says to do
+    _, test_iter = D.load_fashion_mnist(10000, root=src, quick=False, download=False)
+    assert torch.bincount(test_iter.y).tolist() == [1000] * 10
+
+
+@needs_genuine
+def test_a_damaged_copy_of_a_damaged_source_sends_to_a_genuine_one(nowhere, tmp_path):
+    src = _copy_with(tmp_path / "src")
+    D.find_fashion_mnist(src, download=False)
+    name = "train-labels-idx1-ubyte"
+    copy = src / "FashionMNIST" / "raw" / name
+    (src / name).unlink()
+    (src / name).write_bytes(_set(9, 77)(copy.read_bytes()))  # the source damaged too...
+    copy.write_bytes(_set(9, 77)(copy.read_bytes()))         # ...and its copy
+    raw_stamp = (src / "FashionMNIST" / "raw" / ".course_sources.json")
+    import json
+    sources = json.loads(raw_stamp.read_text())
+    sources[name] = {"source": str(src / name), "stamp": list(D._stamp(src / name))}
+    raw_stamp.write_text(json.dumps(sources))
+    with pytest.raises(D.DamagedDataError, match=rf"{copy} is damaged: label 77.*prepared from "
+                                                 rf"{src / name}, which is damaged too") as err:
+        D.find_fashion_mnist(src, download=False)
+    _fetch_advice_in(str(err.value), name)
+    assert "run again" not in str(err.value)
+
+
+def test_images_and_labels_must_agree_on_the_count(nowhere, tmp_path):
+    _write_idx(tmp_path / "mine", gz=False)
+    (tmp_path / "mine" / "t10k-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, 3)
+                                                                + bytes([1, 2, 3]))
+    with pytest.raises(D.DamagedDataError, match="t10k-images-idx3-ubyte holds 4 images but "
+                                                 "t10k-labels-idx1-ubyte 3 labels"):
+        D.find_fashion_mnist(tmp_path / "mine", download=False)
+
+
+def test_the_verdict_is_cached_per_file(nowhere, tmp_path, monkeypatch):
+    import os
+
+    _write_idx(tmp_path / "mine" / "FashionMNIST" / "raw", gz=False)
+    checked = []
+    real = C.idx_problem
+    monkeypatch.setattr(C, "idx_problem", lambda data, name: checked.append(name)
+                        or real(data, name))
+    D.find_fashion_mnist(tmp_path / "mine", download=False)
+    assert sorted(checked) == sorted(D.FILES)
+    D.find_fashion_mnist(tmp_path / "mine", download=False)
+    monkeypatch.setattr(C, "_verified", set())  # a new process: the stamp file remembers
+    D.find_fashion_mnist(tmp_path / "mine", download=False)
+    assert len(checked) == 4
+    labels = tmp_path / "mine" / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte"
+    st = labels.stat()
+    os.utime(labels, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # changed: checked again
+    D.find_fashion_mnist(tmp_path / "mine", download=False)
+    assert checked[4:] == ["train-labels-idx1-ubyte"]
+
+
+def test_published_checksums_are_torchvisions():
+    from torchvision.datasets import FashionMNIST
+
+    assert [(f"{n}.gz", md5) for n, (_, _, md5) in C.PUBLISHED.items()] == FashionMNIST.resources
+    assert C.MIRROR == FashionMNIST.mirrors[0] and list(C.PUBLISHED) == list(D.FILES)

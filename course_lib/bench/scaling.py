@@ -6,8 +6,8 @@ batch split over 1, 2 (and 4, 8 where the hardware has them) workers, it times o
 step (forward, backward with the gradient averaging, SGD update) of
 
 - ``baseline``: plain training on ONE worker (the bare module, the whole global batch, one
-  worker's threads, rank 0 alone while the other ranks wait): the common baseline of every
-  speed-up, timed in every launch;
+  worker's threads): the one baseline of every speed-up, timed in the one-worker launch only
+  (always run, even when ``--workers`` leaves 1 out);
 - ``plain``: the bare module in one process with all k workers' cores as intra-op threads;
 - ``dp_scratch`` (a): ``course_lib.train.train_batch``, one process, a thread per device;
 - ``nn_dataparallel`` (b): ``torch.nn.DataParallel``; on a CPU it keeps ``device_ids=[]`` and
@@ -20,8 +20,10 @@ step (forward, backward with the gradient averaging, SGD update) of
 
 One launch per worker count runs every variant interleaved (``course_lib.timing.compare``: the
 order rotating every round, each sample a loop sized from the median of several steps, the
-slowest rank's time is the step's time); each speed-up is ``baseline / variant`` from the same
-launch, with a bootstrap interval. On a CPU a worker is one core: each rank gets
+slowest rank's time is the step's time); each speed-up is ``baseline / variant``, the one
+baseline of the one-worker launch over the variant's median, with a bootstrap interval (the two
+launches' samples resampled independently), and every table that prints a speed-up prints that
+baseline beside it (``speedup_table``). On a CPU a worker is one core: each rank gets
 ``cores // max(workers)`` torch threads. LeNet's buckets are capped at 0.1 MiB (several
 buckets, so that overlap can show; torch's DDP gets the same cap); ResNet-18's at 25 MiB
 (torch's default). Beside the steps, the all-reduces one step makes are timed alone (one per
@@ -62,9 +64,9 @@ from ..train import train_batch
 
 __all__ = ["BASELINE", "DDP_IMPLS", "MODELS", "SINGLE_IMPLS", "bootstrap_difference",
            "load_average", "machine_slug", "main", "measure_scaling", "overlap_reason",
-           "report_header", "results_path", "write_report"]
+           "report_header", "results_path", "rederive", "speedup_table", "write_report"]
 
-#: The common baseline of every speed-up: plain training on one worker.
+#: The one baseline of every speed-up: plain training on one worker, timed at one worker.
 BASELINE = "baseline"
 #: Timed in every rank: the compute floor, our three strategies, torch's DDP.
 DDP_IMPLS = ["local", "naive", "overlap", "bucketed", "torch"]
@@ -248,12 +250,13 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
     def rank0(step: Callable[[], None]) -> Callable[[], None]:
         return step if rank == 0 else (lambda: None)  # the other ranks wait at the max
 
-    # rank 0 alone, the whole global batch
+    # rank 0 alone, the whole global batch; the baseline only in the one-worker launch
     Xg, yg = _batch(global_batch, seed=0, device=device)
-    plain = copy.deepcopy(base)
-    variants[BASELINE] = rank0(stepper(plain, torch.optim.SGD(plain.parameters(), lr=LR),
-                                       Xg, yg, threads))
-    if k > 1:
+    if k == 1:
+        plain = copy.deepcopy(base)
+        variants[BASELINE] = stepper(plain, torch.optim.SGD(plain.parameters(), lr=LR),
+                                     Xg, yg, threads)
+    else:
         wide = copy.deepcopy(base)
         variants["plain"] = rank0(stepper(wide, torch.optim.SGD(wide.parameters(), lr=LR),
                                           Xg, yg, cores))
@@ -283,7 +286,8 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
         net = _wrap(name, copy.deepcopy(base), spec.bucket_cap_mb)
         variants[name] = stepper(net, torch.optim.SGD(net.parameters(), lr=LR), X, y)
     result = compare(variants, samples=samples, min_sample_seconds=min_sample_s, warmup=warmup,
-                     calibration_calls=calibration, baseline=BASELINE, device=device,
+                     calibration_calls=calibration, baseline=BASELINE if k == 1 else "local",
+                     device=device,
                      before=dist.barrier, reduce=_slowest)
 
     # the all-reduces one step makes, alone: one per parameter, one per bucket
@@ -355,12 +359,13 @@ def measure_scaling(models: list[str], *, workers: list[int] | None = None, quic
 
     Args:
         models: names from ``MODELS``.
-        workers: worker counts (default ``default_workers()``).
+        workers: worker counts (default ``default_workers()``); 1 is always added: its launch
+            times the one baseline of every speed-up.
         quick: the small batches and short samples of ``ModelSpec.quick``.
         warmup: untimed steps of each variant before calibrating.
         timeout: seconds for each launch.
     """
-    workers = workers or default_workers()
+    workers = sorted({1, *(workers or default_workers())})  # 1: the launch of the baseline
     threads = max(1, cpu_cores() // max(workers)) if num_gpus() == 0 else 1
     out: dict = {"workers": workers, "threads_per_worker": threads if num_gpus() == 0 else None,
                  "models": {}}
@@ -416,9 +421,11 @@ def derive(entry: dict) -> dict:
     """Speed-ups over the common baseline, efficiency, epoch time, ratios to torch's DDP,
     exposed communication and overlap, each with its interval where it has one.
 
-    - ``speedup[impl][k] = baseline / impl`` (medians, the same launch; the baseline is plain
-      training on one worker), ``speedup_interval[impl][k]`` its 95 % bootstrap interval;
-      ``efficiency = speedup / k``.
+    - ``speedup[impl][k] = baseline / impl`` (medians). The baseline is ONE measurement for
+      every k: plain training timed in the one-worker launch, ``baseline_s`` its median (a
+      ``baseline`` re-timed in other launches, in files of older runs, is ignored).
+      ``speedup_interval[impl][k]`` is its 95 % bootstrap interval (paired by round at k = 1,
+      the launches resampled independently otherwise); ``efficiency = speedup / k``.
     - ``epoch_s[impl][k] = median step * steps_per_epoch`` (derived from the step, not timed).
     - ``ratio_to_torch[impl][k]`` (medians), ``paired_ratio_to_torch`` (median of the per-round
       ratios), ``ratio_to_torch_interval`` (bootstrap).
@@ -429,17 +436,22 @@ def derive(entry: dict) -> dict:
       ``reason`` when the overlap is zero.
     """
     ks = sorted(int(k) for k in entry["by_workers"])
-    impls = [n for n in entry["by_workers"][str(ks[-1])]["step"] if not n.endswith("_nocomm")]
-    d: dict = {"baseline": BASELINE, "speedup": {}, "speedup_interval": {}, "efficiency": {},
+    if 1 not in ks:
+        raise ValueError(f"derive: no one-worker launch among the worker counts {ks}; it times "
+                         "the baseline of every speed-up. Run measure_scaling, which adds it.")
+    impls = [n for n in entry["by_workers"][str(ks[-1])]["step"]
+             if not n.endswith("_nocomm") and n != BASELINE]
+    base = entry["by_workers"]["1"]["step"][BASELINE]["seconds"]  # the one baseline
+    d: dict = {"baseline": BASELINE, "baseline_s": statistics.median(base), "baseline_workers": 1,
+               "speedup": {}, "speedup_interval": {}, "efficiency": {},
                "epoch_s": {}, "ratio_to_torch": {}, "paired_ratio_to_torch": {},
                "ratio_to_torch_interval": {}, "comm": {}}
     for name in impls:
         for key in ("speedup", "speedup_interval", "efficiency", "epoch_s"):
             d[key][name] = {}
         for k in ks:
-            step = entry["by_workers"][str(k)]["step"]
-            base, mine = step[BASELINE]["seconds"], step[name]["seconds"]
-            s, lo, hi = bootstrap_ratio(base, mine)
+            mine = entry["by_workers"][str(k)]["step"][name]["seconds"]
+            s, lo, hi = bootstrap_ratio(base, mine) if k == 1 else _unpaired_ratio(base, mine)
             d["speedup"][name][str(k)] = s
             d["speedup_interval"][name][str(k)] = [lo, hi]
             d["efficiency"][name][str(k)] = s / k
@@ -475,6 +487,58 @@ def derive(entry: dict) -> dict:
                                              entry["by_workers"][str(k)]["backend"])
             d["comm"][name][str(k)] = c
     return d
+
+
+def _unpaired_ratio(a: list[float], b: list[float], *, confidence: float = 0.95,
+                    resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """``median(a) / median(b)`` and its percentile bootstrap interval, for samples of two
+    launches (no rounds in common: each list resampled on its own)."""
+    import random
+
+    rng = random.Random(seed)
+    ratios = sorted(statistics.median(rng.choices(a, k=len(a)))
+                    / statistics.median(rng.choices(b, k=len(b))) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return (statistics.median(a) / statistics.median(b), ratios[int(tail * (resamples - 1))],
+            ratios[int((1 - tail) * (resamples - 1))])
+
+
+def speedup_table(run: dict, model: str, impls: list[str] | None = None) -> str:
+    """The speed-up table of ``model``: for each implementation and worker count, the median
+    step and ``[baseline / step = speed-up]``, the one baseline printed in every cell.
+
+    Args:
+        run: a run (``measure_scaling``) or a whole report, with ``derived`` filled in.
+        model: a name in ``run["models"]``.
+        impls: the rows (default: every implementation of the largest worker count).
+    """
+    e = run["models"][model]
+    d, ks = e["derived"], sorted(e["by_workers"], key=int)
+    base_ms = d["baseline_s"] * 1e3
+    impls = impls or list(d["speedup"])
+    lines = [f"{model}: global batch {e['global_batch']}; median ms per step [the one baseline "
+             f"{base_ms:.1f} ms ({BASELINE!r}, 1 worker) / step = speed-up (95 % interval)]"]
+    lines.append(f"{'':>16}" + "".join(f"{k + ' worker(s)':>46}" for k in ks))
+    for impl in impls:
+        cells = []
+        for k in ks:
+            ms = e["by_workers"][k]["step"][impl]["median_s"] * 1e3
+            lo, hi = d["speedup_interval"][impl][k]
+            cells.append(f"{ms:.1f} [{base_ms:.1f}/{ms:.1f} = {d['speedup'][impl][k]:.2f}x "
+                         f"({lo:.2f}-{hi:.2f})]")
+        lines.append(f"{impl:>16}" + "".join(f"{c:>46}" for c in cells))
+    return "\n".join(lines)
+
+
+def rederive(report: dict) -> dict:
+    """``report`` (a stored ``results/scaling-*.json``) with ``derived`` and ``goals`` computed
+    again from its stored samples by this version's rules: one baseline, the one-worker launch's.
+    Nothing is re-measured; the samples stay as they are."""
+    out = copy.deepcopy(report)
+    for entry in out["models"].values():
+        entry["derived"] = derive(entry)
+    out["goals"] = goals(out)
+    return out
 
 
 def _verdict(low: float, high: float, goal: float, *, at_least: bool) -> str:
@@ -521,6 +585,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", default=None,
                         help="comma-separated worker counts (default: 1, 2, 4, 8 up to the GPUs "
                         "or CPU cores)")
+    parser.add_argument("--rederive", metavar="PATH", default=None,
+                        help="measure nothing: recompute the speed-ups and goals of a stored "
+                        "results file from its samples, print its tables, and write it back "
+                        "(to --out if given)")
     parser.add_argument("--out", default=None,
                         help="where to write the JSON (default results/scaling-MACHINE.json; "
                         "quick runs write nothing unless given); '-' writes nothing")
@@ -530,6 +598,12 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"unknown model(s) {unknown}; expected some of {list(MODELS)}")
     workers = [int(w) for w in args.workers.split(",")] if args.workers else None
+    if args.rederive:
+        report = rederive(json.loads(Path(args.rederive).read_text()))
+        for model in report["models"]:
+            print(speedup_table(report, model), file=sys.stderr)
+        write_report(report, Path(args.out or args.rederive) if args.out != "-" else None)
+        return 0
     report = report_header("scaling", argv, quick=args.quick)
     start = time.perf_counter()
     run = measure_scaling(models, workers=workers, quick=args.quick)
@@ -539,5 +613,7 @@ def main(argv: list[str]) -> int:
                              "with 95 % bootstrap intervals",
                    "wall_s": round(time.perf_counter() - start, 1)})
     print(json.dumps(report, indent=2))
+    for model in run["models"]:
+        print(speedup_table(run, model), file=sys.stderr)
     write_report(report, results_path("scaling", args.out, args.quick))
     return 0
