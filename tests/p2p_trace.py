@@ -4,8 +4,8 @@ NCCL runs a rank's point-to-point operations in order on one stream: a receive a
 queued as separate operations wait for each other across ranks (NVIDIA/nccl#479), while gloo,
 which CI runs, never shows it. ``P2PTrace`` patches ``torch.distributed``'s ``isend``,
 ``irecv``, ``send``, ``recv`` and ``batch_isend_irecv`` inside a worker and records each
-operation (direction, peer, elements, tag, the batch it went in) and each wait, so that a test
-can assert the pattern itself: ``unbatched_overlaps`` lists the moments a send and a receive
+operation (direction, peer, elements, dtype, tag, the batch it went in) and each wait, so that a
+test can assert the pattern itself: ``unbatched_overlaps`` lists the moments a send and a receive
 were outstanding at once outside one batch.
 """
 from __future__ import annotations
@@ -31,8 +31,9 @@ class _Work:
 
 
 class P2PTrace:
-    """``with P2PTrace() as trace:`` ... ``trace.calls``: posts ``{"op", "peer", "numel", "tag",
-    "id", "batch"}`` (batch: None for an operation of its own) and waits ``{"wait": [ids]}``."""
+    """``with P2PTrace() as trace:`` ... ``trace.calls``: posts ``{"op", "peer", "numel",
+    "dtype", "tag", "id", "batch"}`` (batch: None for an operation of its own) and waits
+    ``{"wait": [ids]}``."""
 
     def __init__(self):
         self.calls: list[dict] = []
@@ -42,8 +43,9 @@ class P2PTrace:
         self._batches = 0
 
     def _post(self, op: str, tensor, peer, tag) -> int:
-        self.calls.append({"op": op, "peer": peer, "numel": tensor.numel(), "tag": tag,
-                           "id": len(self.calls), "batch": self._batch})
+        self.calls.append({"op": op, "peer": peer, "numel": tensor.numel(),
+                           "dtype": tensor.dtype, "tag": tag, "id": len(self.calls),
+                           "batch": self._batch})
         return self.calls[-1]["id"]
 
     def _wrap(self, name: str, original):

@@ -4,6 +4,8 @@ whole batch: gradients and the weights after an SGD step). The stages' point-to-
 recorded (``P2PTrace``) and must be NCCL-safe and equal what ``simulate_schedule`` plays."""
 import math
 import re
+import time
+import warnings
 
 import pytest
 import torch
@@ -19,6 +21,8 @@ from course_lib.distributed.pipelining import (
     ActivationMeter,
     ModelParallel,
     PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
     balance_stages,
     bubble_fraction,
     check_order,
@@ -32,7 +36,6 @@ from course_lib.distributed.pipelining import (
     split_microbatches,
     split_sequential,
 )
-from course_lib.distributed.pipelining.stage import _HEADER_TAG
 from course_lib.examples import pipeline_workers as W
 from course_lib.models.lenet import LeNet
 from course_lib.models.resnet import resnet18
@@ -248,7 +251,8 @@ def test_pipeline_p2p_program_fuses_the_send_with_the_next_receive():
 
 def stage_p2p(schedule: str, m: int) -> dict:
     """Runs in every rank: one step of the MLP pipeline with its point-to-point calls recorded;
-    the calls as ``p2p_program``'s entries (computes left out), and the NCCL overlaps found."""
+    the calls as ``p2p_program``'s entries (computes left out; a message as its kind and part:
+    nothing on the wire names its micro-batch), their tags, and the NCCL overlaps found."""
     rank, p = dist.get_rank(), dist.get_world_size()
     stages, stage = W._this_ranks_stage("mlp", None)
     sched = W.SCHEDULES[schedule](stage, m, loss_fn=F.cross_entropy)
@@ -260,8 +264,8 @@ def stage_p2p(schedule: str, m: int) -> dict:
         if "op" in call:
             direction = "send" if call["op"] == "isend" else "recv"
             forward = call["peer"] == (rank + 1 if direction == "send" else rank - 1)
-            message = (("F", 0, "shape") if call["tag"] == _HEADER_TAG else
-                       ("F" if forward else "B", call["tag"], "data"))
+            message = ("F" if forward else "B",   # the shape header is the one int64 message
+                       "shape" if call["dtype"] == torch.int64 else "data")
             if call["batch"] not in batch_of:
                 batch_of[call["batch"]] = len(batch_of)
                 recorded.append(("post", batch_of[call["batch"]], []))
@@ -274,15 +278,19 @@ def stage_p2p(schedule: str, m: int) -> dict:
     order = W.SCHEDULES[schedule].order(rank, p, m)
     program = [a for a in p2p_program(order, rank, p) if a[0] != "compute"]
     posts = {a[1]: k for k, a in enumerate(a for a in program if a[0] == "post")}
-    program = [(a[0], posts[a[1]], *a[2:]) for a in program]
+    program = [("wait", posts[a[1]]) if a[0] == "wait" else
+               ("post", posts[a[1]], [(d, peer, (k, part)) for d, peer, (k, _, part) in a[2]])
+               for a in program]
     return {"recorded": recorded, "program": program, "overlaps": trace.unbatched_overlaps(),
-            "alone": [c for c in trace.posts() if c["batch"] is None]}
+            "alone": [c for c in trace.posts() if c["batch"] is None],
+            "tags": sorted({c["tag"] for c in trace.posts()})}
 
 
 def _check_stage_p2p(per_rank: list[dict]) -> None:
     for rank in per_rank:
         assert rank["overlaps"] == [] and rank["alone"] == []   # every op in a batch
         assert rank["recorded"] == rank["program"]             # what the simulator plays
+        assert rank["tags"] == [0]      # one tag: gloo pairs a link's messages in posting order
 
 
 def test_pipeline_activation_meter_counts_saved_tensors_once():
@@ -364,6 +372,194 @@ def test_pipeline_gradient_oracle_four_ranks_gloo():
     assert [r["balance"] for r in results[0]] == [[1, 2, 2, 2], [1, 2, 2, 2], [2, 1, 1, 3]]
     assert all("output_diff" in r for r in results[3])
     _check_stage_p2p(p2p)
+
+
+# ---- messages pair up in the order posted (no tags, as on NCCL); one program on every rank ----
+
+def _swapped_order(stage: int, p: int, m: int) -> list:
+    """GPipe, but the last stage runs the forwards of micro-batches 1 and 2 the other way round:
+    it receives in another order than the stage before it sends."""
+    order = gpipe_order(stage, p, m)
+    if stage == p - 1:
+        order[1], order[2] = order[2], order[1]
+    return order
+
+
+class ScheduleSwapped(ScheduleGPipe):
+    order = staticmethod(_swapped_order)
+
+
+class ScheduleTunable(ScheduleGPipe):
+    """GPipe, or (``reverse_backwards``) with every stage's backwards in reverse order."""
+
+    reverse_backwards = False
+
+    def order(self, stage: int, p: int, m: int) -> list:
+        order = gpipe_order(stage, p, m)
+        return order[:m] + order[m:][::-1] if self.reverse_backwards else order
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_pipeline_simulation_finds_messages_out_of_order(p):
+    # NCCL pairs the k-th send of a link with its k-th receive: receiving F(2) before F(1) would
+    # run F(2) on F(1)'s activation; the simulator says so, it does not wait for a match
+    with pytest.raises(ValueError, match="messages out of order") as info:
+        simulate_schedule(_swapped_order, p, 4)
+    assert (f"stage {p - 1}'s receive no. 3 from stage {p - 2} expects F(2)'s activation, but "
+            f"stage {p - 2}'s send no. 3 to stage {p - 1} carries F(1)'s activation"
+            in str(info.value)), str(info.value)
+    assert f"stage {p - 1}'s F(2) would silently run on F(1)'s activation" in str(info.value)
+    def backwards_reversed(on_stages):
+        def order(s, p, m):
+            ops = gpipe_order(s, p, m)
+            return ops[:m] + (ops[m:][::-1] if s in on_stages else ops[m:])
+        return order
+    with pytest.raises(ValueError, match="stage 0's receive no. 1 from stage 1 expects B.3.'s "
+                       "gradient, but stage 1's send no. 1 to stage 0 carries B.0.'s gradient"):
+        simulate_schedule(backwards_reversed({0}), p, 4)
+    everywhere = backwards_reversed(range(p))      # every stage reversed: the orders match
+    assert len(simulate_schedule(everywhere, p, 4)) == 2 * p * 4
+
+
+class _Inputs(nn.Module):
+    """A float64 linear layer that keeps every input it computes on, in order."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear, self.seen = nn.Linear(4, 4, dtype=torch.float64), []
+
+    def forward(self, x):
+        self.seen.append(x.detach().clone())
+        return self.linear(x)
+
+
+def receive_out_of_order(m: int) -> dict:
+    """Runs in every rank: the forwards of m micro-batches driven by hand (no schedule, so no
+    check), stage 1 taking micro-batches 1 and 2 the other way round, the others in order.
+    Returns the micro-batches in the order run, the input each computed on and its output."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    order = list(range(m))
+    if rank == 1:
+        order[1], order[2] = order[2], order[1]
+    layer = _Inputs(rank)
+    stage = PipelineStage(layer, rank, p)
+    X = torch.randn(m, 2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    outputs = [stage.forward_one(i, X[i] if rank == 0 else None).detach() for i in order]
+    stage.wait_sends()
+    return {"order": order, "inputs": layer.seen, "outputs": outputs}
+
+
+def run_swapped_schedule(m: int) -> dict:
+    """Runs in every rank: one step of ``ScheduleSwapped``; the error it raised, how long it
+    took, and the warnings seen."""
+    _, stage = W._this_ranks_stage("mlp", None)
+    sched = ScheduleSwapped(stage, m, loss_fn=F.cross_entropy)
+    X, y = _batch(2 * m, (7,), 3)
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            W._run_step(sched, stage, X, y)
+            error = None
+        except ValueError as e:
+            error = str(e)
+    return {"error": error, "seconds": time.perf_counter() - start,
+            "warnings": [str(w.message) for w in seen]}
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_pipeline_messages_pair_up_in_posting_order_and_a_misordered_schedule_fails(p):
+    m = 4
+    cases = [(kind, n, None) for kind in ("gpipe", "1f1b") for n in (1, 4)]
+    ranks = launch(W.in_sequence, p, [
+        (receive_out_of_order, m),
+        (run_swapped_schedule, m),
+        (W.check_pipeline, [("mlp", *case) for case in cases], {"mlp": _batch(12, (7,), 3)}),
+    ], timeout=60)
+    by_hand, swapped, oracle = zip(*ranks)
+    # by hand, no check: the k-th receive of a link gets the k-th send, whatever its micro-batch
+    # (gloo now pairs them as NCCL does), so stage 1 runs F(2) on F(1)'s activation
+    for s in range(1, p):
+        sender, receiver = by_hand[s - 1], by_hand[s]
+        assert len(receiver["inputs"]) == len(sender["outputs"]) == m
+        for k in range(m):
+            assert torch.equal(receiver["inputs"][k], sender["outputs"][k]), (s, k)
+        assert receiver["order"][1] != sender["order"][1]
+        meant = sender["outputs"][sender["order"].index(receiver["order"][1])]
+        assert not torch.equal(receiver["inputs"][1], meant)   # visibly the wrong activation
+    assert by_hand[0]["order"] == [0, 1, 2, 3] and by_hand[1]["order"] == [0, 2, 1, 3]
+    # through step: refused on every rank at once, before any message, saying what pairs wrong
+    for rank in swapped:
+        assert rank["error"] is not None and rank["seconds"] < 10 and rank["warnings"] == []
+        assert rank["error"].startswith(f"ScheduleSwapped with {m} micro-batches on {p} stages "
+                                        "cannot run: messages out of order: "), rank["error"]
+        assert (f"stage {p - 1}'s receive no. 3 from stage {p - 2} expects F(2)'s activation"
+                in rank["error"])
+    # the course's schedules still equal one process on the whole batch (asserted in workers)
+    for rank in oracle:
+        assert [r["case"][1:] for r in rank] == [case[:2] for case in cases]
+        assert all(r["grad_diff"] < 1e-5 and r["weight_diff"] < 1e-5 for r in rank)
+
+
+def different_programs(m: int) -> dict:
+    """Runs in every rank: steps in which the ranks disagree (the schedule; the number of
+    micro-batches; the order of a schedule of one name), then one in which they agree. Each
+    disagreement's error on this rank, how long it took, and the warnings seen."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    stages, stage = W._this_ranks_stage("mlp", None)
+    tunable = ScheduleTunable(stage, m, loss_fn=F.cross_entropy)
+    tunable.reverse_backwards = rank == 0
+    scheds = {"schedule": (Schedule1F1B if rank == 1 else ScheduleGPipe)(stage, m,
+                                                                           F.cross_entropy),
+              "microbatches": ScheduleGPipe(stage, m // 2 if rank == p - 1 else m,
+                                            F.cross_entropy),
+              "order": tunable}
+    X, y = _batch(2 * m, (7,), 3)
+    out = {}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for case, sched in scheds.items():
+            start = time.perf_counter()
+            try:
+                W._run_step(sched, stage, X, y)
+                out[case] = None
+            except RuntimeError as e:
+                out[case] = (str(e), time.perf_counter() - start)
+        tunable.reverse_backwards = True                    # now every rank runs the same
+        W._run_step(tunable, stage, X, y)
+    out["warnings"] = [str(w.message) for w in seen]
+    out["grads"] = all(q.grad is not None for q in stages[rank].parameters())
+    return out
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_pipeline_ranks_running_different_programs_fail_fast_on_every_rank(p):
+    m = 4
+    ranks = launch(different_programs, p, m, timeout=60)
+    others = ", ".join(map(str, range(2, p)))
+    want = {
+        "schedule": ("rank 0 runs ScheduleGPipe with 4 micro-batches on 2 stages; rank 1 runs "
+                     "Schedule1F1B with 4 micro-batches on 2 stages") if p == 2 else
+                    (f"ranks 0, {others} run ScheduleGPipe with 4 micro-batches on {p} stages; "
+                     f"rank 1 runs Schedule1F1B with 4 micro-batches on {p} stages"),
+        "microbatches": (f"{'rank 0 runs' if p == 2 else 'ranks 0, 1 run'} ScheduleGPipe with 4 "
+                         f"micro-batches on {p} stages; rank {p - 1} runs ScheduleGPipe with 2 "
+                         f"micro-batches on {p} stages"),
+    }
+    for rank, out in enumerate(ranks):
+        for case in ("schedule", "microbatches", "order"):
+            error, seconds = out[case]
+            assert seconds < 10, (case, seconds)       # not the process group's timeout
+            assert error.startswith("the pipeline's ranks run different programs: "), error
+            assert f"(this is rank {rank})" in error
+            if case in want:
+                assert want[case] in error, error
+        digests = re.findall(r"ScheduleTunable \(order digest ([0-9a-f]{8})\) with 4 "
+                             f"micro-batches on {p} stages", out["order"][0])
+        assert len(digests) == 2 and digests[0] != digests[1], out["order"][0]
+        assert f"rank 0 runs ScheduleTunable (order digest {digests[0]})" in out["order"][0]
+        assert out["warnings"] == [] and out["grads"]          # the same program: it ran
 
 
 def test_pipeline_timeline_drawing():

@@ -12,7 +12,9 @@ is an order of operations per stage, ``[("F", 0), ("F", 1), ..., ("B", 0), ...]`
 Both leave the idle fraction ("bubble") ``(p - 1) / (m + p - 1)`` when every stage takes the same
 time. ``simulate_schedule`` plays any order with given op times, with the sends and receives
 that ``PipelineStage`` posts (``p2p_program``) run as NCCL runs them: in order, a send done only
-when its receive is reached, so that an order that would hang on GPUs fails here. Read more:
+when its receive is reached, the k-th send of a link paired with its k-th receive (no tags), so
+that an order that would hang or swap messages on GPUs fails here. ``step`` plays its orders
+so before the first step, after checking (every step) that all ranks run one program. Read more:
 Huang et al., "GPipe" (2019); Narayanan et al., "PipeDream" (2019) and "Efficient Large-Scale
 Language Model Training on GPU Clusters Using Megatron-LM" (2021). Lesson 12.
 """
@@ -22,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ._checks import check_same_program, order_digest
 from .microbatch import split_microbatches
 from .stage import PipeEvent, PipelineStage
 
@@ -162,12 +165,30 @@ def p2p_program(ops: Sequence[Op], stage: int, num_stages: int, *,
     return program
 
 
+def _what(message: Message) -> str:
+    kind, i, part = message
+    return f"{kind}({i})'s " + ("shape" if part == "shape" else
+                                "activation" if kind == "F" else "gradient")
+
+
 def _describe(op: tuple[str, int, Message], stage: int) -> str:
-    direction, peer, (kind, i, part) = op
-    what = "shape" if part == "shape" else "activation" if kind == "F" else "gradient"
+    direction, peer, message = op
     if direction == "send":
-        return f"stage {peer} to receive {kind}({i})'s {what}"
-    return f"{kind}({i})'s {what} from stage {peer}"
+        return f"stage {peer} to receive {_what(message)}"
+    return f"{_what(message)} from stage {peer}"
+
+
+def _mismatch(send: list, sender: int, recv: list, receiver: int) -> str:
+    """A send and a receive that pair up on NCCL (the k-th of their link) but mean different
+    messages: what each meant, and what the receiver would compute on."""
+    carries, expects = _what(send[2]), _what(recv[2])
+    runs = f"{recv[2][0]}({recv[2][1]})"
+    return (f"messages out of order: stage {receiver}'s receive no. {recv[4] + 1} from stage "
+            f"{sender} expects {expects}, but stage {sender}'s send no. {send[4] + 1} to stage "
+            f"{receiver} carries {carries}. Messages between two ranks pair up in the order they "
+            "are posted (NCCL has no tags; PipelineStage sends every message with tag 0 so that "
+            f"gloo does the same): stage {receiver}'s {runs} would silently run on {carries}. "
+            "Make every stage send in the order its neighbour receives.")
 
 
 def _play(programs: list[list[tuple]], durations: list[dict[str, float]],
@@ -176,13 +197,16 @@ def _play(programs: list[list[tuple]], durations: list[dict[str, float]],
 
     Each stage's batches run one after another, in the order posted (one stream). An operation
     of the batch at the head of stage s completes when the head batch of its peer holds the
-    matching one: a send does not finish before the peer has reached its receive. A batch is
-    done when all its operations are; a "wait" blocks the stage until then.
+    matching one: a send does not finish before the peer has reached its receive. NCCL has no
+    tags: the k-th send from s to r matches the k-th receive on r from s, whatever each meant
+    to carry; when the two mean different messages, ValueError. A batch is done when all its
+    operations are; a "wait" blocks the stage until then.
     """
     p = len(programs)
     pc, clock = [0] * p, [0.0] * p
     queue: list[list[dict]] = [[] for _ in range(p)]       # posted batches not done yet, in order
     done_at: list[dict[int, float]] = [{} for _ in range(p)]  # batch -> when it was done
+    posted: dict[tuple[int, int, str], int] = {}           # (stage, peer, direction) -> count
     events: list[PipeEvent] = []
 
     def head(s: int) -> dict | None:
@@ -200,9 +224,14 @@ def _play(programs: list[list[tuple]], durations: list[dict[str, float]],
         for s in range(p):                                  # run each program until it blocks
             while pc[s] < len(programs[s]):
                 action = programs[s][pc[s]]
-                if action[0] == "post":
-                    queue[s].append({"n": action[1], "ops": [[*op, None] for op in action[2]],
-                                     "posted": clock[s], "start": None})
+                if action[0] == "post":        # each op: its place among the link's messages
+                    ops = []
+                    for direction, peer, message in action[2]:
+                        place = posted.get((s, peer, direction), 0)
+                        posted[s, peer, direction] = place + 1
+                        ops.append([direction, peer, message, None, place])
+                    queue[s].append({"n": action[1], "ops": ops, "posted": clock[s],
+                                     "start": None})
                 elif action[0] == "wait":
                     if action[1] not in done_at[s]:
                         break
@@ -217,12 +246,16 @@ def _play(programs: list[list[tuple]], durations: list[dict[str, float]],
         for s in range(p):                                  # match the head batches' operations
             mine = head(s)
             for op in mine["ops"] if mine else []:
-                direction, peer, message, finished = op
+                direction, peer, message, finished, place = op
                 theirs = head(peer) if finished is None else None
-                want = ("recv" if direction == "send" else "send", s, message)
-                match = next((o for o in theirs["ops"] if tuple(o[:3]) == want and o[3] is None),
+                want = ("recv" if direction == "send" else "send", s, place)  # the k-th: no tags
+                match = next((o for o in theirs["ops"] if (o[0], o[1], o[4]) == want),
                              None) if theirs else None
                 if match is not None:
+                    if match[2] != message:                # NCCL would deliver it anyway
+                        if direction == "send":
+                            raise ValueError(_mismatch(op, s, match, peer))
+                        raise ValueError(_mismatch(match, peer, op, s))
                     op[3] = match[3] = max(mine["start"], theirs["start"]) + comm_time
                     progress = True
         for s in range(p):                                  # retire the finished head batches
@@ -257,12 +290,15 @@ def simulate_schedule(order: Callable[[int, int, int], Sequence], num_stages: in
     ``PipelineStage`` posts around them (``p2p_program``): F(i) on stage s needs the activation
     of F(i) on stage s - 1, B(i) the gradient of B(i) on stage s + 1, each ``comm_time`` after
     both sides reached it. Communication is modelled as NCCL runs it: a stage's operations run
-    in order, and a send completes only when the peer has reached the matching receive (unless
-    they are in one batch). ``fused=False`` plays the unfused order instead (each send an
-    ``isend`` of its own, each receive a blocking ``recv``), which deadlocks under 1F1B.
+    in order, a send completes only when the peer has reached the matching receive (unless
+    they are in one batch), and the k-th send from one stage to another pairs with the k-th
+    receive there, as NCCL pairs them (it has no tags). ``fused=False`` plays the unfused order
+    instead (each send an ``isend`` of its own, each receive a blocking ``recv``), which
+    deadlocks under 1F1B.
 
-    Raises ValueError for an invalid order, or when the stages wait on each other forever (a
-    deadlock), naming what each stage waits for.
+    Raises ValueError for an invalid order, when the stages wait on each other forever (a
+    deadlock), naming what each stage waits for, or when a receive would get another message
+    than the one it expects (sends and receives in different orders), naming both.
     """
     _check_sizes("simulate_schedule", num_stages, num_microbatches)
     p, m = num_stages, num_microbatches
@@ -317,6 +353,26 @@ class _PipelineSchedule:
             raise ValueError(f"{type(self).__name__}: the last stage computes the loss; pass "
                              "loss_fn (for example torch.nn.functional.cross_entropy).")
         self.stage, self.n_microbatches, self.loss_fn = stage, n_microbatches, loss_fn
+        self._orders: list[list[Op]] | None = None   # every stage's order, once played
+
+    def _check_program(self) -> None:
+        """Every rank runs this schedule with as many micro-batches (one small all_gather, each
+        step: ``_checks.check_same_program``); and, the first time, its orders played on every
+        stage as NCCL runs them, which raises for sends and receives in different orders."""
+        stage, m, name = self.stage, self.n_microbatches, type(self).__name__
+        p = stage.num_stages
+        if self._orders is None:
+            orders = [self.order(s, p, m) for s in range(p)]
+            self._digest = order_digest(orders)
+            check_same_program(stage, name, m, self._digest)
+            try:
+                simulate_schedule(lambda s, p, m: orders[s], p, m)
+            except ValueError as e:
+                raise ValueError(f"{name} with {m} micro-batches on {p} stages cannot run: "
+                                 f"{e}") from None
+            self._orders = orders
+        else:
+            check_same_program(stage, name, m, self._digest)
 
     def step(self, *args: torch.Tensor, target: torch.Tensor | None = None,
              losses: list | None = None) -> torch.Tensor | None:
@@ -333,6 +389,7 @@ class _PipelineSchedule:
         Returns:
             The last stage's output for the whole batch (detached); None on other stages.
         """
+        self._check_program()   # every rank the same program, its messages in matching orders
         stage, m = self.stage, self.n_microbatches
         if stage.is_first and len(args) != 1:
             raise ValueError("the first stage's step takes the batch of inputs: step(X).")

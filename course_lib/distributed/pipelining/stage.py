@@ -8,7 +8,9 @@ send the gradient of the input back. The last stage computes the loss. An op's s
 with the next op's receive in one ``dist.batch_isend_irecv`` (as torch's ``Schedule1F1B`` fuses
 "send activation, receive gradient"): NCCL runs a rank's point-to-point operations in order,
 and a send queued before a receive from the same neighbour would wait for a neighbour that
-waits too. Read more: https://pytorch.org/docs/stable/distributed.pipelining.html. Lesson 12.
+waits too. NCCL has no tags either: the k-th message one rank sends another is the k-th that
+one receives. Every message here has tag 0, so that gloo pairs them the same way. Read more:
+https://pytorch.org/docs/stable/distributed.pipelining.html. Lesson 12.
 """
 from __future__ import annotations
 
@@ -27,7 +29,10 @@ __all__ = ["PipeEvent", "PipelineStage"]
 #: dtypes an activation may have on the wire; the header names one by its index here
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _MAX_DIMS = 8
-_HEADER_TAG = 1 << 20   # tags: micro-batch number for data, this offset for the shape header
+#: one tag for every message: NCCL ignores tags and pairs a link's messages in the order they
+#: are posted; gloo matches by tag, so with one tag it pairs them in that order too (CI then sees
+#: what a GPU would do with sends and receives in different orders)
+_TAG = 0
 
 
 class PipeEvent(NamedTuple):
@@ -50,8 +55,11 @@ class PipelineStage:
     step. Receives block (bounded by the process group's timeout). The sends of an op are
     posted with the next op's receive, as one batch, and released when that batch is done; with
     no receive to join they go alone and are released before the next batch is posted
-    (``schedules.p2p_program`` writes this order out). Set ``meter`` to an ``ActivationMeter``
-    to count the buffers held for sends beside the activations saved for backward.
+    (``schedules.p2p_program`` writes this order out). Messages carry no micro-batch number: a
+    receive gets the neighbour's next message, so both must run their ops in matching orders
+    (``step`` checks the schedule's order with ``simulate_schedule``). Set ``meter`` to an
+    ``ActivationMeter`` to count the buffers held for sends beside the activations saved for
+    backward.
 
     Args:
         submodule: this stage's layers (``split_sequential(model, num_stages)[stage_index]``).
@@ -94,6 +102,7 @@ class PipelineStage:
         self._outputs: dict[int, torch.Tensor] = {}   # micro-batch -> this stage's output
         self._losses: dict[int, torch.Tensor] = {}    # micro-batch -> loss (last stage)
         self._pending: list[dist.P2POp] = []          # the last op's sends, not posted yet
+        self._metered: set[int] = set()               # id of the sends the meter counts
         self._alone: list[tuple[list[dist.Work], list[dist.P2POp]]] = []  # posted alone
         self._in_meta: tuple[tuple[int, ...], torch.dtype] | None = None
 
@@ -111,18 +120,21 @@ class PipelineStage:
 
     # ---- point to point --------------------------------------------------------------------
 
-    def _queue_send(self, t: torch.Tensor, to_stage: int, tag: int) -> None:
+    def _queue_send(self, t: torch.Tensor, to_stage: int, header: bool = False) -> None:
         """Send ``t`` with the next op's receive (``_post``); the buffer is held until done."""
         t = t.detach().to(self._wire).contiguous()
-        self._pending.append(dist.P2POp(dist.isend, t, self._peer(to_stage), self.group, tag))
-        if self.meter is not None and tag != _HEADER_TAG:   # the header is not an activation
+        op = dist.P2POp(dist.isend, t, self._peer(to_stage), self.group, _TAG)
+        self._pending.append(op)
+        if self.meter is not None and not header:   # the header is not an activation
             self.meter.hold(t)
+            self._metered.add(id(op))
 
     def _release(self, sends: list[dist.P2POp]) -> None:
         """These sends are done: their buffers may go."""
-        if self.meter is not None:
-            for op in sends:
-                if op.tag != _HEADER_TAG:
+        for op in sends:
+            if id(op) in self._metered:
+                self._metered.discard(id(op))
+                if self.meter is not None:
                     self.meter.release(op.tensor)
 
     def _post(self, receive: dist.P2POp | None = None) -> None:
@@ -148,11 +160,11 @@ class PipelineStage:
             work.wait()
         self._release(sends)
 
-    def _recv(self, shape: tuple[int, ...], dtype: torch.dtype, from_stage: int,
-              tag: int) -> torch.Tensor:
-        """Block until ``from_stage`` has sent a tensor of this shape; on this stage's device."""
+    def _recv(self, shape: tuple[int, ...], dtype: torch.dtype, from_stage: int) -> torch.Tensor:
+        """Block until ``from_stage``'s next message (of this shape) is here; on this stage's
+        device. It is the next one that stage posted to this one, whatever it meant to send."""
         buffer = torch.empty(shape, dtype=dtype, device=self._wire)
-        self._post(dist.P2POp(dist.irecv, buffer, self._peer(from_stage), self.group, tag))
+        self._post(dist.P2POp(dist.irecv, buffer, self._peer(from_stage), self.group, _TAG))
         return buffer.to(self.device)
 
     def _send_header(self, Y: torch.Tensor) -> None:
@@ -164,10 +176,10 @@ class PipelineStage:
         header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64)
         header[0], header[1] = _DTYPES.index(Y.dtype), Y.dim()
         header[2:2 + Y.dim()] = torch.tensor(Y.shape)
-        self._queue_send(header, self.stage_index + 1, _HEADER_TAG)
+        self._queue_send(header, self.stage_index + 1, header=True)
 
     def _recv_header(self) -> None:
-        header = self._recv((2 + _MAX_DIMS,), torch.int64, self.stage_index - 1, _HEADER_TAG)
+        header = self._recv((2 + _MAX_DIMS,), torch.int64, self.stage_index - 1)
         ndim = int(header[1])
         self._in_meta = (tuple(header[2:2 + ndim].tolist()), _DTYPES[int(header[0])])
 
@@ -200,7 +212,7 @@ class PipelineStage:
             if microbatch == 0:
                 self._recv_header()
             shape, dtype = self._in_meta
-            X = self._recv(shape, dtype, self.stage_index - 1, microbatch)  # + last op's sends
+            X = self._recv(shape, dtype, self.stage_index - 1)  # + the last op's sends
             X.requires_grad_(True)  # its gradient goes back to the previous stage
         start = time.perf_counter()
         Y = self.submodule(X)                                   # (b, ...)
@@ -214,7 +226,7 @@ class PipelineStage:
         if not self.is_last:
             if microbatch == 0:
                 self._send_header(Y)
-            self._queue_send(Y, self.stage_index + 1, microbatch)
+            self._queue_send(Y, self.stage_index + 1)
         return Y
 
     def backward_one(self, microbatch: int, loss_scale: float = 1.0) -> None:
@@ -234,7 +246,7 @@ class PipelineStage:
             start = time.perf_counter()
             (self._losses[microbatch] * loss_scale).backward()
         else:
-            dY = self._recv(tuple(Y.shape), Y.dtype, self.stage_index + 1, microbatch)  # + sends
+            dY = self._recv(tuple(Y.shape), Y.dtype, self.stage_index + 1)  # + last op's sends
             start = time.perf_counter()
             torch.autograd.backward(Y, dY)                      # fills .grad and X.grad
         synchronize(self.device)
@@ -242,7 +254,7 @@ class PipelineStage:
         if self.record:
             self.events.append(PipeEvent(self.stage_index, "B", microbatch, start, end))
         if not self.is_first:
-            self._queue_send(X.grad, self.stage_index - 1, microbatch)
+            self._queue_send(X.grad, self.stage_index - 1)
 
     def pop_losses(self) -> list[torch.Tensor]:
         """The last stage's losses of this step, detached, by micro-batch (and forget them)."""
