@@ -39,6 +39,7 @@ say() { printf '\n== setup: %s\n' "$*"; }
 apt_wanted=()
 [ -d /usr/share/datasets/fashion-mnist ] || apt_wanted+=(dataset-fashion-mnist)
 command -v mpirun >/dev/null 2>&1 || apt_wanted+=(openmpi-bin)
+command -v bible >/dev/null 2>&1 || apt_wanted+=(bible-kjv)  # the text of lesson 14
 if [ ${#apt_wanted[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && SUDO="sudo -n"; }

@@ -1,0 +1,6 @@
+"""Tensors split across processes: ``course_lib.distributed.tensor`` mirrors
+``torch.distributed.tensor``.
+
+- ``parallel``: tensor parallelism (Megatron-LM's column- and row-parallel layers, the
+  vocabulary-parallel embedding and loss, a GPT split by heads), lesson 14.
+"""

@@ -1,0 +1,36 @@
+"""Tensor parallelism: ``course_lib.distributed.tensor.parallel`` mirrors
+``torch.distributed.tensor.parallel`` and builds, by hand, what Megatron-LM does.
+
+- ``mappings``: the conjugate operations f and g (and the all-gather / split pair) as autograd
+  functions, under Megatron's names.
+- ``layers``: ``ColumnParallelLinear``, ``RowParallelLinear`` (each with ``from_linear``),
+  ``VocabParallelEmbedding`` (with ``from_embedding``).
+- ``cross_entropy``: ``vocab_parallel_cross_entropy``, the loss of sharded logits.
+- ``transformer``: ``parallelize_mlp``, ``parallelize_attention`` and ``parallelize_gpt``, a
+  ``course_lib.models.gpt`` model split by heads and by vocabulary.
+
+Read more: Shoeybi et al. (2019), "Megatron-LM", and notebook 14.
+"""
+from .cross_entropy import vocab_parallel_cross_entropy
+from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from .mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    scatter_to_tensor_model_parallel_region,
+)
+from .transformer import parallelize_attention, parallelize_gpt, parallelize_mlp
+
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "copy_to_tensor_model_parallel_region",
+    "gather_from_tensor_model_parallel_region",
+    "parallelize_attention",
+    "parallelize_gpt",
+    "parallelize_mlp",
+    "reduce_from_tensor_model_parallel_region",
+    "scatter_to_tensor_model_parallel_region",
+    "vocab_parallel_cross_entropy",
+]
