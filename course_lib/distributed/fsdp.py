@@ -18,15 +18,26 @@ on every rank, as in DDP, with their gradients averaged when backward ends.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.nn.modules.module import _IncompatibleKeys
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from ._fsdp_state import (
+    ShardedPlaceholder,
+    accumulated_variables,
+    check_norm_type,
+    check_state_dict,
+    grad_norm,
+    reached_nodes,
+)
+from ._same_tensors import communication_device, verify_same_tensors
 from .compat import all_gather_into_tensor, reduce_scatter_tensor
 
 __all__ = ["FullyShardedDataParallel", "default_policy", "shard_bounds"]
@@ -67,10 +78,12 @@ def _reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group) -> None:
 class _Gather:
     """One all-gathered copy of a ``FlatShard`` (per forward call): freed and refilled."""
 
-    def __init__(self, handle: FlatShard):
+    def __init__(self, handle: FlatShard, sync: bool = True):
         self.handle = handle
+        self.sync = sync  # False inside no_sync(): keep the full gradient, do not reduce it
         self.full: torch.Tensor | None = None  # (padded,) in the compute dtype
         self.filled = False
+        self.outputs: list[torch.Tensor] = []  # the unit's outputs, until the forward ends
 
     def refill(self) -> None:
         """Before backward: give the full vector its memory back and gather into it again."""
@@ -99,12 +112,19 @@ class _Unshard(torch.autograd.Function):
         handle.gather_into(full)                             # (padded,)
         gather.full, gather.filled = full, True
         ctx.gather = gather
+        ctx.set_materialize_grads(False)  # None: no rank used this call (see _Join)
         return full
 
     @staticmethod
-    def backward(ctx, grad_full: torch.Tensor) -> tuple[torch.Tensor, None]:
-        gather = ctx.gather
-        grad_shard = gather.handle.reduce_grad(grad_full)     # (S,) master dtype, averaged
+    def backward(ctx, grad_full: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:
+        gather, handle = ctx.gather, ctx.gather.handle
+        if grad_full is None:  # autograd runs every node it can reach, used or not
+            grad_shard = None
+        elif gather.sync:
+            grad_shard = handle.reduce_grad(handle.add_pending(grad_full))  # (S,) averaged
+        else:                                       # no_sync(): kept whole, reduced later
+            handle.accumulate(grad_full)
+            grad_shard = None
         gather.free()
         gather.full = None  # drop the reference: the call is over
         return grad_shard, None
@@ -127,6 +147,9 @@ class FlatShard:
         self.numel = sum(p.numel() for p in params)
         start, stop = shard_bounds(self.numel, self.world, self.rank)
         self.padded = (stop - start) * self.world
+        self.start = start
+        self.valid = max(0, min(stop, self.numel) - start)  # this slice without the padding
+        self.pending: torch.Tensor | None = None  # (padded,) full gradient kept by no_sync()
         self.dtype = params[0].dtype
         self.compute_dtype = compute_dtype or self.dtype
         with torch.no_grad():
@@ -152,6 +175,18 @@ class FlatShard:
         _reduce_scatter(out, grad_full.contiguous(), self.group)
         return out.to(self.dtype).div_(self.world)
 
+    def accumulate(self, grad_full: torch.Tensor) -> None:
+        """Inside ``no_sync()``: add ``grad_full`` (padded,) to the kept full gradient."""
+        grad = grad_full.detach().to(self.dtype)
+        self.pending = grad.clone() if self.pending is None else self.pending.add_(grad)
+
+    def add_pending(self, grad_full: torch.Tensor) -> torch.Tensor:
+        """``grad_full`` plus what ``no_sync()`` kept (then forgotten), in its dtype."""
+        if self.pending is None:
+            return grad_full
+        total, self.pending = self.pending.add_(grad_full.to(self.dtype)), None
+        return total.to(grad_full.dtype)
+
     def unshard(self, gather: _Gather) -> None:
         """Gather the full vector and set each module's attribute to its view of it."""
         full = _Unshard.apply(self.shard, gather)            # (padded,)
@@ -161,9 +196,10 @@ class FlatShard:
             setattr(module, name, piece.view(shape))
 
     def placeholders(self) -> None:
-        """Between uses, each attribute is a tensor on the meta device: shape, no memory."""
-        for module, name, shape, _ in self.entries:
-            setattr(module, name, torch.empty(shape, dtype=self.dtype, device="meta"))
+        """Between uses, each attribute is a tensor on the meta device: shape, no memory; any
+        computation with it raises an error naming the parameter (see ShardedPlaceholder)."""
+        for (module, name, shape, _), full_name in zip(self.entries, self.names):
+            setattr(module, name, ShardedPlaceholder.make(shape, self.dtype, full_name))
 
     def full_tensors(self) -> list[torch.Tensor]:
         """Collective: every parameter of this shard, whole, in the master dtype."""
@@ -173,9 +209,38 @@ class FlatShard:
         pieces = full.split(sizes + [self.padded - self.numel])
         return [piece.view(shape).clone() for (*_, shape, _), piece in zip(self.entries, pieces)]
 
+    @torch.no_grad()
+    def load(self, tensors: list[torch.Tensor]) -> None:
+        """This rank's slice <- ``tensors`` (each parameter whole, in ``entries`` order)."""
+        flat = torch.zeros(self.padded, dtype=self.dtype, device=self.shard.device)
+        torch.cat([t.detach().reshape(-1).to(flat) for t in tensors], out=flat[:self.numel])
+        self.shard.copy_(flat[self.start:self.start + self.shard.numel()])
+
 
 def _global(group, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
+
+
+class _Join(torch.autograd.Function):
+    """Identity on the model's outputs. In backward it runs first, on every rank: there the
+    ranks agree which unit calls the loss used on any rank (one all-reduce of flags), and feed
+    zeros to those this rank did not use, so every rank runs the same reduce-scatters in the
+    same order (a rank that skipped one would pair its next collective with another's)."""
+
+    @staticmethod
+    def forward(ctx, fsdp, gathers: list[_Gather], n: int, *tensors: torch.Tensor):
+        ctx.set_materialize_grads(False)  # None for an output the loss did not use
+        ctx.fsdp, ctx.gathers, ctx.n, ctx.sync = fsdp, gathers, n, fsdp._forward_sync
+        ctx.counts = [len(g.outputs) for g in gathers]
+        ctx.like = [(t.shape, t.dtype, t.device) for t in tensors[n:]]
+        return tuple(t.clone() for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        fsdp = ctx.fsdp
+        fsdp._queue_finish()
+        zeros = fsdp._agree_on_use(ctx, grads) if ctx.sync else [None] * len(ctx.like)
+        return (None, None, None, *grads, *zeros)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -219,7 +284,15 @@ class FullyShardedDataParallel(nn.Module):
         self.world_size = dist.get_world_size(process_group)
         self.compute_dtype = compute_dtype
         policy = policy or default_policy
-        self._state_names = list(module.state_dict(keep_vars=True))
+        verify_same_tensors(  # before any other collective: a different model pairs them wrong
+            [("parameter", repr(n), p) for n, p in module.named_parameters()]
+            + [("buffer", repr(n), b) for n, b in module.named_buffers()], process_group,
+            owner="FullyShardedDataParallel", expects="the same model",
+            noun="parameters and buffers",
+            advice="Build the model the same way on every rank (same class, same arguments, "
+                   "same frozen parameters), then wrap it.")
+        self._full_shapes = {n: t.shape for n, t in module.state_dict(keep_vars=True).items()}
+        self._state_names = list(self._full_shapes)
         self._param_names: dict[int, list[str]] = {}
         for name, p in module.named_parameters(remove_duplicate=False):
             self._param_names.setdefault(id(p), []).append(name)
@@ -246,6 +319,9 @@ class FullyShardedDataParallel(nn.Module):
         self._setup_replicated(module)
         self._gathers: list[_Gather] = []
         self._finish_queued = False
+        self._sync = self._forward_sync = True  # False inside no_sync()
+        self._plan: dict | None = None          # what _finish_backward reduces (_agree_on_use)
+        self._pending_replicated: set[int] = set()  # ids of grads no_sync() left unreduced
 
     # ---- which parameters are sharded where ---------------------------------------------------
 
@@ -291,12 +367,14 @@ class FullyShardedDataParallel(nn.Module):
             for t in replicated + [b for b in module.buffers()]:
                 dist.broadcast(t, src=_global(self.process_group, 0), group=self.process_group)
         self._replicated_params = replicated
+        self._device = next(iter([h.shard.device for h in self.handles]
+                                 + [p.device for p in replicated]), torch.device("cpu"))
 
     # ---- hooks: gather before forward, free after, gather again before backward ----------------
 
     def _pre_forward(self, handles: list[FlatShard]):
         def hook(unit: nn.Module, args) -> None:
-            gathers = [_Gather(h) for h in handles]
+            gathers = [_Gather(h, self._forward_sync) for h in handles]
             for h, g in zip(handles, gathers):
                 h.unshard(g)
             unit._fsdp_gathers = gathers
@@ -305,14 +383,17 @@ class FullyShardedDataParallel(nn.Module):
     def _post_forward(self, handles: list[FlatShard]):
         def hook(unit: nn.Module, args, output) -> None:
             gathers = unit.__dict__.pop("_fsdp_gathers", [])
-            for g in gathers:
-                g.free()
             for h in handles:
                 h.placeholders()
             outputs = [t for t in tree_flatten(output)[0]
                        if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not outputs or self._forward_sync:  # no_sync() keeps them until backward (torch
+                for g in gathers:                   # FSDP1 too): its backward gathers nothing
+                    g.free()
             if not outputs:
                 return
+            for g in gathers:
+                g.outputs = outputs
             self._gathers += gathers
             for t in outputs:
                 t.register_hook(self._pre_backward(gathers))
@@ -346,15 +427,37 @@ class FullyShardedDataParallel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """``module(*args, **kwargs)``; floating inputs cast to ``compute_dtype`` if set."""
         self._gathers = []  # an earlier forward's, whose backward never ran
+        self._forward_sync = self._sync
         if self.compute_dtype is not None:
             cast = lambda t: (t.to(self.compute_dtype) if isinstance(t, torch.Tensor)
                               and t.is_floating_point() else t)
             args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
         output = self.module(*args, **kwargs)
-        for t in tree_flatten(output)[0]:
-            if isinstance(t, torch.Tensor) and t.requires_grad:
-                t.register_hook(lambda grad: self._queue_finish())
+        flat, spec = tree_flatten(output)
+        slots = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if slots:  # backward starts at _Join on every rank (see there)
+            gathers = list(self._gathers)
+            joined = _Join.apply(self, gathers, len(slots), *(flat[i] for i in slots),
+                                 *(t for g in gathers for t in g.outputs))
+            for i, t in zip(slots, joined):
+                flat[i] = t
+            output = tree_unflatten(flat, spec)
+        for g in self._gathers:
+            g.outputs = []  # _Join has what it needs: keep no activation alive
         return output
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation: backward passes of forwards run inside keep the gradients
+        on this rank, whole and unreduced (units' full gradients beside their shards,
+        replicated ones in ``.grad``); the first backward of a forward outside reduces them
+        with its own. As torch's FSDP1 ``no_sync``: gathered parameters stay until backward
+        (no second gather), so memory holds the whole model meanwhile."""
+        old, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = old
 
     def _queue_finish(self) -> None:
         """From inside backward: run ``_finish_backward`` once the whole backward is done."""
@@ -362,18 +465,67 @@ class FullyShardedDataParallel(nn.Module):
             self._finish_queued = True
             Variable._execution_engine.queue_callback(self._finish_backward)
 
+    def _agree_on_use(self, ctx, grads) -> list[torch.Tensor | None]:
+        """Start of backward (in _Join), every rank: which unit calls does any rank's loss
+        use, which kept gradients (no_sync) wait? One all-reduce of flags. Returns zeros for
+        the outputs of each unit call used anywhere (so every rank runs its backward, its
+        reduce-scatter, in the same order: the engine runs nodes by creation order), None
+        for the others (no rank reduces them: their ``.grad`` stays None, as torch's)."""
+        n = ctx.n
+        nodes = [node for node, _ in ctx.next_functions]  # the n outputs, then units' outputs
+        reached = reached_nodes(node for node, g in zip(nodes[:n], grads) if g is not None)
+        called = {id(node.gather) for node in reached
+                  if isinstance(getattr(node, "gather", None), _Gather)}
+        used, start = [], n
+        for g, count in zip(ctx.gathers, ctx.counts):
+            used.append(id(g) in called or any(o in reached for o in nodes[start:start + count]))
+            start += count
+        variables = accumulated_variables(reached)
+        replicated = [p for p in self._replicated_params if p.requires_grad]
+        flags = torch.tensor(used + [h.pending is not None for h in self.handles]
+                             + [id(p) in variables or id(p) in self._pending_replicated
+                                for p in replicated], dtype=torch.int32,
+                             device=communication_device(self.process_group, self._device))
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
+        flags = flags.tolist()
+        used = flags[:len(used)]
+        pending = flags[len(used):len(used) + len(self.handles)]
+        called_handles = {id(g.handle) for g, u in zip(ctx.gathers, used) if u}
+        self._plan = {"handles": [h for h, p in zip(self.handles, pending)
+                                  if p and id(h) not in called_handles],
+                      "replicated": [p for p, f in zip(replicated,
+                                                       flags[len(used) + len(self.handles):])
+                                     if f]}
+        zeros, start = [], 0
+        for u, count in zip(used, ctx.counts):
+            zeros += [torch.zeros(shape, dtype=dtype, device=device) if u else None
+                      for shape, dtype, device in ctx.like[start:start + count]]
+            start += count
+        return zeros
+
     def _finish_backward(self) -> None:
-        """End of backward: average the replicated gradients, give every trainable parameter a
-        gradient (zeros if it took no part), free what is still gathered."""
+        """End of backward: reduce what waited (kept by no_sync, units no call of which ran),
+        average the replicated gradients used on any rank (zeros from the ranks that did not
+        use them), free what is still gathered. A parameter no rank used keeps ``.grad`` None.
+        """
         self._finish_queued = False
         for g in self._gathers:
             g.free()
             g.full = None
         self._gathers = []
-        for h in self.handles:
-            if h.shard.requires_grad and h.shard.grad is None:
-                h.shard.grad = torch.zeros_like(h.shard)
-        params = [p for p in self._replicated_params if p.requires_grad]
+        plan, self._plan = self._plan, None
+        replicated = [p for p in self._replicated_params if p.requires_grad]
+        if not self._forward_sync:  # no_sync(): keep every gradient here, unreduced
+            self._pending_replicated |= {id(p) for p in replicated if p.grad is not None}
+            return
+        if plan is None:  # the loss did not start from this FSDP's outputs
+            plan = {"handles": [], "replicated": replicated}
+        for h in plan["handles"]:  # kept by no_sync() on some rank, not called since
+            zeros = torch.zeros(h.padded, dtype=h.compute_dtype, device=h.shard.device)
+            grad = h.reduce_grad(h.add_pending(zeros))
+            h.shard.grad = grad if h.shard.grad is None else h.shard.grad.add_(grad)
+        self._pending_replicated.clear()
+        params = plan["replicated"]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -387,6 +539,27 @@ class FullyShardedDataParallel(nn.Module):
             for g in grads:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
+
+    # ---- gradient clipping ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Collective: scale every gradient so that the norm of them all, as one vector, is at
+        most ``max_norm``; return that norm before clipping (a tensor, the same on every rank),
+        as torch's ``FullyShardedDataParallel.clip_grad_norm_``. Use it instead of
+        ``torch.nn.utils.clip_grad_norm_(fsdp.parameters(), ...)``, which sees only this
+        rank's slices (each rank would clip by its own factor). Sharded gradients count once
+        over all ranks (their ``norm ** p`` summed, padding left out), replicated ones once."""
+        norm_type = check_norm_type(max_norm, norm_type)
+        sharded = [h.shard.grad for h in self.handles if h.shard.grad is not None]
+        replicated = [p.grad for p in self._replicated_params if p.grad is not None]
+        valid = [h.shard.grad[:h.valid] for h in self.handles if h.shard.grad is not None]
+        total = grad_norm(valid, replicated, norm_type, self.process_group,
+                          communication_device(self.process_group, self._device))
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # as torch: no branch, no sync
+        for g in sharded + replicated:
+            g.mul_(coef.to(g.device, g.dtype))
+        return total
 
     # ---- checkpoints -------------------------------------------------------------------------
 
@@ -408,6 +581,50 @@ class FullyShardedDataParallel(nn.Module):
             elif name in buffers:
                 out[name] = buffers[name].detach().clone()
         return out
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """Collective: ``full_state_dict()`` (the module's own names, full tensors), as torch's
+        FSDP1 with ``StateDictType.FULL_STATE_DICT``; ``prefix`` added to each name (a parent
+        module's state_dict passes its own). ``keep_vars`` is accepted and ignored: the
+        values are fresh tensors."""
+        if args:
+            raise TypeError("FullyShardedDataParallel.state_dict takes keyword arguments only "
+                            "(destination=, prefix=, keep_vars=).")
+        out = destination if destination is not None else {}
+        for name, t in self.full_state_dict().items():
+            out[prefix + name] = t
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``load_full_state_dict``: takes what ``state_dict()`` gives."""
+        if assign:
+            raise ValueError("FullyShardedDataParallel.load_state_dict: assign=True is not "
+                             "supported (the parameters are flat shards); use assign=False.")
+        return self.load_full_state_dict(state_dict, strict=strict)
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):
+        """The inverse of ``full_state_dict()``: every rank passes the same whole model (the
+        module's own names, full tensors, saved at any world size) and keeps its slices.
+        Returns ``(missing_keys, unexpected_keys)`` as ``nn.Module.load_state_dict``; with
+        ``strict`` (default) either raises. Collective only when ``strict=False`` leaves a
+        unit partly loaded (its other parameters are gathered to fill the slice)."""
+        missing, unexpected = check_state_dict(state_dict, self._state_names,
+                                               self._full_shapes, strict)
+        for h in self.handles:
+            if all(n in state_dict for n in h.names):
+                h.load([state_dict[n] for n in h.names])
+            elif any(n in state_dict for n in h.names):
+                h.load([state_dict.get(n, t) for n, t in zip(h.names, h.full_tensors())])
+        for p in self._replicated_params:
+            for name in self._param_names[id(p)]:
+                if name in state_dict:
+                    p.copy_(state_dict[name])
+                    break
+        for name, b in self.module.named_buffers(remove_duplicate=False):
+            if name in state_dict and b is not None:
+                b.copy_(state_dict[name])
+        return _IncompatibleKeys(missing, unexpected)
 
 
 def _split(entries: list[tuple]) -> dict[tuple, list[tuple]]:

@@ -19,14 +19,17 @@ one) and hands each bucket to a communication hook ``hook(state, bucket) -> Futu
 (default ``allreduce_hook``: the average), so torch's hooks and ours work with all three.
 
 As torch's DDP, the buckets are built twice: at construction in reverse registration order (for
-``"bucketed"`` one bucket for everything, unless ``find_unused_parameters=True``), then, before
-the first forward after the first synchronised backward, in the order the gradients actually
-arrived (rank 0's), the first bucket small (1 MiB with the default ``bucket_cap_mb``) so that
-communication starts early, whatever order the model registered its layers in.
+``"bucketed"`` one bucket for everything, unless ``find_unused_parameters=True``), then, at the
+end of the first synchronised backward, in the order the gradients actually arrived (rank 0's),
+the first bucket small (1 MiB with the default ``bucket_cap_mb``) so that communication starts
+early, whatever order the model registered its layers in. Unlike torch, ``"bucketed"``'s first
+step waits for the rebuilt buckets before sending anything (torch sends it in the one initial
+bucket, which cannot start before the last gradient either): so every step adds each gradient
+element in the same layout, and a run resumed from a checkpoint is bitwise equal to one never
+stopped, also at three ranks and more.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import weakref
@@ -39,6 +42,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
+
+from ..distributed._same_tensors import communication_device, verify_same_tensors
 
 __all__ = [
     "STRATEGIES",
@@ -375,8 +380,8 @@ class _Strategy:
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.hook: CommHook = allreduce_hook
         self.state: Any = process_group
-        self.arrivals: list[int] | None = [] if rebuild else None  # None: no rebuild (any more)
-        self.rebuild_order: list[int] | None = None  # set once the first sync backward is done
+        # indices in arrival order (a dict: each once) in the first step; None: no rebuild
+        self.arrivals: dict[int, None] | None = {} if rebuild else None
         self.used_since_sync: set[int] = set()       # ids of parameters used under no_sync()
         self.build(self.assign(self.params, initial_cap_bytes))
 
@@ -396,23 +401,34 @@ class _Strategy:
         self.bucket_of = {id(p): b for b in self.buckets for p in b.parameters()}
         self.next_bucket = 0  # buckets are launched in index order, the same on every rank
 
-    def rebuild_buckets(self) -> bool:
-        """Once, after the first synchronised backward: buckets in the order gradients arrived.
+    #: Whether the first synchronised backward sends nothing before the rebuild: where a
+    #: bucket holds several parameters the rebuild changes where each gradient sits in it.
+    delay_first_step = False
+
+    def rebuild_buckets(self, unused: list[torch.Tensor]) -> None:
+        """Once, at the end of the first synchronised backward: buckets in the order the
+        gradients arrived (those of ``unused`` last); with ``delay_first_step`` the gradients
+        that arrived are copied in, to be sent.
 
         Every rank takes rank 0's order (one broadcast), so all launch the same buckets in the
-        same order. Called at the start of a forward pass, as torch does. True if it rebuilt.
+        same order. torch rebuilds before the next forward and sends the first step in its one
+        initial bucket; with ``delay_first_step`` the first step here already travels in the
+        rebuilt buckets, so every step sums each element in the same layout, and a run resumed
+        from a checkpoint (whose new DDP starts over) stays bitwise equal to one never
+        stopped, at any world size (a + b + c in another order is another float).
         """
-        if self.rebuild_order is None:
-            return False
-        device = _communication_device(self.process_group, self.params[0].device)
-        order = torch.tensor(self.rebuild_order, dtype=torch.int64, device=device)  # (P,)
+        arrivals = list(self.arrivals)
+        arrived = [self.params[i] for i in arrivals]
+        device = communication_device(self.process_group, self.params[0].device)
+        order = torch.tensor(arrivals + [self.index_of[id(p)] for p in unused],
+                             dtype=torch.int64, device=device)  # (P,)
         dist.broadcast(order, src=dist.get_global_rank(self.process_group, 0),
                        group=self.process_group)
-        with torch.no_grad():
-            self.build(self.assign(self.params, self.bucket_cap_bytes, order=order.tolist(),
-                                   first_bucket_bytes=self.first_bucket_bytes))
-        self.rebuild_order = None
-        return True
+        self.arrivals = None
+        self.build(self.assign(self.params, self.bucket_cap_bytes, order=order.tolist(),
+                               first_bucket_bytes=self.first_bucket_bytes))
+        for param in arrived if self.delay_first_step else ():
+            self.bucket_of[id(param)].mark_ready(param)
 
     def grad_ready(self, param: torch.Tensor) -> None:
         """Called by DDP's hook when ``param.grad`` is final for this backward."""
@@ -422,10 +438,13 @@ class _Strategy:
         """After backward: every bucket launched and waited for."""
         raise NotImplementedError
 
-    def note_arrival(self, param: torch.Tensor) -> None:
-        """Remember the order gradients arrive in, in the first synchronised backward."""
-        if self.arrivals is not None:
-            self.arrivals.append(self.index_of[id(param)])
+    def note_arrival(self, param: torch.Tensor) -> bool:
+        """Note the order gradients arrive in, in the first synchronised backward; True if
+        the gradient must wait for the rebuild (``delay_first_step``)."""
+        if self.arrivals is None:
+            return False
+        self.arrivals[self.index_of[id(param)]] = None
+        return self.delay_first_step
 
     def launch_ready_buckets(self) -> None:
         """Launch the next buckets, in index order, as long as they are full.
@@ -440,18 +459,21 @@ class _Strategy:
     def finish(self) -> None:
         """End of backward: deal with unused parameters, sync, write the averages into ``.grad``."""
         try:
-            unused = [p for bucket in self.buckets for p in bucket.unready()]
+            arrived = set(self.arrivals or ())  # the first backward marked nothing ready yet
+            unused = [p for bucket in self.buckets for p in bucket.unready()
+                      if self.index_of[id(p)] not in arrived]
             if unused and not self.find_unused_parameters:
                 self._raise_unused(unused)
+            if self.arrivals is not None and self.delay_first_step:
+                self.rebuild_buckets(unused)  # the first step travels in the rebuilt buckets
             for p in unused:  # a zero contribution (or a stale .grad, as torch's reducer does)
                 self.bucket_of[id(p)].mark_ready(p)
             self.sync()
             untouched = self._unused_everywhere(unused)
             for bucket in self.buckets:
                 bucket.copy_back(skip=untouched)
-            if self.arrivals is not None:  # the first one done: rebuild before the next forward
-                self.rebuild_order = self.arrivals + [self.index_of[id(p)] for p in unused]
-                self.arrivals = None
+            if self.arrivals is not None:  # one parameter per bucket: rebuilt for the next step
+                self.rebuild_buckets(unused)
         finally:
             self.used_since_sync.clear()
             self.reset()
@@ -462,7 +484,7 @@ class _Strategy:
             bucket.reset()
         self.next_bucket = 0
         if self.arrivals is not None:
-            self.arrivals = []
+            self.arrivals = {}
 
     def _unused_everywhere(self, unused: list[torch.Tensor]) -> set[int]:
         """Ids of the parameters no rank used since the last synchronisation.
@@ -503,7 +525,8 @@ class NaiveStrategy(_Strategy):
 
     def grad_ready(self, param: torch.Tensor) -> None:
         """Note the gradient (copied into its bucket); send nothing yet."""
-        self.note_arrival(param)
+        if self.note_arrival(param):
+            return
         self.bucket_of[id(param)].mark_ready(param)
 
     def sync(self) -> None:
@@ -523,7 +546,11 @@ class OverlapStrategy(_Strategy):
 
     def grad_ready(self, param: torch.Tensor) -> None:
         """Copy the gradient into its bucket and start its all-reduce (in bucket order)."""
-        self.note_arrival(param)
+        if self.note_arrival(param):  # the first step: sent once the buckets are rebuilt,
+            if len(self.arrivals) == len(self.params):  # here if every gradient has come,
+                self.rebuild_buckets([])                # when torch's one bucket would go
+                self.launch_ready_buckets()
+            return
         self.bucket_of[id(param)].mark_ready(param)
         self.launch_ready_buckets()
 
@@ -541,8 +568,10 @@ class BucketedStrategy(OverlapStrategy):
     messages beat many small ones. Buckets are filled in the order gradients arrive
     (``assign_buckets``; before the first iteration, last layer first) and each is launched when
     its last gradient arrives: the first buckets travel while backward is still computing the
-    rest.
+    rest. The first step waits for the buckets rebuilt in arrival order (``delay_first_step``).
     """
+
+    delay_first_step = True
 
     @staticmethod
     def assign(params: Sequence[torch.Tensor], bucket_cap_bytes: int,
@@ -565,11 +594,6 @@ STRATEGIES: dict[str, type[_Strategy]] = {
 # The module
 # ------------------------------------------------------------------------------------------------
 
-def _communication_device(group: dist.ProcessGroup, device: torch.device) -> torch.device:
-    """Where small bookkeeping tensors travel: NCCL needs the GPU, gloo takes the CPU."""
-    return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
-
-
 def _broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
     """Overwrite ``tensors`` with the group's rank 0 values: one broadcast per dtype and device."""
     src = dist.get_global_rank(group, 0)
@@ -585,52 +609,8 @@ def _broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup) 
                 t.copy_(flat[start:end].view(t.shape))
 
 
-def _verify_same_model(states: list[tuple[str, str, torch.Tensor]],
-                       group: dist.ProcessGroup) -> None:
-    """Raise on every rank unless every rank has the same parameters (and buffers) in order.
-
-    torch's ``_verify_param_shape_across_processes``: each rank describes its tensors (kind,
-    shape, dtype, requires_grad; names only for the message), two all-gathers of fixed-size
-    messages (length, then the padded description) share them, and every rank reaches the same
-    verdict from the same data. Bounded: every rank makes exactly these two collectives.
-    """
-    mine = [[kind, name, list(t.shape), str(t.dtype).removeprefix("torch."),
-             bool(t.requires_grad)] for kind, name, t in states]
-    device = _communication_device(group, states[0][2].device if states else torch.device("cpu"))
-    message = torch.frombuffer(bytearray(json.dumps(mine).encode()), dtype=torch.uint8).to(device)
-    world = dist.get_world_size(group)
-    lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    dist.all_gather(lengths, torch.tensor([len(message)], device=device), group=group)
-    longest = max(int(n.item()) for n in lengths)
-    padded = torch.zeros(longest, dtype=torch.uint8, device=device)   # (longest,)
-    padded[:len(message)] = message
-    gathered = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded, group=group)
-    models = [json.loads(bytes(g[:int(n.item())].tolist()).decode())
-              for g, n in zip(gathered, lengths)]
-
-    def describe(entry: list) -> str:
-        kind, name, shape, dtype, requires_grad = entry
-        grad = "" if kind == "buffer" else f", requires_grad={requires_grad}"
-        return f"{kind} {name!r} of shape {tuple(shape)}, {dtype}{grad}"
-
-    for i in range(max(len(m) for m in models)):
-        reference = models[0][i] if i < len(models[0]) else None
-        for rank, model in enumerate(models[1:], start=1):
-            entry = model[i] if i < len(model) else None
-            same = (entry is not None and reference is not None
-                    and [entry[0], *entry[2:]] == [reference[0], *reference[2:]])
-            if same:
-                continue
-            counts = ", ".join(f"rank {r}: {len(m)}" for r, m in enumerate(models))
-            theirs = [f"rank {r} has {describe(m[i]) if i < len(m) else 'nothing'}"
-                      for r, m in ((0, models[0]), (rank, model))]
-            raise RuntimeError(
-                f"DistributedDataParallel expects the same model on every rank, but the ranks' "
-                f"parameters{' and buffers' if any(s[0] == 'buffer' for s in mine) else ''} "
-                f"differ at position {i}: {theirs[0]}, {theirs[1]} (tensors per rank: "
-                f"{counts}). Build the model the same way on every rank (same class, same "
-                f"arguments, same frozen parameters), then wrap it.")
+_SAME_MODEL_ADVICE = ("Build the model the same way on every rank (same class, same arguments, "
+                      "same frozen parameters), then wrap it.")
 
 
 def _frozen_after_wrapping(names: list[str]) -> str:
@@ -641,6 +621,18 @@ def _frozen_after_wrapping(names: list[str]) -> str:
             f"then wrap: call requires_grad_(False) on them, then build a new "
             f"DistributedDataParallel(module) (or pass find_unused_parameters=True to let "
             f"them count as unused).")
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in ``obj`` (tuples, lists, dicts), as ``_to_device`` finds them."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, list | tuple):
+        for x in obj:
+            yield from _tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x)
 
 
 def _to_device(obj: Any, device: torch.device) -> Any:
@@ -689,9 +681,11 @@ class DistributedDataParallel(nn.Module):
         gradient_as_bucket_view: make each ``.grad`` a view of its bucket's buffer: no second
             copy of the gradients (``gradient_memory_bytes`` measures it).
         static_graph: a promise that every iteration uses the same parameters. torch uses it
-            to skip work (and to allow reentrant activation checkpointing, which this DDP does
-            not support); here it only means that the buckets are rebuilt after the first
-            iteration also with ``find_unused_parameters=True``, as torch does.
+            to skip work and to allow reentrant activation checkpointing (which this DDP
+            supports in any case); here, as in torch, parameters unused in every step are
+            then found (and left alone) even with ``find_unused_parameters=False``, and the
+            buckets are rebuilt after the first iteration also with
+            ``find_unused_parameters=True``.
         strategy: ``"naive"``, ``"overlap"`` or ``"bucketed"`` (see the module docstring).
     """
 
@@ -726,10 +720,14 @@ class DistributedDataParallel(nn.Module):
             raise ValueError("DistributedDataParallel expected a module with at least one "
                              "parameter that requires grad, found none: there is nothing to "
                              "synchronise (call the module directly).")
-        states = [("parameter", name, p) for name, p in module.named_parameters()]
+        states = [("parameter", repr(name), p) for name, p in module.named_parameters()]
         if broadcast_buffers:  # as torch: without it, each rank keeps its own buffers
-            states += [("buffer", name, b) for name, b in module.named_buffers()]
-        _verify_same_model(states, self.process_group)
+            states += [("buffer", repr(name), b) for name, b in module.named_buffers()]
+        verify_same_tensors(  # torch's _verify_param_shape_across_processes
+            states, self.process_group, owner="DistributedDataParallel",
+            expects="the same model", advice=_SAME_MODEL_ADVICE,
+            noun="parameters and buffers" if any(kind == "buffer" for kind, _, _ in states)
+            else "parameters")
         _broadcast_coalesced([t for _, _, t in states], self.process_group)
         self._frozen = [(name, p) for name, p in module.named_parameters() if not p.requires_grad]
         self._named = named
@@ -741,19 +739,21 @@ class DistributedDataParallel(nn.Module):
             first_bucket_bytes=FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap_bytes,
             initial_cap_bytes=sys.maxsize if rebuild else cap_bytes,  # torch: one bucket first
             rebuild=rebuild, process_group=self.process_group,
-            find_unused_parameters=find_unused_parameters,
+            # as torch: with a static graph, parameters unused in every step are found (and
+            # count as unused) whatever find_unused_parameters says
+            find_unused_parameters=find_unused_parameters or static_graph,
             gradient_as_bucket_view=gradient_as_bucket_view)
         self._comm_hook_registered = False
         self._expect_hooks = False     # a synchronised forward ran: its backward averages
+        self._grads_arrived = False    # a gradient of this backward reached DDP's hook
         self._callback_queued = False  # the end-of-backward callback of this backward
-        hook = _weak_grad_hook(self)
+        hook = _weak_hook(self, "_grad_ready")
         self._hook_handles = [p.register_post_accumulate_grad_hook(hook) for _, p in named]
 
     def forward(self, *inputs, **kwargs):
         """Run the module (after taking rank 0's buffers) and arm the gradient hooks."""
         if torch.is_grad_enabled():
             self._check_requires_grad()
-            self.reducer.rebuild_buckets()  # once, after the first iteration (as torch)
         if self.device is not None:
             inputs, kwargs = _to_device(inputs, self.device), _to_device(kwargs, self.device)
         buffers = list(self.module.buffers())
@@ -764,8 +764,12 @@ class DistributedDataParallel(nn.Module):
         output = self.module(*inputs, **kwargs)
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self.require_forward_param_sync = True
-            self._expect_hooks, self._callback_queued = True, False
+            self._expect_hooks, self._grads_arrived, self._callback_queued = True, False, False
             self.reducer.reset()
+            hook = _weak_hook(self, "_backward_started")  # on the outputs: see _backward_started
+            for tensor in _tensors(output):
+                if tensor.requires_grad:
+                    tensor.register_hook(hook)
         else:
             self.require_forward_param_sync = False
         return output
@@ -819,37 +823,58 @@ class DistributedDataParallel(nn.Module):
                 f"be averaged and the replicas would drift apart. Set requires_grad first, then "
                 f"wrap: build a new DistributedDataParallel(module).")
 
+    def _backward_started(self, grad: torch.Tensor) -> None:
+        """Hook on the forward's outputs: backward reached them; queue the end-of-backward step.
+
+        Queued here, the callback belongs to the backward the caller started, which ends after
+        every gradient. Queued from a parameter's hook instead, it could belong to a nested
+        backward: reentrant activation checkpointing (``use_reentrant=True``) runs one inside
+        the outer backward for each checkpointed segment, and would average the gradients
+        before the layers outside the segment had produced theirs.
+        """
+        if not self._callback_queued:
+            Variable._execution_engine.queue_callback(self._finish_backward)
+            self._callback_queued = True
+
     def _grad_ready(self, param: torch.Tensor) -> None:
         """Autograd hook: ``param.grad`` is final for this backward; hand it to the strategy."""
-        if self.find_unused_parameters:  # as torch: used in any step since the last sync
+        if self.reducer.find_unused_parameters:  # as torch: used in any step since the sync
             self.reducer.used_since_sync.add(id(param))
         if not self._expect_hooks:
             return  # the forward ran under no_sync() or without grad: accumulate locally
-        if not self._callback_queued:  # the first gradient of this backward
+        self._grads_arrived = True
+        if not self._callback_queued:  # no output hook ran (backward from elsewhere)
             Variable._execution_engine.queue_callback(self._finish_backward)
             self._callback_queued = True
         with torch.no_grad():
             self.reducer.grad_ready(param)
 
     def _finish_backward(self) -> None:
-        """Queued callback: runs once backward is done, before ``loss.backward()`` returns."""
-        self._expect_hooks, self._callback_queued = False, False
+        """Queued callback: runs once backward is done, before ``loss.backward()`` returns.
+
+        Nothing to do when no parameter received a gradient (``torch.autograd.grad`` with
+        respect to the inputs, say): the gradients of a later backward are still expected.
+        """
+        self._callback_queued = False
+        if not (self._expect_hooks and self._grads_arrived):
+            return
+        self._expect_hooks = False
         with torch.no_grad():
             self.reducer.finish()
 
 
-def _weak_grad_hook(ddp: DistributedDataParallel) -> Callable[[torch.Tensor], None]:
-    """``ddp._grad_ready`` as a hook that does not keep ``ddp`` alive once the caller drops it.
+def _weak_hook(ddp: DistributedDataParallel, method: str) -> Callable[[torch.Tensor], None]:
+    """``ddp.<method>`` as a hook that does not keep ``ddp`` alive once the caller drops it.
 
     The hooks stay on the parameters: without this, wrapping a model again (say, to try
     another strategy) would keep the old wrapper, its buckets and its hooks working forever.
     """
     ref = weakref.ref(ddp)
 
-    def hook(param: torch.Tensor) -> None:
+    def hook(tensor: torch.Tensor) -> None:
         alive = ref()
         if alive is not None:
-            alive._grad_ready(param)
+            getattr(alive, method)(tensor)
 
     return hook
 

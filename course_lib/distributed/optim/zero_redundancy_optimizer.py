@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
+from ._checks import check_same_params, check_torch_options
+
 __all__ = ["ZeroRedundancyOptimizer", "partition_parameters"]
 
 
@@ -62,15 +64,22 @@ class ZeroRedundancyOptimizer(Optimizer):
         params: an iterable of tensors, or of dicts (parameter groups with their own options).
         optimizer_class: the optimizer to shard, for example ``torch.optim.AdamW``.
         process_group: the ranks to shard over (None: the default group).
+        parameters_as_bucket_view, overlap_with_ddp: torch's; accepted as False (their
+            default), refused with an explanation when True: this version does neither.
         **defaults: options for ``optimizer_class`` (``lr=...``, ``weight_decay=...``).
 
+    At construction every rank's parameters are checked to be the same (number, order, groups,
+    shapes, dtypes): an error on every rank names the first difference.
+
     Checkpoints, as torch's: ``consolidate_state_dict(to=0)`` on every rank, then
-    ``state_dict()`` on rank 0 returns the unsharded optimizer's state dict;
+    ``state_dict()`` on rank 0 returns the unsharded optimizer's state dict (the state as
+    consolidated, the groups' options as they are now);
     ``load_state_dict(sd)`` on every rank takes that full dict and keeps its shard's part.
     """
 
     def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict],
                  optimizer_class: type[Optimizer], process_group: dist.ProcessGroup | None = None,
+                 parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False,
                  **defaults: Any):
         if not dist.is_initialized():
             raise RuntimeError("ZeroRedundancyOptimizer shards over the ranks of a process "
@@ -79,13 +88,16 @@ class ZeroRedundancyOptimizer(Optimizer):
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
             raise TypeError(f"optimizer_class must be an optimizer class such as "
                             f"torch.optim.AdamW, got {optimizer_class!r}.")
+        check_torch_options(parameters_as_bucket_view=parameters_as_bucket_view,
+                            overlap_with_ddp=overlap_with_ddp)
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         self._optimizer_class = optimizer_class
         self.optim: Optimizer | None = None  # built once every group is known
-        self._consolidated: dict | None = None
+        self._consolidated: dict[int, dict] | None = None  # the whole state, on rank `to`
         super().__init__(params, defaults)    # calls add_param_group for each group
+        check_same_params(self.param_groups, process_group)  # a collective, as DDP's check
         self._shards = partition_parameters(self.param_groups, self.world_size)
         self.optim = optimizer_class(self._local_groups(), **defaults)
         self._copy_options(self.optim.param_groups, self.param_groups)  # betas, eps, ... too
@@ -162,20 +174,24 @@ class ZeroRedundancyOptimizer(Optimizer):
         for rank, shard_sd in enumerate(gathered):
             for local_i, s in shard_sd["state"].items():
                 state[index[id(self._shards[rank][local_i])]] = s
-        groups = [{**_options(g), "params": [index[id(p)] for p in g["params"]]}
-                  for g in self.param_groups]
-        self._consolidated = {"state": dict(sorted(state.items())), "param_groups": groups}
+        self._consolidated = dict(sorted(state.items()))
 
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer's state dict, in the unsharded optimizer's format; only on the
-        rank that ``consolidate_state_dict(to=...)`` named, after that call."""
+        rank that ``consolidate_state_dict(to=...)`` named, after that call.
+
+        Built when asked, as torch's: the state is the one consolidated, the groups' options
+        (a learning rate a scheduler changed since) are the current ones.
+        """
         if self._consolidated is None:
             raise RuntimeError(
                 f"ZeroRedundancyOptimizer.state_dict() on rank {self.rank}: no consolidated "
                 "state here. Each rank holds only its shard: call "
                 "consolidate_state_dict(to=RANK) on every rank first, then state_dict() on "
                 "that rank (as with torch's ZeroRedundancyOptimizer).")
-        return self._consolidated
+        state_dict = super().state_dict()  # the groups now, with global indices; no state
+        state_dict["state"] = dict(self._consolidated)
+        return state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a whole (consolidated) state dict on every rank; each keeps its shard's part."""

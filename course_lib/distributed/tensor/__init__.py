@@ -4,3 +4,5 @@
 - ``parallel``: tensor parallelism (Megatron-LM's column- and row-parallel layers, the
   vocabulary-parallel embedding and loss, a GPT split by heads), lesson 14.
 """
+
+__all__: list[str] = []  # the names live in its submodules (parallel)

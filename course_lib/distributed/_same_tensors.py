@@ -1,0 +1,82 @@
+"""Are every rank's tensors alike? One check shared by DDP and ZeroRedundancyOptimizer.
+
+torch's DDP calls ``_verify_param_shape_across_processes`` at construction: a model that differs
+on one rank (a layer less, another width) would otherwise pair the wrong tensors in every
+collective, or hang. ``course_lib.parallel.DistributedDataParallel`` and
+``course_lib.distributed.optim.ZeroRedundancyOptimizer`` both call ``verify_same_tensors``.
+"""
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.distributed as dist
+
+
+def communication_device(group: dist.ProcessGroup | None, device: torch.device) -> torch.device:
+    """Where small bookkeeping tensors travel: NCCL needs the GPU, gloo takes the CPU."""
+    return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+def verify_same_tensors(states: list[tuple[str, str, torch.Tensor]],
+                        group: dist.ProcessGroup | None, *, owner: str, expects: str,
+                        noun: str, advice: str) -> None:
+    """Raise on every rank unless every rank has the same tensors, in the same order.
+
+    Each rank describes its tensors (kind, shape, dtype, requires_grad; the label only for the
+    message), two all-gathers of fixed-size messages (length, then the padded description)
+    share them, and every rank reaches the same verdict from the same data. Bounded: every rank
+    makes exactly these two collectives.
+
+    Args:
+        states: ``(kind, label, tensor)`` per tensor, in order; ``kind`` is compared ("parameter",
+            "buffer", "param_groups[1]"), ``label`` is only printed (``"'fc1.weight'"``).
+        group: the ranks to compare (None: the default group).
+        owner: who checks, first word of the message (``"DistributedDataParallel"``).
+        expects: what must be alike (``"the same model"``).
+        noun: what differs, plural (``"parameters and buffers"``).
+        advice: the last sentence: what to do about it.
+    """
+    mine = [[kind, label, list(t.shape), str(t.dtype).removeprefix("torch."),
+             bool(t.requires_grad)] for kind, label, t in states]
+    device = communication_device(group, states[0][2].device if states else torch.device("cpu"))
+    message = torch.frombuffer(bytearray(json.dumps(mine).encode()), dtype=torch.uint8).to(device)
+    world = dist.get_world_size(group)
+    lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([len(message)], device=device), group=group)
+    longest = max(int(n.item()) for n in lengths)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)   # (longest,)
+    padded[:len(message)] = message
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded, group=group)
+    described = [json.loads(bytes(g[:int(n.item())].tolist()).decode())
+                 for g, n in zip(gathered, lengths)]
+    difference = _first_difference(described)
+    if difference is None:
+        return
+    i, rank = difference
+    counts = ", ".join(f"rank {r}: {len(d)}" for r, d in enumerate(described))
+    theirs = [f"rank {r} has {_describe(d[i]) if i < len(d) else 'nothing'}"
+              for r, d in ((0, described[0]), (rank, described[rank]))]
+    raise RuntimeError(
+        f"{owner} expects {expects} on every rank, but the ranks' {noun} "
+        f"differ at position {i}: {theirs[0]}, {theirs[1]} (tensors per rank: {counts}). "
+        f"{advice}")
+
+
+def _first_difference(described: list[list[list]]) -> tuple[int, int] | None:
+    """(position, rank) of the first entry where a rank differs from rank 0, or None."""
+    for i in range(max(len(d) for d in described)):
+        reference = described[0][i] if i < len(described[0]) else None
+        for rank, entries in enumerate(described[1:], start=1):
+            entry = entries[i] if i < len(entries) else None
+            if entry is None or reference is None or \
+                    [entry[0], *entry[2:]] != [reference[0], *reference[2:]]:
+                return i, rank
+    return None
+
+
+def _describe(entry: list) -> str:
+    kind, label, shape, dtype, requires_grad = entry
+    grad = "" if kind == "buffer" else f", requires_grad={requires_grad}"
+    return f"{kind} {label} of shape {tuple(shape)}, {dtype}{grad}"
