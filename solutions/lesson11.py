@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course_lib.distributed.compat import all_gather_into_tensor, reduce_scatter_tensor
+
 __all__ = ["GatherLinear", "ShardedLinear", "ZeRO1"]
 
 
@@ -52,7 +54,7 @@ def _pad(flat: torch.Tensor, world: int) -> torch.Tensor:
 def _gather(shard: torch.Tensor, unit: ShardedLinear) -> tuple[torch.Tensor, torch.Tensor]:
     """All-gather the full flat vector; return the weight (out, in) and the bias (out,)."""
     full = shard.new_empty(shard.numel() * dist.get_world_size())   # (N padded,)
-    dist.all_gather_into_tensor(full, shard.detach().contiguous())
+    all_gather_into_tensor(full, shard.detach().contiguous())
     n_w = unit.out_features * unit.in_features
     W = full[:n_w].view(unit.out_features, unit.in_features)       # (out, in)
     b = full[n_w:n_w + unit.out_features]                          # (out,)
@@ -78,7 +80,7 @@ class GatherLinear(torch.autograd.Function):
         world = dist.get_world_size()
         full = _pad(flat, world)                                         # (N padded,)
         grad_shard = torch.empty_like(shard)
-        dist.reduce_scatter_tensor(grad_shard, full)                     # the sum of my slice
+        reduce_scatter_tensor(grad_shard, full)                          # the sum of my slice
         return grad_X, grad_shard / world, None                          # the average
 
 

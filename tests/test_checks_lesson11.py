@@ -103,7 +103,7 @@ class KeepsWeights(torch.autograd.Function):
         flat = torch.cat([(grad_out.T @ X).flatten(), grad_out.sum(0)])
         world = dist.get_world_size()
         grad_shard = torch.empty_like(shard)
-        dist.reduce_scatter_tensor(grad_shard, S._pad(flat, world))
+        S.reduce_scatter_tensor(grad_shard, S._pad(flat, world))
         return grad_out @ W, grad_shard / world, None
 
 
