@@ -467,3 +467,24 @@ def test_choose_backend_says_why_and_refuses_nccl_without_a_gpu_each():
     assert "not one each" in D.choose_backend(2, gpus=1).reason
     with pytest.raises(ValueError, match="needs a GPU per process: 2 process"):
         D.choose_backend(2, gpus=1, backend="nccl")
+
+
+@pytest.mark.parametrize("gpus, expected", [(0, "none"), (1, "none"), (2, "own")])
+def test_simulated_nodes_never_share_a_gpu(monkeypatch, gpus, expected):
+    """Two "nodes" on one machine each give local rank 0 GPU 0 unless told otherwise; NCCL then
+    refuses ("Duplicate GPU detected", seen on a one-GPU machine). Each node gets GPUs of its own
+    where there are enough, else none (gloo on the CPU)."""
+    seen = {}
+
+    def fake_run_commands(commands, timeout, env=None, labels=None, echo=True):
+        seen["commands"], seen["env"] = commands, env
+        return ["" for _ in commands]
+
+    monkeypatch.setattr(D.run, "run_commands", fake_run_commands)
+    monkeypatch.setattr(D.run, "num_gpus", lambda: gpus)
+    D.torchrun(HELLO, nproc_per_node=1, nnodes=2, echo=False)
+    if expected == "none":
+        assert seen["env"] == {"CUDA_VISIBLE_DEVICES": ""}
+    else:
+        assert [c[:2] for c in seen["commands"]] == [["env", "CUDA_VISIBLE_DEVICES=0"],
+                                                     ["env", "CUDA_VISIBLE_DEVICES=1"]]

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..devices import num_gpus
 from .launch import find_free_port
 from .processes import kill_processes, stop_process_groups, tagged_processes
 
@@ -275,7 +276,19 @@ def torchrun(script: str | Path, *script_args: str, nproc_per_node: int = 2, nno
         for c in commands:
             print("$ " + " ".join(["torchrun", *map(_shown, c[3:])]))
     labels = [f"[node{i}] " for i in range(nnodes)] if nnodes > 1 else [""]
-    return run_commands(commands, timeout, labels=labels, echo=echo)
+    env = None
+    if nnodes > 1:
+        # Every simulated node sees this machine's GPUs: each would give its local rank 0 GPU 0,
+        # and NCCL refuses two ranks on one GPU. Give each node its own GPUs where there are
+        # enough to go round, as K real machines would have, else none (gloo on the CPU).
+        gpus = num_gpus()
+        if gpus >= nnodes * nproc_per_node:
+            commands = [["env", "CUDA_VISIBLE_DEVICES=" + ",".join(
+                str(i * nproc_per_node + j) for j in range(nproc_per_node))] + c
+                for i, c in enumerate(commands)]
+        else:
+            env = {"CUDA_VISIBLE_DEVICES": ""}
+    return run_commands(commands, timeout, env=env, labels=labels, echo=echo)
 
 
 def mpirun(script: str | Path, *script_args: str, np: int = 2, timeout: float = 120.0,

@@ -68,8 +68,8 @@ def scatter(tensor: torch.Tensor, devices: Sequence[Device]) -> list[torch.Tenso
     """Split ``tensor`` along dim 0 into the chunks of ``torch.chunk`` and put chunk i on
     ``devices[i]``.
 
-    Like ``nn.parallel.scatter`` (which this calls when every device is a GPU), the chunks have
-    size ``ceil(B / n)`` except the last, so there may be fewer chunks than devices
+    Like ``nn.parallel.scatter`` (which this calls when the tensor and every device are GPUs),
+    the chunks have size ``ceil(B / n)`` except the last, so there may be fewer chunks than devices
     (B=5 over 4 devices: sizes 2, 2, 1). On the CPU and on mixed lists, where
     ``nn.parallel.scatter`` refuses, the same split is done with ``torch.chunk`` and ``.to``.
     Chunks that stay on ``tensor``'s device are views of it. Differentiable either way.
@@ -83,7 +83,9 @@ def scatter(tensor: torch.Tensor, devices: Sequence[Device]) -> list[torch.Tenso
     if tensor.dim() == 0:
         raise ValueError("scatter splits along dim 0 and needs a tensor with at least one "
                          "dimension, got a 0-d tensor.")
-    if all(d.type == "cuda" for d in devices):
+    if tensor.is_cuda and all(d.type == "cuda" for d in devices):
+        # (from a CPU tensor, torch's Scatter would name the CPU as device -1 in its backward,
+        # which torch 2.11 and later warn about: that case takes the path below)
         return list(nn.parallel.scatter(tensor, devices))
     chunks = torch.chunk(tensor, len(devices), dim=0)      # sizes ceil(B/n), ..., remainder
     return [c.to(d) for c, d in zip(chunks, devices)]
