@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GPT", "Block", "CausalSelfAttention", "GPTConfig", "MLP"]
+__all__ = ["GPT", "Block", "CausalSelfAttention", "GPTConfig", "MLP", "causal_attention"]
 
 
 @dataclass
@@ -55,26 +55,37 @@ class GPTConfig:
                              f"({self.n_head}); choose n_embd = n_head * head size.")
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs), causal) v for q, k, v of shape (B, nh, T, hs)."""
+    T, head_dim = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)   # (B, nh, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    return scores.softmax(dim=-1) @ v                        # (B, nh, T, hs)
+
+
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention where position i sees positions 0..i only."""
+    """Multi-head self-attention where position i sees positions 0..i only.
+
+    ``core_attention`` (scores, softmax, weighted sum of values) is an attribute so that
+    ``course_lib.utils.checkpoint.selective_recompute`` can swap in a recomputing version.
+    """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.head_dim = config.n_embd // config.n_head
+        self.core_attention = causal_attention
         # one projection for q, k and v, its output rows grouped by head: [q_h k_h v_h] per head
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.out_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape                                  # (B, T, C)
         qkv = self.qkv(x)                                  # (B, T, 3 * nh * hs)
+        B, T, _ = qkv.shape     # the whole sequence, even when x holds a block of it (SP)
         n_head = qkv.shape[-1] // (3 * self.head_dim)      # all heads, or this rank's share
         qkv = qkv.view(B, T, n_head, 3, self.head_dim)     # (B, T, nh, 3, hs)
         q, k, v = qkv.permute(3, 0, 2, 1, 4)               # each (B, nh, T, hs)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)   # (B, nh, T, T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-        y = scores.softmax(dim=-1) @ v                     # (B, nh, T, hs)
+        y = self.core_attention(q, k, v)                   # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, n_head * self.head_dim)   # (B, T, nh * hs)
         return self.out_proj(y)                            # (B, T, C)
 

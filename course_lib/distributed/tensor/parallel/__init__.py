@@ -6,8 +6,11 @@
 - ``layers``: ``ColumnParallelLinear``, ``RowParallelLinear`` (each with ``from_linear``),
   ``VocabParallelEmbedding`` (with ``from_embedding``).
 - ``cross_entropy``: ``vocab_parallel_cross_entropy``, the loss of sharded logits.
+- ``sequence``: sequence parallelism (Korthikanti et al. 2022): the g / g-bar pair along the
+  sequence, ``SequenceParallelLayerNorm``, ``SequenceParallelPositionEmbedding``.
 - ``transformer``: ``parallelize_mlp``, ``parallelize_attention`` and ``parallelize_gpt``, a
-  ``course_lib.models.gpt`` model split by heads and by vocabulary.
+  ``course_lib.models.gpt`` model split by heads and by vocabulary (and, with
+  ``sequence_parallel=True``, by positions between the tensor-parallel regions).
 
 Read more: Shoeybi et al. (2019), "Megatron-LM", and notebook 14.
 """
@@ -19,18 +22,34 @@ from .mappings import (
     reduce_from_tensor_model_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
+from .sequence import (
+    SEQUENCE_DIM,
+    SequenceParallelLayerNorm,
+    SequenceParallelPositionEmbedding,
+    gather_from_sequence_parallel_region,
+    linear_with_sequence_parallel_input,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_sequence_parallel_region,
+)
 from .transformer import parallelize_attention, parallelize_gpt, parallelize_mlp
 
 __all__ = [
+    "SEQUENCE_DIM",
     "ColumnParallelLinear",
     "RowParallelLinear",
+    "SequenceParallelLayerNorm",
+    "SequenceParallelPositionEmbedding",
     "VocabParallelEmbedding",
     "copy_to_tensor_model_parallel_region",
+    "gather_from_sequence_parallel_region",
     "gather_from_tensor_model_parallel_region",
+    "linear_with_sequence_parallel_input",
     "parallelize_attention",
     "parallelize_gpt",
     "parallelize_mlp",
     "reduce_from_tensor_model_parallel_region",
+    "reduce_scatter_to_sequence_parallel_region",
+    "scatter_to_sequence_parallel_region",
     "scatter_to_tensor_model_parallel_region",
     "vocab_parallel_cross_entropy",
 ]

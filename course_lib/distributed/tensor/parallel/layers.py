@@ -39,6 +39,10 @@ from .mappings import (
     reduce_from_tensor_model_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
+from .sequence import (
+    linear_with_sequence_parallel_input,
+    reduce_scatter_to_sequence_parallel_region,
+)
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"]
 
@@ -55,14 +59,16 @@ class ColumnParallelLinear(nn.Module):
     Rank r holds ``weight`` of shape ``(out_features / t, in_features)``: rows
     ``r * out_features / t`` to ``(r + 1) * out_features / t`` of the full weight (and that block
     of the bias). The output is this rank's block of the features, or all of them when
-    ``gather_output=True``.
+    ``gather_output=True``. With ``sequence_parallel=True`` the input is this rank's block of
+    positions ``(B, T/t, in)``, all-gathered along the sequence first (g; ``sequence.py``).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, group=None,
-                 gather_output: bool = False):
+                 gather_output: bool = False, sequence_parallel: bool = False):
         super().__init__()
         self.rank, self.world_size = group_rank_size(group, "ColumnParallelLinear")
         self.group, self.gather_output = group, gather_output
+        self.sequence_parallel = sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         self.out_features_per_partition = divisible(out_features, self.world_size,
                                                     "out_features", "ColumnParallelLinear")
@@ -73,13 +79,13 @@ class ColumnParallelLinear(nn.Module):
             _uniform_(self.bias, in_features)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, *, group=None,
-                    gather_output: bool = False) -> ColumnParallelLinear:
+    def from_linear(cls, linear: nn.Linear, *, group=None, gather_output: bool = False,
+                    sequence_parallel: bool = False) -> ColumnParallelLinear:
         """This rank's block of rows of an existing ``nn.Linear`` (same dtype and device)."""
         check_linear(linear, "ColumnParallelLinear.from_linear")
         out_features, in_features = linear.weight.shape
         layer = cls(in_features, out_features, linear.bias is not None, group=group,
-                    gather_output=gather_output)
+                    gather_output=gather_output, sequence_parallel=sequence_parallel)
         rows = slice(layer.rank * layer.out_features_per_partition,
                      (layer.rank + 1) * layer.out_features_per_partition)
         layer.weight = nn.Parameter(linear.weight.detach()[rows].clone())
@@ -88,8 +94,11 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tensor_model_parallel_region(x, self.group)   # (..., in): grad all-reduced
-        y = F.linear(x, self.weight, self.bias)                    # (..., out / t)
+        if self.sequence_parallel:                                 # (B, T/t, in) -> (B, T, out/t)
+            y = linear_with_sequence_parallel_input(x, self.weight, self.bias, self.group)
+        else:
+            x = copy_to_tensor_model_parallel_region(x, self.group)   # grad all-reduced
+            y = F.linear(x, self.weight, self.bias)                    # (..., out / t)
         if self.gather_output:
             y = gather_from_tensor_model_parallel_region(y, self.group)   # (..., out)
         return y
@@ -97,7 +106,8 @@ class ColumnParallelLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} "
                 f"({self.out_features_per_partition} on rank {self.rank} of {self.world_size}), "
-                f"bias={self.bias is not None}, gather_output={self.gather_output}")
+                f"bias={self.bias is not None}, gather_output={self.gather_output}"
+                + (", sequence_parallel=True" if self.sequence_parallel else ""))
 
 
 class RowParallelLinear(nn.Module):
@@ -107,14 +117,17 @@ class RowParallelLinear(nn.Module):
     ``r * in_features / t`` to ``(r + 1) * in_features / t`` of the full weight, and the whole
     bias, added once after the all-reduce. The input is this rank's block of the features
     (``input_is_parallel=True``, the output of a ``ColumnParallelLinear``) or the full input,
-    which is then split here.
+    which is then split here. With ``sequence_parallel=True`` the partial sums are
+    reduce-scattered along the sequence (g-bar): the output is this rank's positions
+    ``(B, T/t, out)``, and the bias's gradient is summed over the group.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, group=None,
-                 input_is_parallel: bool = True):
+                 input_is_parallel: bool = True, sequence_parallel: bool = False):
         super().__init__()
         self.rank, self.world_size = group_rank_size(group, "RowParallelLinear")
         self.group, self.input_is_parallel = group, input_is_parallel
+        self.sequence_parallel = sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         self.in_features_per_partition = divisible(in_features, self.world_size,
                                                    "in_features", "RowParallelLinear")
@@ -125,13 +138,13 @@ class RowParallelLinear(nn.Module):
             _uniform_(self.bias, in_features)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, *, group=None,
-                    input_is_parallel: bool = True) -> RowParallelLinear:
+    def from_linear(cls, linear: nn.Linear, *, group=None, input_is_parallel: bool = True,
+                    sequence_parallel: bool = False) -> RowParallelLinear:
         """This rank's block of columns of an existing ``nn.Linear``, its whole bias."""
         check_linear(linear, "RowParallelLinear.from_linear")
         out_features, in_features = linear.weight.shape
         layer = cls(in_features, out_features, linear.bias is not None, group=group,
-                    input_is_parallel=input_is_parallel)
+                    input_is_parallel=input_is_parallel, sequence_parallel=sequence_parallel)
         cols = slice(layer.rank * layer.in_features_per_partition,
                      (layer.rank + 1) * layer.in_features_per_partition)
         layer.weight = nn.Parameter(linear.weight.detach()[:, cols].clone())
@@ -149,13 +162,20 @@ class RowParallelLinear(nn.Module):
                     "(a ColumnParallelLinear's output); for the full input pass "
                     "input_is_parallel=False.")
         y = F.linear(x, self.weight)                            # (..., out): a partial sum
-        y = reduce_from_tensor_model_parallel_region(y, self.group)   # (..., out): the sum
-        return y if self.bias is None else y + self.bias
+        if self.sequence_parallel:                              # (B, T/t, out): my positions
+            y = reduce_scatter_to_sequence_parallel_region(y, self.group)
+            bias = None if self.bias is None else \
+                copy_to_tensor_model_parallel_region(self.bias, self.group)   # grad summed
+        else:
+            y = reduce_from_tensor_model_parallel_region(y, self.group)   # (..., out): the sum
+            bias = self.bias
+        return y if bias is None else y + bias
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} ({self.in_features_per_partition} on rank "
                 f"{self.rank} of {self.world_size}), out_features={self.out_features}, "
-                f"bias={self.bias is not None}, input_is_parallel={self.input_is_parallel}")
+                f"bias={self.bias is not None}, input_is_parallel={self.input_is_parallel}"
+                + (", sequence_parallel=True" if self.sequence_parallel else ""))
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -163,13 +183,15 @@ class VocabParallelEmbedding(nn.Module):
 
     Rank r holds rows ``r * num_embeddings / t`` to ``(r + 1) * num_embeddings / t``. Each rank
     looks up the tokens in its range, writes zeros for the others, and the all-reduce (g) adds
-    the one non-zero row each token has.
+    the one non-zero row each token has; with ``sequence_parallel=True`` a reduce-scatter along
+    the sequence (g-bar) instead: each rank gets its positions ``(B, T/t, C)``.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, group=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, group=None,
+                 sequence_parallel: bool = False):
         super().__init__()
         self.rank, self.world_size = group_rank_size(group, "VocabParallelEmbedding")
-        self.group = group
+        self.group, self.sequence_parallel = group, sequence_parallel
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         per_rank = divisible(num_embeddings, self.world_size, "num_embeddings",
                              "VocabParallelEmbedding")
@@ -179,10 +201,11 @@ class VocabParallelEmbedding(nn.Module):
         nn.init.normal_(self.weight)   # nn.Embedding's initialisation
 
     @classmethod
-    def from_embedding(cls, embedding: nn.Embedding, *, group=None) -> VocabParallelEmbedding:
+    def from_embedding(cls, embedding: nn.Embedding, *, group=None,
+                       sequence_parallel: bool = False) -> VocabParallelEmbedding:
         """This rank's block of rows of an existing ``nn.Embedding``."""
         check_plain_embedding(embedding, "VocabParallelEmbedding.from_embedding")
-        layer = cls(*embedding.weight.shape, group=group)
+        layer = cls(*embedding.weight.shape, group=group, sequence_parallel=sequence_parallel)
         rows = slice(layer.vocab_start_index, layer.vocab_end_index)
         layer.weight = nn.Parameter(embedding.weight.detach()[rows].clone())
         return layer
@@ -193,6 +216,8 @@ class VocabParallelEmbedding(nn.Module):
         local = (idx - self.vocab_start_index).masked_fill(outside, 0)            # (B, T)
         x = F.embedding(local, self.weight)                                        # (B, T, C)
         x = x.masked_fill(outside.unsqueeze(-1), 0.0)   # tokens of other ranks: zero rows
+        if self.sequence_parallel:
+            return reduce_scatter_to_sequence_parallel_region(x, self.group)   # (B, T/t, C)
         return reduce_from_tensor_model_parallel_region(x, self.group)             # (B, T, C)
 
     def extra_repr(self) -> str:

@@ -14,7 +14,9 @@ Shoeybi et al. (2019), figure 3, and notebook 14.
   (three all-reduces of one number per position forward).
 
 LayerNorms, the position embedding and the row-parallel biases stay whole on every rank: their
-inputs and gradients are the same everywhere, so they need no communication. Every rank must
+inputs and gradients are the same everywhere, so they need no communication. With
+``sequence_parallel=True`` (``sequence.py``) they work on this rank's positions instead, and
+their weights' gradients are summed over the group. Every rank must
 start from the same model (the same seed) and see the same batch.
 """
 from __future__ import annotations
@@ -25,28 +27,32 @@ from ....models.gpt import GPT, MLP, CausalSelfAttention
 from ._checks import divisible, group_rank_size
 from .cross_entropy import vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from .sequence import SequenceParallelLayerNorm, SequenceParallelPositionEmbedding
 
 __all__ = ["parallelize_attention", "parallelize_gpt", "parallelize_mlp"]
 
 
-def parallelize_mlp(mlp: MLP, *, group=None) -> MLP:
+def parallelize_mlp(mlp: MLP, *, group=None, sequence_parallel: bool = False) -> MLP:
     """The Megatron MLP, in place: ``fc`` column-parallel, ``proj`` row-parallel."""
-    mlp.fc = ColumnParallelLinear.from_linear(mlp.fc, group=group)        # (B, T, 4C/t)
-    mlp.proj = RowParallelLinear.from_linear(mlp.proj, group=group)       # (B, T, C)
+    sp = dict(group=group, sequence_parallel=sequence_parallel)
+    mlp.fc = ColumnParallelLinear.from_linear(mlp.fc, **sp)               # (B, T, 4C/t)
+    mlp.proj = RowParallelLinear.from_linear(mlp.proj, **sp)              # (B, T or T/t, C)
     return mlp
 
 
-def parallelize_attention(attn: CausalSelfAttention, *, group=None) -> CausalSelfAttention:
+def parallelize_attention(attn: CausalSelfAttention, *, group=None,
+                          sequence_parallel: bool = False) -> CausalSelfAttention:
     """Attention split by heads, in place: ``qkv`` column-, ``out_proj`` row-parallel."""
     _, world = group_rank_size(group, "parallelize_attention")
     n_head = attn.qkv.out_features // (3 * attn.head_dim)
     divisible(n_head, world, "n_head", "parallelize_attention")
-    attn.qkv = ColumnParallelLinear.from_linear(attn.qkv, group=group)    # (B, T, 3C/t)
-    attn.out_proj = RowParallelLinear.from_linear(attn.out_proj, group=group)   # (B, T, C)
+    sp = dict(group=group, sequence_parallel=sequence_parallel)
+    attn.qkv = ColumnParallelLinear.from_linear(attn.qkv, **sp)           # (B, T, 3C/t)
+    attn.out_proj = RowParallelLinear.from_linear(attn.out_proj, **sp)    # (B, T or T/t, C)
     return attn
 
 
-def parallelize_gpt(model: GPT, *, group=None) -> GPT:
+def parallelize_gpt(model: GPT, *, group=None, sequence_parallel: bool = False) -> GPT:
     """Turn ``model`` into its tensor-parallel form on ``group``, in place, and return it.
 
     Afterwards ``model(idx)`` returns this rank's block of the logits, ``(B, T, V / t)``
@@ -58,6 +64,10 @@ def parallelize_gpt(model: GPT, *, group=None) -> GPT:
         model: a ``course_lib.models.gpt.GPT``, the same on every rank of ``group``.
         group: the tensor-parallel group (default: the whole world). Its size must divide
             ``n_head`` and ``vocab_size``.
+        sequence_parallel: also split the LayerNorm regions along the sequence (Korthikanti
+            et al. 2022; ``sequence.py``): between blocks each rank holds ``(B, T/t, C)``, the
+            all-reduces become all-gathers before the column-parallel layers and
+            reduce-scatters after the row-parallel ones. The group's size must divide T.
     """
     if not isinstance(model, GPT):
         raise TypeError(f"parallelize_gpt expects a course_lib.models.gpt.GPT, got "
@@ -67,11 +77,18 @@ def parallelize_gpt(model: GPT, *, group=None) -> GPT:
     config = model.config
     divisible(config.n_head, world, "n_head", "parallelize_gpt")          # checked before any
     divisible(config.vocab_size, world, "vocab_size", "parallelize_gpt")  # layer is replaced
-    model.wte = VocabParallelEmbedding.from_embedding(model.wte, group=group)
+    sp = dict(group=group, sequence_parallel=sequence_parallel)
+    model.wte = VocabParallelEmbedding.from_embedding(model.wte, **sp)
     for block in model.blocks:
-        parallelize_attention(block.attn, group=group)
-        parallelize_mlp(block.mlp, group=group)
-    model.lm_head = ColumnParallelLinear.from_linear(model.lm_head, group=group)   # (B, T, V/t)
+        parallelize_attention(block.attn, **sp)
+        parallelize_mlp(block.mlp, **sp)
+    model.lm_head = ColumnParallelLinear.from_linear(model.lm_head, **sp)   # (B, T, V/t)
+    if sequence_parallel:        # the regions between: this rank's positions, (B, T/t, C)
+        model.wpe = SequenceParallelPositionEmbedding.from_embedding(model.wpe, group=group)
+        for block in model.blocks:
+            block.ln_1 = SequenceParallelLayerNorm.from_layer_norm(block.ln_1, group=group)
+            block.ln_2 = SequenceParallelLayerNorm.from_layer_norm(block.ln_2, group=group)
+        model.ln_f = SequenceParallelLayerNorm.from_layer_norm(model.ln_f, group=group)
     model.loss_fn = partial(vocab_parallel_cross_entropy, group=group)
     return model
 
