@@ -488,3 +488,24 @@ def test_simulated_nodes_never_share_a_gpu(monkeypatch, gpus, expected):
     else:
         assert [c[:2] for c in seen["commands"]] == [["env", "CUDA_VISIBLE_DEVICES=0"],
                                                      ["env", "CUDA_VISIBLE_DEVICES=1"]]
+
+
+def raise_on_rank_1_after_closing(folder: str) -> None:
+    """Rank 1 closes its connections first and raises a second later: rank 0's barrier fails
+    with gloo's "Connection closed by peer" long before rank 1's own error arrives."""
+    write_pid(folder)
+    if dist.get_rank() == 1:
+        dist.destroy_process_group()
+        time.sleep(1.0)
+        raise ValueError("rank 1 cannot go on")
+    dist.barrier()
+
+
+def test_the_rank_that_caused_a_failure_is_named_not_the_peer_it_cut_off(tmp_path):
+    """launch named whichever rank's error came first: in CI, rank 0's 'Connection closed by
+    peer' instead of rank 1's own error (test_a_raising_rank_fails_launch_fast_with_its_traceback
+    failed so once under load)."""
+    with pytest.raises(D.WorkerError) as err:
+        D.launch(raise_on_rank_1_after_closing, 2, str(tmp_path), timeout=60)
+    assert err.value.rank == 1 and "rank 1 cannot go on" in str(err.value)
+    assert not leftover_processes()

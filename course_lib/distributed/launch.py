@@ -296,6 +296,32 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+#: What a rank's collective raises when a peer went away: the effect, not the cause.
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "remote process exited", "NCCL communicator was aborted")
+
+
+def _peer_lost(what: str) -> bool:
+    return any(text in what for text in _PEER_LOST)
+
+
+def _root_cause(pending: dict, rank: int, what: str, tb: str, deadline: float,
+                grace: float = 3.0) -> tuple[int, str, str]:
+    """A rank lost its peer: give the others ``grace`` seconds to report why (the rank that
+    raised first and closed its connections), and name that one instead when it does."""
+    until = min(deadline, time.monotonic() + grace)
+    while pending and time.monotonic() < until:
+        for c in wait_for_any(list(pending), timeout=max(0.0, until - time.monotonic())):
+            other = pending.pop(c)
+            try:
+                reply = c.recv()
+            except EOFError:
+                continue
+            if reply[0] == "error" and not _peer_lost(reply[1]):
+                return other, reply[1], reply[2]
+    return rank, what, tb
+
+
 def _collect(procs, conns, deadline: float, timeout: float) -> list:
     """Wait for one reply per rank; raise on the first error, a silent death, or the deadline."""
     results: dict[int, object] = {}
@@ -320,6 +346,8 @@ def _collect(procs, conns, deadline: float, timeout: float) -> list:
                                   "(see its stderr above).", rank) from None
             if reply[0] == "error":
                 _, what, tb = reply
+                if _peer_lost(what):  # a consequence: wait a moment for the rank that caused it
+                    rank, what, tb = _root_cause(pending, rank, what, tb, deadline)
                 raise WorkerError(f"rank {rank} raised {what}\n\nTraceback in rank {rank}:\n{tb}",
                                   rank)
             results[rank] = pickle.loads(reply[1])
