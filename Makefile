@@ -35,7 +35,7 @@ lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(ROOTFLAG)
 
 test: setup
-	$(VENV)/bin/ruff check course_lib tests
+	$(VENV)/bin/ruff check course_lib tests conftest.py
 	$(VENV)/bin/lint-imports
 	$(TESTENV) $(PY) -m pytest tests notebooks -m "not site" --durations=25 $(XDIST) $(NBVAL)
 
@@ -90,7 +90,7 @@ grade: setup
 	$(PY) -m course_lib.checks.grade "$(NB)"
 
 lint: setup
-	$(VENV)/bin/ruff check course_lib tests
+	$(VENV)/bin/ruff check course_lib tests conftest.py
 	$(VENV)/bin/lint-imports
 
 clean:
