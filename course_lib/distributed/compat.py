@@ -10,8 +10,8 @@ names that torch's documentation and every reference still use:
 * ``reduce_scatter_tensor(output, input, op=SUM, group=None)``: ``output`` (n,) <- the reduction
   over ranks of this rank's slice of ``input`` (world * n,).
 
-Whether the backend has them at all is decided from facts every rank shares (the backend's name and
-the torch release), never from an exception one rank happened to see, so every rank of a group
+Whether the backend has them at all is decided from a fact every rank shares (the backend's name),
+never from an exception one rank happened to see, so every rank of a group
 takes the same path and their collectives keep matching. Where the backend lacks one, the same
 result comes from collectives every backend has (a list all-gather; an all-reduce of the whole
 vector, keeping this rank's slice: the same sums with twice the traffic of a reduce-scatter).
@@ -32,28 +32,20 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _torch_release() -> tuple[int, int]:
-    major, minor = torch.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
 def has_native(collective: str, group=None) -> bool:
     """Does this group's backend implement ``collective`` (``"all_gather_into_tensor"`` or
-    ``"reduce_scatter_tensor"``) on flat tensors? The same answer on every rank: it depends only on
-    the backend's name and the torch release. Gloo gained both in torch 2.x; NCCL, MPI-less
-    backends and the rest are trusted to have them."""
+    ``"reduce_scatter_tensor"``) on flat tensors? The same answer on every rank: it depends only
+    on the backend's name. Gloo and NCCL have both in every torch the course supports (2.11 to
+    2.15; tests/test_compat.py runs them on gloo); any other backend (MPI, a custom one) takes
+    the fallback, slower and never wrong."""
     if collective not in ("all_gather_into_tensor", "reduce_scatter_tensor"):
         raise ValueError(f"has_native: expected 'all_gather_into_tensor' or "
                          f"'reduce_scatter_tensor', got {collective!r}")
-    backend = str(dist.get_backend(group)).lower()
-    if backend == "gloo":
-        return _torch_release() >= _GLOO_SINCE[collective]
-    return backend != "mpi"
+    return str(dist.get_backend(group)).lower() in _NATIVE_BACKENDS
 
 
-# The first torch release whose gloo backend runs each one on CPU tensors (both found by running
-# them on gloo in each release the course is tested on; see tests/test_compat.py).
-_GLOO_SINCE = {"all_gather_into_tensor": (2, 0), "reduce_scatter_tensor": (2, 6)}
+#: The backends that run the flat-tensor pair themselves.
+_NATIVE_BACKENDS = ("gloo", "nccl")
 
 
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
