@@ -26,14 +26,16 @@ def _run(steps: int, ranks: int) -> tuple[int, int, float, int, float]:
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_the_steps_printed_are_the_steps_that_ran(ranks):
-    """Lesson 07 asked for 50 steps and printed '50 steps' where the data allowed 16."""
+    """Lesson 07 asked for 50 steps and printed '50 steps' where the data allowed 16. (At 3
+    ranks only the wrapping run: each torchrun costs seconds of start-up.)"""
     per_pass = 2048 // (64 * ranks)               # quick slice, a full global batch each
-    one_pass = _run(per_pass, ranks)
-    assert one_pass[:4] == (ranks, per_pass, 1.0, per_pass)
     asked = 2 * per_pass + per_pass // 2          # more than the data has: it wraps around
     more = _run(asked, ranks)
     assert more[:4] == (ranks, asked, pytest.approx(asked / per_pass, abs=0.005), per_pass)
-    assert more[4] != one_pass[4]  # the extra steps really ran: training went on
+    if ranks == 2:
+        one_pass = _run(per_pass, ranks)
+        assert one_pass[:4] == (ranks, per_pass, 1.0, per_pass)
+        assert more[4] != one_pass[4]  # the extra steps really ran: training went on
 
 
 def test_steps_below_one_are_refused():
