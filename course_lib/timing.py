@@ -160,7 +160,8 @@ class LoadStamp:
         if self.busy:
             return (f"taken on a busy machine (load {self.load:.2f} on {self.cores} cores, "
                     f"above {self.threshold:.2f}): no conclusion should be drawn from it")
-        return f"quiet machine (load {self.load:.2f} on {self.cores} cores)"
+        waited = f", after waiting {self.waited_s:.0f} s" if self.waited_s >= 1 else ""
+        return f"quiet machine (load {self.load:.2f} on {self.cores} cores{waited})"
 
     def finish(self) -> LoadStamp:
         """Record the load at the end of the measurement; returns self."""
@@ -188,7 +189,9 @@ def wait_for_quiet(threshold: float | None = None, *, max_wait_s: float = 120.0,
             least 1: on 2 cores, more than one core's worth of other work).
         max_wait_s: the longest wait, in seconds (0: do not wait, only stamp).
         poll_s: seconds between readings.
-        verbose: print a line when waiting starts.
+        verbose: print a line when waiting starts (to stderr; not when the environment sets
+            ``COURSE_WAIT_SILENT=1``, as ``make notebooks`` does: the stamp says how long it
+            waited, and a stored lesson keeps no progress lines).
 
     Returns:
         A ``LoadStamp``: put ``stamp.to_json()`` in the results, print ``stamp.message``.
@@ -204,7 +207,7 @@ def wait_for_quiet(threshold: float | None = None, *, max_wait_s: float = 120.0,
         return LoadStamp(None, cores, threshold)
     told = False
     while avg[0] > threshold and time.monotonic() - start < max_wait_s:
-        if verbose and not told:
+        if verbose and not told and os.environ.get("COURSE_WAIT_SILENT") != "1":
             print(f"load {avg[0]:.2f} on {cores} cores is above {threshold:.2f}: waiting up to "
                   f"{max_wait_s:.0f} s for a quiet machine", file=sys.stderr, flush=True)
             told = True

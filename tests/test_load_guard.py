@@ -73,3 +73,15 @@ def test_stamp_goes_into_the_comparison(loads):
     assert out["load"]["busy"] is True and out["load"]["load_end"] == 4.0
     assert "taken on a busy machine" in out["load"]["message"]
     assert "taken on a busy machine" in c.verdict("b") and "busy machine" in str(c)
+
+
+def test_a_silent_wait_prints_nothing_and_the_stamp_says_it_waited(loads, monkeypatch, capsys):
+    """make notebooks sets COURSE_WAIT_SILENT=1: a stored lesson keeps no "waiting up to" line,
+    and its stamp says how long the measurement waited for the quiet machine."""
+    clock = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(timing.time, "monotonic", lambda: next(clock))
+    monkeypatch.setenv("COURSE_WAIT_SILENT", "1")
+    loads += [5.0, 0.4]
+    stamp = timing.wait_for_quiet(max_wait_s=60, poll_s=10)
+    assert not stamp.busy and capsys.readouterr().err == ""
+    assert stamp.message.startswith("quiet machine (load 0.40 on 2 cores, after waiting ")
