@@ -10,8 +10,9 @@ import re
 
 import matplotlib.pyplot as plt
 
-__all__ = ["TrainingPlot", "draw_async_queue", "draw_collectives", "draw_parallelism",
-           "draw_pipeline_timeline", "draw_ring", "draw_ring_processes", "plot_history", "show"]
+__all__ = ["TrainingPlot", "draw_async_queue", "draw_collective_trace", "draw_collectives",
+           "draw_parallelism", "draw_pipeline_timeline", "draw_ring", "draw_ring_processes",
+           "plot_history", "show"]
 
 
 def _in_notebook() -> bool:
@@ -370,5 +371,54 @@ def draw_ring_processes(world_size: int, step: int = 0) -> plt.Figure:
     ax.axis("off")
     ax.set_title(f"ring of {p} processes, reduce-scatter step {step}:\neach rank sends one chunk "
                  "to its right neighbour", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+_SPLIT_COLOURS = {"column": "tab:blue", "row": "tab:orange", "vocabulary": "tab:purple",
+                  "whole": "0.85"}
+
+
+def draw_collective_trace(trace: dict, prefix: str = "blocks.0.", *,
+                          title: str | None = None) -> plt.Figure:
+    """Where each collective of one training step falls, for the layers whose names start with
+    ``prefix`` (one transformer block by default): a row for forward and one for backward, the
+    layers as boxes in the order they ran (coloured by how they are split), a red mark after
+    each layer whose forward or backward issued a collective.
+
+    ``trace`` is what ``course_lib.examples.tensor_parallel_workers.trace_collectives``
+    returns: the recorded order of layers and the collectives, each tagged with its layer.
+    """
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    rows, step, width, shown = {"forward": 1.0, "backward": -0.4}, 1.8, 1.25, set()
+    longest = 0
+    for phase, y in rows.items():
+        names = [n for p, n in trace["layers"] if p == phase and n.startswith(prefix)]
+        longest = max(longest, len(names))
+        for x, name in enumerate(names):
+            kind = trace["kinds"].get(name, "whole")
+            shown.add(kind)
+            ax.add_patch(plt.Rectangle((x * step, y - 0.25), width, 0.5, ec="k", lw=0.8,
+                                       fc=_SPLIT_COLOURS[kind], alpha=0.8))
+            ax.text(x * step + width / 2, y, name[len(prefix):].rpartition(".")[2],
+                    ha="center", va="center", fontsize=8)
+            sent = [e for e in trace["events"] if e[0] == phase and e[1] == name]
+            for k, (_, _, op, elements, _) in enumerate(sent):
+                mark = x * step + width + (step - width) / 2
+                ax.plot(mark, y, marker="D", color="red", ms=8)
+                ax.text(mark, y + 0.32 + 0.25 * k, f"{op} of {elements:,}", ha="center",
+                        va="bottom", fontsize=7.5, color="red")
+        ax.text(-0.25, y, phase, ha="right", va="center", fontsize=9, weight="bold")
+    kinds = [k for k in _SPLIT_COLOURS if k in shown]
+    ax.legend([plt.Rectangle((0, 0), 1, 1, fc=_SPLIT_COLOURS[k], ec="k", alpha=0.8)
+               for k in kinds],
+              [f"{k}-parallel" if k != "whole" else "whole on every rank" for k in kinds],
+              loc="lower center", ncol=len(kinds), fontsize=8, frameon=False,
+              bbox_to_anchor=(0.5, -0.12))
+    ax.set_xlim(-1.6, longest * step)
+    ax.set_ylim(-0.9, 1.75)
+    ax.axis("off")
+    if title:
+        ax.set_title(title)
     fig.tight_layout()
     return fig

@@ -148,3 +148,73 @@ def test_the_puzzle_in_the_model():
     assert small < 1 < large
     bigger_batch = cost_model.data_parallel_speedup(8e-4, 1e-4, grads, 2, model)
     assert small < bigger_batch
+
+
+# ------------------------------------------------------------------------------------------------
+# tensor parallelism: activations all-reduced inside every layer, on the critical path
+# ------------------------------------------------------------------------------------------------
+
+def test_tensor_parallel_comm_bytes_by_hand():
+    """b = 2, s = 4, h = 8, 3 layers, t = 4, 2 bytes: each all-reduce is 2 * 4 * 8 * 2 = 128 bytes,
+    of which a ring moves 2 * 3 / 4 * 128 = 192 per rank; 4 per layer, 3 layers."""
+    assert cost_model.tensor_parallel_comm_bytes(2, 4, 8, 3, 4) == 4 * 3 * 192
+    # plus the embedding's and the head's (128 bytes each) and the loss's three of b s numbers
+    assert cost_model.tensor_parallel_comm_bytes(2, 4, 8, 3, 4, embedding_and_loss=True) == \
+        4 * 3 * 192 + 2 * 192 + 3 * (2 * 3 / 4 * 16)
+    # Narayanan et al.'s 8 b s h (t - 1) / t elements per layer
+    assert cost_model.tensor_parallel_comm_bytes(2, 4, 8, 1, 4, 1) == 8 * 2 * 4 * 8 * 3 / 4
+    assert cost_model.tensor_parallel_comm_bytes(2, 4, 8, 3, 1) == 0
+    with pytest.raises(ValueError, match="t must be a positive integer"):
+        cost_model.tensor_parallel_comm_bytes(2, 4, 8, 3, 0)
+
+
+def test_tensor_parallel_step_time():
+    model = cost_model.AlphaBeta(alpha=5e-6, beta=1 / 100e9, p=8)
+    b, s, h, layers, compute = 4, 1024, 4096, 2, 0.1
+    assert cost_model.tensor_parallel_step_time(compute, b, s, h, layers, 1, model) == compute
+    n = b * s * h * 2
+    for t in (2, 4, 8):
+        step = cost_model.tensor_parallel_step_time(compute, b, s, h, layers, t, model)
+        ring = cost_model.ring_time(n, t, model.alpha, model.beta)
+        assert step == pytest.approx(compute / t + 4 * layers * ring)   # nothing hidden
+    comm = [cost_model.tensor_parallel_step_time(compute, b, s, h, layers, t, model) - compute / t
+            for t in (1, 2, 4, 8, 16)]
+    assert comm == sorted(comm) and comm[0] == 0 and len(set(comm)) == len(comm)
+    # data parallelism's all-reduce of gradients can hide behind backward; TP's cannot
+    grads = [12 * h * h * 2] * layers
+    assert cost_model.data_parallel_step_time(compute, 0.0, grads, 8, model, algorithm="ring",
+                                              one_thread=False, overlap=1.0) == compute / 8
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        cost_model.tensor_parallel_step_time(compute, b, s, h, layers, 2, model, algorithm="x")
+
+
+def test_tensor_parallel_stays_inside_the_node():
+    """A GPT-3-sized layer (h = 12288, s = 2048, b = 1): over NVLink the all-reduces are a small
+    share of the step even at t = 8; with the same group's ring through the network, a much
+    larger one. A projection from the model, not a measurement."""
+    by_name = {ic.name: ic for ic in cost_model.INTERCONNECTS}
+    nvlink = by_name["8 GPUs, NVLink 4 (H100 SXM)"]
+    network = by_name["2 nodes x 8 GPUs, IB NDR, 8 rails"]
+    inside = cost_model.tensor_parallel_projection(nvlink, 1, 2048, 12288)
+    across = cost_model.tensor_parallel_projection(network, 1, 2048, 12288)
+    assert [r.t for r in inside] == [r.t for r in across] == [2, 4, 8]
+    for row in inside + across:
+        assert row.source.startswith("PROJECTION, not measured") and "assumed" in row.source
+        assert row.comm_share == pytest.approx(row.comm_s / (row.comm_s + row.compute_s))
+    for a, b in zip(inside, across):
+        assert a.compute_s == b.compute_s and b.comm_share > 2 * a.comm_share
+    assert inside[-1].comm_share < 0.2 < 0.5 < across[-1].comm_share
+    # the share grows with t on every link: compute shrinks as 1/t, the bytes per rank do not
+    for rows in (inside, across):
+        shares = [r.comm_share for r in rows]
+        assert shares == sorted(shares)
+    # the network's per-GPU bandwidth: its node's 8 cards shared by its 8 GPUs
+    assert across[0].bandwidth == pytest.approx(8 * 50e9 / 8)
+    assert inside[0].bandwidth == nvlink.link_bandwidth
+    # computed from the pieces: compute at the assumed rate, communication by the ring
+    flops = cost_model.transformer_layer_flops(1, 2048, 12288)
+    rate = cost_model.H100_BF16_FLOPS * cost_model.ASSUMED_UTILIZATION
+    assert inside[-1].compute_s == pytest.approx(flops / rate / 8)
+    n = 2048 * 12288 * 2
+    assert inside[-1].comm_s == pytest.approx(
+        4 * cost_model.ring_time(n, 8, nvlink.alpha, 1 / nvlink.link_bandwidth))

@@ -14,6 +14,12 @@ none; NCCL's tuner (``src/graph/tuning.cc``) uses the same kind of model to choo
 and tree. Lesson 10 fits it to the measurements and projects it; the Ultra-Scale Playbook
 (Hugging Face, 2025) walks through the same arithmetic for large clusters.
 
+Tensor parallelism (Shoeybi et al., "Megatron-LM", 2019, section 3; Narayanan et al.,
+"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC 2021,
+section 3.2): each transformer layer all-reduces its (b, s, h) activations twice forward and
+twice backward, in the middle of the layer's computation, so the model adds those all-reduces to
+the step instead of hiding them behind backward as data parallelism's gradient all-reduce can be.
+
 Only plain functions: ``load_results`` reads a results JSON whose path it is given; nothing
 else here reads or writes files.
 """
@@ -30,9 +36,12 @@ from .allreduce import bus_bandwidth
 
 __all__ = [
     "ALGORITHMS",
+    "ASSUMED_UTILIZATION",
+    "H100_BF16_FLOPS",
     "INTERCONNECTS",
     "AlphaBeta",
     "Interconnect",
+    "TensorParallelProjection",
     "binomial_tree_time",
     "bus_bandwidth_gbps",
     "data_parallel_speedup",
@@ -46,6 +55,10 @@ __all__ = [
     "predicted_step_time",
     "ps_time",
     "ring_time",
+    "tensor_parallel_comm_bytes",
+    "tensor_parallel_projection",
+    "tensor_parallel_step_time",
+    "transformer_layer_flops",
     "tree_time",
 ]
 
@@ -346,6 +359,93 @@ def data_parallel_speedup(compute_s: float, launch_s: float, message_bytes: list
 
 
 # ------------------------------------------------------------------------------------------------
+# tensor parallelism: all-reduces of activations on the critical path
+# ------------------------------------------------------------------------------------------------
+
+def _tp_messages(batch_size: int, seq_len: int, hidden: int, n_layer: int, t: int,
+                 bytes_per_element: float, embedding_and_loss: bool, where: str) -> list[float]:
+    """The size in bytes of each all-reduce of one tensor-parallel step (forward and backward)."""
+    for name, value in {"batch_size": batch_size, "seq_len": seq_len, "hidden": hidden,
+                        "n_layer": n_layer, "t": t}.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{where}: {name} must be a positive integer, got {value!r}.")
+    if bytes_per_element <= 0:
+        raise ValueError(f"{where}: bytes_per_element must be > 0, got {bytes_per_element!r}.")
+    activation = batch_size * seq_len * hidden * bytes_per_element
+    messages = [activation] * (4 * n_layer)     # per layer: attention and MLP, forward, backward
+    if embedding_and_loss:                      # wte forward, lm_head's input backward; the loss
+        messages += [activation] * 2 + [batch_size * seq_len * bytes_per_element] * 3
+    return messages
+
+
+def tensor_parallel_comm_bytes(batch_size: int, seq_len: int, hidden: int, n_layer: int, t: int,
+                               bytes_per_element: float = 2, *,
+                               embedding_and_loss: bool = False) -> int:
+    """Bytes each rank sends in one step of t-way tensor parallelism (and receives as many).
+
+    Per layer, Megatron's split (Shoeybi et al. 2019, figure 3) all-reduces the b s h activations
+    4 times: after the row-parallel ``out_proj`` and ``proj`` forward (g), before the
+    column-parallel ``qkv`` and ``fc`` backward (f). A ring all-reduce of n bytes moves
+    ``2 (t - 1) / t * n`` per rank (``ring_time``), so a layer moves ``8 b s h (t - 1) / t``
+    elements per rank, Narayanan et al. (2021)'s count in section 3.2. With
+    ``embedding_and_loss``, also the course GPT's others: the vocabulary-parallel embedding
+    (forward) and the head's input gradient (backward), b s h each, and the loss's three
+    all-reduces of b s numbers (largest logit, target logit, sum of exponentials).
+
+    Args:
+        batch_size, seq_len, hidden, n_layer: b, s, h and the number of layers.
+        t: tensor-parallel ranks (1: nothing is sent).
+        bytes_per_element: of the activations (2: 16-bit, as in the papers).
+        embedding_and_loss: count the all-reduces outside the layers too.
+
+    Returns:
+        Bytes per rank per step (rounded up to a whole byte).
+    """
+    messages = _tp_messages(batch_size, seq_len, hidden, n_layer, t, bytes_per_element,
+                            embedding_and_loss, "tensor_parallel_comm_bytes")
+    return math.ceil(sum(messages) * 2 * (t - 1) / t)
+
+
+def tensor_parallel_step_time(compute_s: float, batch_size: int, seq_len: int, hidden: int,
+                              n_layer: int, t: int, model: AlphaBeta, *,
+                              bytes_per_element: float = 2, algorithm: str = "ring",
+                              embedding_and_loss: bool = False) -> float:
+    """A projected step of t-way tensor parallelism: ``compute_s / t`` plus every all-reduce.
+
+    Each rank computes 1/t of every layer's matrix products; the all-reduces
+    (``tensor_parallel_comm_bytes``'s messages, each ``ALGORITHMS[algorithm]`` over t ranks)
+    sit between one layer's halves and the next's: the next product needs their result, so
+    none is hidden (overlap 0). Compare ``data_parallel_step_time``, whose gradient all-reduce
+    can run behind backward (its ``overlap``), and whose bytes do not grow with b s.
+
+    Args:
+        compute_s: seconds of arithmetic of the step on one device (the whole model).
+        batch_size, seq_len, hidden, n_layer, t: as in ``tensor_parallel_comm_bytes``.
+        model: alpha and beta of the link between the t ranks.
+        bytes_per_element: of the activations.
+        algorithm: a name from ``ALGORITHMS``.
+        embedding_and_loss: count the all-reduces outside the layers too.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"tensor_parallel_step_time: algorithm must be one of "
+                         f"{list(ALGORITHMS)}, got {algorithm!r}.")
+    messages = _tp_messages(batch_size, seq_len, hidden, n_layer, t, bytes_per_element,
+                            embedding_and_loss, "tensor_parallel_step_time")
+    return predicted_step_time(compute_s / t, messages if t > 1 else [], t, model, algorithm)
+
+
+def transformer_layer_flops(batch_size: int, seq_len: int, hidden: int) -> float:
+    """Floating-point operations of one transformer layer's forward and backward (no
+    recomputation): ``3 (24 b s h^2 + 4 b s^2 h)``.
+
+    The forward's matrix products are ``24 b s h^2 + 4 b s^2 h`` (Narayanan et al. 2021,
+    section 5.1, whose 96 b s h^2 (1 + s / (6 h)) counts a fourth pass for recomputation);
+    backward costs twice the forward.
+    """
+    return 3 * (24 * batch_size * seq_len * hidden ** 2 + 4 * batch_size * seq_len ** 2 * hidden)
+
+
+# ------------------------------------------------------------------------------------------------
 # interconnects we do not have: public figures and labelled assumptions
 # ------------------------------------------------------------------------------------------------
 
@@ -423,6 +523,99 @@ INTERCONNECTS = [
                  "shares 50 GB/s; alpha 5 us assumed",
                  nodes=2, nic_bandwidth=_NDR, rails=1),
 ]
+
+
+#: NVIDIA H100 SXM, dense BF16 Tensor Core peak: 989 TFLOP/s (NVIDIA H100 datasheet; 1,979
+#: "with sparsity").
+H100_BF16_FLOPS = 989e12
+#: An assumed share of that peak a large layer's products sustain: Narayanan et al. (2021)
+#: report 52% of peak (163 of 312 TFLOP/s per A100) for their 1-trillion-parameter model.
+ASSUMED_UTILIZATION = 0.5
+
+
+@dataclass(frozen=True)
+class TensorParallelProjection:
+    """One line of ``tensor_parallel_projection``: a PROJECTION from the model, not measured.
+
+    Attributes:
+        t: tensor-parallel ranks.
+        compute_s: seconds of arithmetic per rank (the layers' FLOPs / t / flops_per_second).
+        comm_s: seconds of all-reduces per rank (none hidden).
+        comm_share: ``comm_s / (compute_s + comm_s)``, the fraction of the step spent
+            communicating.
+        bandwidth: bytes per second each rank's ring traffic gets.
+        source: the interconnect and the assumptions.
+    """
+
+    t: int
+    compute_s: float
+    comm_s: float
+    comm_share: float
+    bandwidth: float
+    source: str
+
+
+def tensor_parallel_projection(interconnect: Interconnect, batch_size: int, seq_len: int,
+                               hidden: int, *, n_layer: int = 1, ts: Sequence[int] = (2, 4, 8),
+                               flops_per_second: float = H100_BF16_FLOPS * ASSUMED_UTILIZATION,
+                               bytes_per_element: float = 2,
+                               algorithm: str = "ring") -> list[TensorParallelProjection]:
+    """The share of a tensor-parallel step spent in all-reduces, over ``interconnect``: a
+    PROJECTION from the alpha-beta model and public peak figures, not a measurement.
+
+    The compute is ``transformer_layer_flops`` per layer at ``flops_per_second`` (assumed:
+    half of an H100's dense BF16 peak), divided by t; the communication is
+    ``tensor_parallel_step_time``'s all-reduces, with nothing hidden. Inside one node the ring
+    runs at the GPU's link (NVLink, PCIe). Across nodes (``interconnect.nodes > 1``) the
+    projection takes the placement Megatron avoids: a ring whose every hop crosses the network
+    (its ranks alternating between nodes), with every GPU of a node in such a group and all
+    groups communicating at the same moment (each layer's all-reduce comes at the same point of
+    every group's step): each GPU gets 1 / (GPUs per node) of its node's network cards,
+    ``rails * nic_bandwidth / (p / nodes)``. That is why
+    Megatron keeps tensor parallelism inside a node (Narayanan et al. 2021, section 3.2,
+    takeaway 1) and lets data (or pipeline) parallelism, whose traffic is per step and not per
+    layer, cross nodes.
+
+    Args:
+        interconnect: one of ``INTERCONNECTS`` (or your own ``Interconnect``).
+        batch_size, seq_len, hidden: b, s and h of the layers.
+        n_layer: layers (the share does not depend on it).
+        ts: the tensor-parallel sizes to project.
+        flops_per_second: sustained arithmetic of one GPU.
+        bytes_per_element: of the activations (2: 16-bit).
+        algorithm: a name from ``ALGORITHMS``.
+
+    Returns:
+        One ``TensorParallelProjection`` per t, in the order of ``ts``.
+    """
+    if flops_per_second <= 0:
+        raise ValueError(f"tensor_parallel_projection: flops_per_second must be > 0, got "
+                         f"{flops_per_second!r}.")
+    if interconnect.nodes <= 1:
+        bandwidth = interconnect.link_bandwidth
+        where = "ring inside one node"
+    else:
+        _ = interconnect.bandwidth                 # a clear error without network cards
+        per_node = interconnect.p // interconnect.nodes
+        bandwidth = min(interconnect.link_bandwidth,
+                        interconnect.rails * interconnect.nic_bandwidth / per_node)
+        where = (f"every ring hop between nodes, each of the {per_node} GPUs of a node at "
+                 f"1/{per_node} of its {interconnect.rails} network card(s)")
+    model = AlphaBeta(alpha=interconnect.alpha, beta=1.0 / bandwidth, p=interconnect.p,
+                      source=f"PROJECTION, not measured: {interconnect.source}")
+    compute = n_layer * transformer_layer_flops(batch_size, seq_len, hidden) / flops_per_second
+    rows = []
+    for t in ts:
+        step = tensor_parallel_step_time(compute, batch_size, seq_len, hidden, n_layer, t, model,
+                                         bytes_per_element=bytes_per_element,
+                                         algorithm=algorithm)
+        comm = step - compute / t
+        rows.append(TensorParallelProjection(
+            t=t, compute_s=compute / t, comm_s=comm, comm_share=comm / step,
+            bandwidth=bandwidth,
+            source=(f"PROJECTION, not measured: {interconnect.name}, {where}; compute at "
+                    f"{flops_per_second / 1e12:g} TFLOP/s assumed; {interconnect.source}")))
+    return rows
 
 
 def load_results(path: str | Path) -> dict:

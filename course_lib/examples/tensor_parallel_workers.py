@@ -1,0 +1,291 @@
+"""Worker functions that notebook 14 (tensor parallelism) hands to ``launch``.
+
+``launch`` starts fresh processes that import each function by module and name, so the workers
+live here, never in a notebook cell. Each runs in every rank of an initialised process group
+(the tensor-parallel group is the whole world), builds the same ``course_lib.models.gpt.GPT``
+from the same seed, and returns small picklable results.
+
+- ``against_one_process``: the model split by ``parallelize_gpt`` trained side by side with the
+  whole model on the same real-text batches: losses, logits and gradient shards compared.
+- ``against_torch``: the blocks split by torch's ``parallelize_module`` (``ColwiseParallel`` /
+  ``RowwiseParallel`` on a CPU ``DeviceMesh``) against ours: logits, loss, gradients.
+- ``trace_collectives``: every collective one training step issues, in order, with the layer
+  whose forward or backward issued it and its size.
+- ``measure_memory``: bytes of parameters, gradients, AdamW state and saved activations on this
+  rank, printed beside ``tensor.parallel.accounting.tensor_parallel_memory``'s count (with one
+  rank it also runs in the notebook's own process, without a group).
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course_lib.data_text import load_text, text_batch
+from course_lib.distributed.pipelining import ActivationMeter
+from course_lib.distributed.tensor.parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    parallelize_gpt,
+)
+from course_lib.models.gpt import GPT, GPTConfig
+
+__all__ = ["COLLECTIVES", "against_one_process", "against_torch", "full_slice",
+           "measure_memory", "recording_collectives", "trace_collectives"]
+
+#: the torch.distributed functions ``recording_collectives`` watches
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "all_to_all", "send", "recv")
+
+
+def _device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _models(config: dict, dtype: torch.dtype, seed: int) -> tuple[GPT, GPT]:
+    """(the whole model, its tensor-parallel copy), the same on every rank."""
+    torch.manual_seed(seed)
+    one = GPT(GPTConfig(**config)).to(_device(), dtype)
+    return one, parallelize_gpt(copy.deepcopy(one))
+
+
+def full_slice(tp: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
+    """The block of the whole model's tensor ``full`` that parameter ``name`` of the
+    tensor-parallel model ``tp`` holds on this rank (all of it for a replicated parameter)."""
+    module_name, _, attr = name.rpartition(".")
+    module = tp.get_submodule(module_name)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if isinstance(module, RowParallelLinear) and attr == "weight":
+        return full.chunk(world, dim=1)[rank]         # columns: the input features
+    if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+        return full.chunk(world, dim=0)[rank]         # rows: output features, or vocabulary
+    return full
+
+
+def _largest_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.detach() - b.detach()).abs().max().item()
+
+
+def against_one_process(config: dict, batch_size: int, seq_len: int, steps: int,
+                        dtype: str = "float64", lr: float = 3e-3, seed: int = 0,
+                        text_bytes: int | None = None) -> list[dict]:
+    """Train the whole model and its tensor-parallel copy side by side, AdamW, same batches.
+
+    Every rank draws the same batches of the real text (one generator, one seed). Per step:
+    both losses, the largest difference between this rank's logits and the matching block of
+    the whole model's, and the largest difference between any gradient shard and the matching
+    slice of the whole model's gradient (relative to the largest gradient entry).
+    """
+    torch.set_default_dtype(torch.float32)
+    tokens = load_text(max_bytes=text_bytes)
+    one, tp = _models(config, getattr(torch, dtype), seed)
+    opt_one = torch.optim.AdamW(one.parameters(), lr=lr)
+    opt_tp = torch.optim.AdamW(tp.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed + 1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = []
+    for step in range(steps):
+        X, Y = (t.to(_device()) for t in text_batch(tokens, batch_size, seq_len, generator=gen))
+        logits, loss = one(X, Y)
+        logits_tp, loss_tp = tp(X, Y)
+        for opt, lo in ((opt_one, loss), (opt_tp, loss_tp)):
+            opt.zero_grad()
+            lo.backward()
+        full = dict(one.named_parameters())
+        grad_scale = max(p.grad.abs().max().item() for p in full.values())
+        grad_diff = max(_largest_difference(p.grad, full_slice(tp, name, full[name].grad))
+                        for name, p in tp.named_parameters())
+        rows.append(dict(step=step, loss_one=loss.item(), loss_tp=loss_tp.item(),
+                         logits=_largest_difference(logits_tp,
+                                                    logits.chunk(world, dim=-1)[rank]),
+                         grad=grad_diff / grad_scale))
+        opt_one.step()
+        opt_tp.step()
+    return rows
+
+
+def against_torch(config: dict, batch_size: int, seq_len: int, seed: int = 0) -> dict:
+    """Our ``parallelize_gpt`` against torch's ``parallelize_module`` on the same float64 model.
+
+    Torch splits each block's ``attn.qkv`` and ``mlp.fc`` with ``ColwiseParallel`` and
+    ``attn.out_proj`` and ``mlp.proj`` with ``RowwiseParallel`` on a ``DeviceMesh`` of the
+    whole world (the embedding, head and loss stay whole there). Returns the largest
+    differences of the logits, the loss and the blocks' gradients, or torch's error.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    one, ours = _models(config, torch.float64, seed)
+    theirs = copy.deepcopy(one)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        mesh = init_device_mesh(_device().type, (world,))
+        for block in theirs.blocks:
+            parallelize_module(block, mesh, {"attn.qkv": ColwiseParallel(),
+                                             "attn.out_proj": RowwiseParallel(),
+                                             "mlp.fc": ColwiseParallel(),
+                                             "mlp.proj": RowwiseParallel()})
+        gen = torch.Generator().manual_seed(seed + 1)
+        X = torch.randint(one.config.vocab_size, (batch_size, seq_len), generator=gen)
+        X = X.to(_device())
+        logits_t, loss_t = theirs(X, X)
+        logits_o, loss_o = ours(X, X)
+        loss_t.backward()
+        loss_o.backward()
+    except Exception as e:  # noqa: BLE001 - what fails is the finding, reported in words
+        return {"error": f"{type(e).__name__}: {e}"}
+    grads = []
+    for (_, pt), (_, po) in zip(theirs.blocks.named_parameters(),
+                                   ours.blocks.named_parameters()):
+        grad = pt.grad.to_local() if hasattr(pt.grad, "to_local") else pt.grad
+        grads.append(_largest_difference(po.grad, grad))
+    return {"logits": _largest_difference(logits_o, logits_t.chunk(world, dim=-1)[rank]),
+            "loss": abs(loss_o.item() - loss_t.item()), "grads": max(grads),
+            "torch_param_type": type(theirs.blocks[0].mlp.fc.weight).__name__}
+
+
+@contextmanager
+def recording_collectives(events: list, where: list) -> Iterator[None]:
+    """Append ``(where[0], where[1], op, elements, bytes)`` to ``events`` for every call of a
+    ``torch.distributed`` collective inside the block (``where`` holds the phase and layer that
+    the caller keeps current). The layers call them by attribute, so the replacements see every
+    call; the originals are restored in ``finally``."""
+    real = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+    def recording(name):
+        def call(tensor, *args, **kwargs):
+            t = tensor[0] if isinstance(tensor, list) else tensor   # all_gather(list, x)
+            if name == "all_gather":
+                t = args[0]
+            events.append((where[0], where[1], name, t.numel(), t.numel() * t.element_size()))
+            return real[name](tensor, *args, **kwargs)
+        return call
+
+    for name in real:
+        setattr(dist, name, recording(name))
+    try:
+        yield
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+
+
+def trace_collectives(config: dict, batch_size: int, seq_len: int, seed: int = 0) -> dict:
+    """One forward and backward of the tensor-parallel model on random tokens, traced.
+
+    Forward hooks on every leaf layer make it the current layer while it runs; a hook on its
+    output's gradient marks where its backward starts. Every collective is recorded with the
+    phase and the layer current when it was called, so the trace shows where each one falls.
+
+    Returns ``{"events": [(phase, layer, op, elements, bytes), ...], "layers": [(phase,
+    layer), ...], "kinds": {layer: "column" | "row" | "vocabulary" | "whole"}}``: the
+    collectives, the order in which layers ran forward and backward, and how each is split.
+    """
+    _, tp = _models(config, torch.float32, seed)
+    events: list = []
+    layers: list = []
+    where = ["forward", "input"]
+
+    def before(name):
+        def hook(module, args):
+            where[:] = ["forward", name]
+            layers.append(("forward", name))
+        return hook
+
+    def after(name):
+        def hook(module, args, out):
+            def grad_hook(grad):
+                where[:] = ["backward", name]
+                layers.append(("backward", name))
+            if out.requires_grad:
+                out.register_hook(grad_hook)
+        return hook
+
+    handles = []
+    for name, module in tp.named_modules():
+        if name and not list(module.children()):
+            handles += [module.register_forward_pre_hook(before(name)),
+                        module.register_forward_hook(after(name))]
+    gen = torch.Generator().manual_seed(seed + 1)
+    X = torch.randint(tp.config.vocab_size, (batch_size, seq_len), generator=gen).to(_device())
+    loss_fn = tp.loss_fn
+
+    def traced_loss(*args, **kwargs):
+        where[:] = ["forward", "loss"]
+        layers.append(("forward", "loss"))
+        return loss_fn(*args, **kwargs)
+
+    tp.loss_fn = traced_loss
+    try:
+        with recording_collectives(events, where):
+            _, loss = tp(X, X)
+            loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    kinds = {name: _kind(module) for name, module in tp.named_modules()
+             if name and not list(module.children())}
+    return {"events": events, "layers": layers, "kinds": kinds}
+
+
+def _kind(module: nn.Module) -> str:
+    if isinstance(module, ColumnParallelLinear):
+        return "column"
+    if isinstance(module, RowParallelLinear):
+        return "row"
+    return "vocabulary" if isinstance(module, VocabParallelEmbedding) else "whole"
+
+
+def _nbytes(tensors) -> int:
+    """Sum of ``numel * element_size`` (each tensor's own bytes)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def measure_memory(config_kwargs: dict, batch_size: int, seq_len: int, seed: int = 0) -> dict:
+    """One training step of the GPT on this rank, its memory measured piece by piece.
+
+    Builds ``GPT(GPTConfig(**config_kwargs))`` from ``seed`` (the same on every rank), splits it
+    with ``parallelize_gpt`` when the world has more than one rank, draws a batch of token ids
+    and separate targets (the same on every rank), runs forward and loss under an
+    ``ActivationMeter`` (parameters excluded), backward, and one ``AdamW`` step.
+
+    Returns:
+        ``{"rank", "world_size", "param_count", "parameters", "gradients", "optimizer",
+        "activations"}``: ints, bytes except the first three; ``activations`` the bytes saved
+        for backward still held after forward and loss (each tensor once), ``optimizer`` the
+        tensors of ``optimizer.state`` (moments and ``step``) after one step.
+    """
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    rank = dist.get_rank() if world > 1 else 0
+    torch.manual_seed(seed)
+    config = GPTConfig(**config_kwargs)
+    model = GPT(config)
+    if world > 1:
+        parallelize_gpt(model)
+    params = list(model.parameters())
+    generator = torch.Generator().manual_seed(seed + 1)
+    idx = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
+    targets = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
+
+    with ActivationMeter(exclude=params) as meter:
+        _, loss = model(idx, targets)
+    activations = meter.saved_alive          # the graph (and what it saved) is still alive
+    loss.backward()
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    optimizer.step()
+    state = [v for s in optimizer.state.values() for v in s.values()
+             if isinstance(v, torch.Tensor)]
+    return {"rank": rank, "world_size": world, "param_count": sum(p.numel() for p in params),
+            "parameters": _nbytes(params), "gradients": _nbytes(p.grad for p in params
+                                                               if p.grad is not None),
+            "optimizer": _nbytes(state), "activations": int(activations)}
