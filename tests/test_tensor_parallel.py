@@ -29,6 +29,7 @@ from course_lib.distributed.tensor.parallel import (
     scatter_to_tensor_model_parallel_region,
     vocab_parallel_cross_entropy,
 )
+from course_lib.examples import tensor_parallel_workers as W
 from course_lib.models import GPT, GPTConfig
 
 F64 = dict(rtol=1e-10, atol=1e-12)
@@ -176,68 +177,34 @@ def _gpt(failures, rank, world, dtype, tol):
 
 def _count_all_reduces(failures, rank, world):
     """Megatron's count: per block 2 all-reduces forward and 2 backward of B*T*C elements; one
-    more of each for the embedding (forward) and the head (backward); the loss adds 3 of B*T."""
-    _, tp = _gpt_pair(torch.float64)
-    idx = torch.randint(CONFIG["vocab_size"], (B, T))
-    calls, others, phase = [], [], ["forward"]
-    real = {name: getattr(dist, name) for name in ("all_reduce", "all_gather", "broadcast",
-                                                    "reduce_scatter", "all_to_all")}
-
-    def counting(tensor, *args, **kwargs):
-        calls.append((phase[0], tensor.numel(), tensor.element_size() * tensor.numel()))
-        return real["all_reduce"](tensor, *args, **kwargs)
-
-    def other(name):
-        return lambda *args, **kwargs: others.append(name) or real[name](*args, **kwargs)
-
-    for name in real:
-        setattr(dist, name, counting if name == "all_reduce" else other(name))
-    try:
-        _, loss = tp(idx, idx)
-        phase[0] = "backward"
-        loss.backward()
-    finally:
-        for name, fn in real.items():
-            setattr(dist, name, fn)
-    if others:
-        failures.append(f"collectives other than all-reduce in a GPT step: {others}")
+    more of each for the embedding (forward) and the head (backward); the loss adds 3 of B*T.
+    Each collective is tagged with the layer that issued it: g after out_proj and proj forward,
+    f before qkv and fc backward."""
+    trace = W.trace_collectives(CONFIG, B, T)
+    calls = [(phase, op, n) for phase, _, op, n, _ in trace["events"]]
     L, C = CONFIG["n_layer"], CONFIG["n_embd"]
-    want = ([("forward", B * T * C)] * (2 * L + 1) + [("forward", B * T)] * 3
-            + [("backward", B * T * C)] * (2 * L + 1))
-    got = sorted((p, n) for p, n, _ in calls)
-    if got != sorted(want):
-        failures.append(f"all-reduces: got {got}, Megatron's formula says {sorted(want)}")
-    if sum(b for _, _, b in calls) != sum(8 * n for _, n in want):
+    want = ([("forward", "all_reduce", B * T * C)] * (2 * L + 1)
+            + [("forward", "all_reduce", B * T)] * 3
+            + [("backward", "all_reduce", B * T * C)] * (2 * L + 1))
+    if sorted(calls) != sorted(want):
+        failures.append(f"collectives: got {sorted(calls)}, Megatron's formula says {sorted(want)}")
+    if sum(b for *_, b in trace["events"]) != sum(4 * n for *_, n in want):
         failures.append("all-reduce bytes differ from the formula")
+    layers = sorted({(phase, layer.rpartition(".")[2]) for phase, layer, *_ in trace["events"]
+                     if layer.startswith("blocks.")})
+    if layers != [("backward", "fc"), ("backward", "qkv"), ("forward", "out_proj"),
+                  ("forward", "proj")]:
+        failures.append(f"the blocks' all-reduces come from {layers}: expected g after out_proj "
+                        "and proj forward, f before qkv and fc backward")
 
 
 def _against_torch(failures, rank, world):
     """The blocks parallelised by torch's parallelize_module, our whole model by ours."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-    one, ours = _gpt_pair(torch.float64)
-    theirs = copy.deepcopy(one)
-    mesh = init_device_mesh("cpu", (world,))
-    for block in theirs.blocks:
-        parallelize_module(block, mesh, {"attn.qkv": ColwiseParallel(),
-                                         "attn.out_proj": RowwiseParallel(),
-                                         "mlp.fc": ColwiseParallel(),
-                                         "mlp.proj": RowwiseParallel()})
-    idx = torch.randint(CONFIG["vocab_size"], (B, T))
-    logits_t, loss_t = theirs(idx, idx)
-    logits_o, loss_o = ours(idx, idx)
-    loss_t.backward()
-    loss_o.backward()
-    _close(failures, "vs torch: logits", logits_o, _block(logits_t.detach(), rank, world, -1), F64)
-    _close(failures, "vs torch: loss", loss_o, loss_t, F64)
-    for (name, pt), (_, po) in zip(theirs.blocks.named_parameters(),
-                                   ours.blocks.named_parameters()):
-        grad = pt.grad.to_local() if hasattr(pt.grad, "to_local") else pt.grad
-        _close(failures, f"vs torch: grad blocks.{name}", po.grad, grad, F64)
+    result = W.against_torch(CONFIG, B, T)
+    if "error" in result:
+        failures.append(f"torch's parallelize_module failed: {result['error']}")
+    elif max(result["logits"], result["loss"], result["grads"]) > 1e-12:
+        failures.append(f"ours differs from torch's parallelize_module: {result}")
 
 
 def _refusals(failures, world):
