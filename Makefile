@@ -74,13 +74,16 @@ notebooks: setup
 # Every benchmark, each writing its JSON to results/NAME-MACHINE.json (the stored results), with
 # the command, machine, date, load before and after, samples, medians, minimums and intervals.
 # Each waits (bounded) for a quiet machine first, so run it with nothing else running: about
-# 12 minutes on 2 quiet cores, scaling 9 of them (last: no other benchmark then waits for its
-# load average to decay). `bench allreduce` is the older name of a part of `bench collectives`.
+# 14 minutes on 2 quiet cores, scaling 9 of them (last: no other benchmark then waits for its
+# load average to decay); gpt-baseline (lesson 14's one-process oracle) about 70 s, tp-vs-dp
+# about 45 s. `bench allreduce` is the older name of a part of `bench collectives`.
 bench: setup
 	mkdir -p results
 	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench collectives
 	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench ddp
 	$(PY) -m course_lib.bench dataloader
+	$(PY) -m course_lib.bench gpt-baseline
+	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench tp-vs-dp
 	GLOO_SOCKET_IFNAME=lo $(PY) -m course_lib.bench scaling
 
 # Grade a learner's copy of a lesson: run it in quick mode, print each exercise's verdict;

@@ -13,6 +13,10 @@ Command line: ``python -m course_lib.bench NAME [options]`` (``--list`` names th
   bus bandwidth, 4 KB to 64 MB, loops of many operations per sample (lessons 06 and 10): the
   course's one way to time collectives. ``allreduce`` is its older name, kept for old commands
   (``course_lib.bench.allreduce``: the pipelined ring against ``dist.all_reduce`` only).
+- ``gpt-baseline`` (``course_lib.bench.gpt``): the small GPT trained in one process on the real
+  text: loss per step, tokens per second, held-out loss; the oracle of lesson 14 on.
+- ``tp-vs-dp`` (``course_lib.bench.gpt``): a tensor-parallel against a data-parallel training
+  step of that GPT, 2 ranks, the same global batch, with the all-reduces each sends (lesson 14).
 
 Every benchmark compares its variants with ``course_lib.timing.compare`` (interleaved in the same
 processes, loops sized from the median of several calls, a bootstrap interval on each ratio, a
@@ -42,6 +46,8 @@ BENCHMARKS: dict[str, str] = {
     "ddp": "course_lib.bench.ddp:main",
     "scaling": "course_lib.bench.scaling:main",
     "collectives": "course_lib.bench.collectives:main",
+    "gpt-baseline": "course_lib.bench.gpt:main_baseline",
+    "tp-vs-dp": "course_lib.bench.gpt:main_tp_vs_dp",
 }
 
 

@@ -3,8 +3,8 @@
 PyTorch counterpart: none (``torch.cuda.max_memory_allocated`` measures, it does not predict).
 Read more: Shoeybi et al. (2019), section 3 (what is split); Korthikanti et al. (2022),
 "Reducing Activation Recomputation in Large Transformer Models", section 4.1 (activations per
-layer); notebook 14. ``course_lib.examples.tensor_parallel_workers.measure_memory`` measures the same
-quantities on each rank of a real run, to be printed beside these.
+layer); notebook 14. ``course_lib.examples.tensor_parallel_workers.measure_memory`` measures
+the same quantities on each rank of a real run, to be printed beside these.
 
 With t ranks (``parallelize_gpt``), per rank, float32 (``bytes_per_element`` e = 4):
 

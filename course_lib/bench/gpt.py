@@ -1,0 +1,606 @@
+"""Benchmarks of lesson 14's GPT: the one-process baseline, and tensor against data parallelism.
+
+``python -m course_lib.bench gpt-baseline [--quick] [--steps N] [--out PATH]`` trains the small
+GPT (``course_lib.models.gpt``) in ONE process on the real text (``course_lib.data_text``) with
+AdamW from a fixed seed, and prints JSON (written to ``results/gpt-baseline-MACHINE.json``, or
+``--out``): the loss of every step, the tokens per second over the steps after a warm-up (median,
+and the spread from the fastest and slowest step), the loss on held-out text at the start and at
+the end, the configuration. It is the oracle later lessons compare with: the same seed, the same
+batches (``batch_schedule``) and the same optimizer must give the same losses, to rounding.
+
+``python -m course_lib.bench tp-vs-dp [--quick] [--out PATH]`` times, in the same 2 worker
+processes (one torch thread each, gloo on a CPU), interleaved, the training step of
+
+- ``tensor_parallel``: the model split by ``parallelize_gpt`` over the world (Megatron-LM), every
+  rank the whole batch;
+- ``data_parallel``: the model whole on every rank, each rank ``1/world`` of the same batch, the
+  gradients averaged by the course's ``DistributedDataParallel`` (``strategy="bucketed"``);
+
+the same global batch, the same AdamW. It reports the samples, medians, the time ratio TP/DP with
+its bootstrap interval and a verdict that names a winner only when the interval excludes 1; the
+all-reduces one step makes in each (counted by wrapping ``torch.distributed.all_reduce``: for TP
+Megatron's count, ``2 (2 L + 1)`` of ``B*T*C`` elements and 3 of ``B*T`` for the loss; for DP
+one per bucket, the gradients' bytes in all); and the loss of both on their first step (equal,
+to float32 rounding: the comparison is of equal work). Written to
+``results/tp-vs-dp-MACHINE.json``.
+
+Why the course's DDP and not torch's: torch's ``DistributedDataParallel`` sends its buckets from
+its C++ reducer straight to the process group, never through ``dist.all_reduce``, so wrapping
+that function counts nothing (checked: zero calls per step); the course's DDP calls
+``dist.all_reduce`` in its communication hook, once per bucket. Its step time is within a few
+per cent of torch's (``bench ddp``). PyTorch counterpart: none (torch's DDP and
+``torch.distributed.tensor.parallel`` are what the two variants build by hand). Lesson 14.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from ..data_text import find_text, load_text, text_batch
+from ..devices import cpu_cores, cpu_threads
+from ..distributed import current_device, launch
+from ..distributed.tensor.parallel import parallelize_gpt
+from ..models.gpt import GPT, GPTConfig
+from ..parallel.ddp import DistributedDataParallel
+from ..timing import Timer, bootstrap_ratio, compare, load_average
+from .scaling import report_header, results_path, write_report
+
+__all__ = ["BASELINE_DEFAULTS", "HELD_OUT", "TP_VS_DP_DEFAULTS", "baseline", "batch_schedule",
+           "main_baseline", "main_tp_vs_dp", "parse_config", "split_tokens", "tp_vs_dp"]
+
+#: The share of the corpus held out for the validation loss: its last 10 % of tokens
+#: (``course_lib.data_text`` offers no split of its own).
+HELD_OUT = 0.1
+LR = 1e-3
+#: Full run of ``gpt-baseline``: about 70 s in one process on 2 quiet CPU cores (22 ms a step).
+BASELINE_DEFAULTS = {"steps": 3000, "batch_size": 16, "seq_len": 64, "warmup": 5,
+                     "eval_batches": 20}
+BASELINE_QUICK = {"steps": 20, "batch_size": 8, "seq_len": 32, "warmup": 2, "eval_batches": 2}
+#: Full run of ``tp-vs-dp``: about 45 s, 2 ranks of one thread each (TP ~50 ms, DP ~35 ms a step).
+TP_VS_DP_DEFAULTS = {"world_size": 2, "batch_size": 16, "seq_len": 64, "samples": 20,
+                     "steps_per_sample": 20}
+TP_VS_DP_QUICK = {"world_size": 2, "batch_size": 8, "seq_len": 32, "samples": 3,
+                  "steps_per_sample": 2}
+SPLIT_NOTE = ("course_lib.data_text offers no split: the last 10 % of the corpus's tokens are "
+              "held out (never drawn for training), the first 90 % train")
+DP_NOTE = ("course_lib.parallel.DistributedDataParallel(strategy='bucketed'): its hook calls "
+           "dist.all_reduce once per bucket, so the count is what it sends; torch's DDP calls "
+           "the process group from its C++ reducer, bypassing dist.all_reduce, so wrapping that "
+           "function counts nothing for it (checked: 0 calls per step)")
+
+
+# ------------------------------------------------------------------------------------------------
+# the data: the corpus split, and the batches every variant draws
+# ------------------------------------------------------------------------------------------------
+
+def split_tokens(tokens: torch.Tensor,
+                 held_out: float = HELD_OUT) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(train, val)``: the first ``1 - held_out`` of ``tokens`` and the rest (the end of the
+    text, so no training window overlaps a held-out one)."""
+    if not 0 < held_out < 1:
+        raise ValueError(f"split_tokens: held_out must be between 0 and 1, got {held_out!r}.")
+    cut = int(tokens.numel() * (1 - held_out))
+    return tokens[:cut], tokens[cut:]
+
+
+def batch_schedule(tokens: torch.Tensor, batch_size: int, seq_len: int, *,
+                   seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches of a run, in order: ``text_batch`` with one generator seeded ``seed``.
+
+    A later lesson that draws its batches the same way (on every rank) trains on exactly the
+    baseline's text, step for step.
+    """
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        yield text_batch(tokens, batch_size, seq_len, generator=g)
+
+
+def parse_config(text: str | None) -> GPTConfig:
+    """``"n_layer=1,n_embd=48"`` -> ``GPTConfig(n_layer=1, n_embd=48)`` (None: the default)."""
+    if not text:
+        return GPTConfig()
+    fields = {f.name: f.type for f in dataclasses.fields(GPTConfig)}
+    kwargs: dict = {}
+    for item in text.split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or key not in fields:
+            raise ValueError(f"--config expects KEY=VALUE pairs with KEY one of {list(fields)}, "
+                             f"got {item!r}.")
+        kwargs[key] = value.lower() in {"1", "true", "yes"} if key == "bias" else int(value)
+    return GPTConfig(**kwargs)
+
+
+def _check_sizes(name: str, config: GPTConfig, batch_size: int, seq_len: int) -> None:
+    for label, value in (("batch_size", batch_size), ("seq_len", seq_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: {label} must be a positive integer, got {value!r}.")
+    if seq_len > config.block_size:
+        raise ValueError(f"{name}: seq_len {seq_len} exceeds the config's block_size "
+                         f"{config.block_size}; raise block_size or shorten seq_len.")
+
+
+def _optimizer(params, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=lr)   # torch's defaults otherwise: the oracle's optimizer
+
+
+def _optimizer_text(lr: float) -> str:
+    return f"torch.optim.AdamW(lr={lr}, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)"
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. the one-process baseline
+# ------------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def _eval_loss(model: GPT, tokens: torch.Tensor, batch_size: int, seq_len: int, batches: int,
+               seed: int, device: torch.device) -> float:
+    """The mean loss over ``batches`` batches of ``tokens``, always the same ones (``seed``)."""
+    sched = batch_schedule(tokens, batch_size, seq_len, seed=seed)
+    total = 0.0
+    for _ in range(batches):
+        X, Y = next(sched)
+        total += model(X.to(device), Y.to(device))[1].item()
+    return total / batches
+
+
+def baseline(steps: int, batch_size: int, seq_len: int, *, config: GPTConfig | None = None,
+             lr: float = LR, seed: int = 0, threads: int | None = None, warmup: int = 5,
+             eval_batches: int = 20, max_bytes: int | None = None,
+             device: torch.device | str = "cpu") -> dict:
+    """Train the small GPT in one process on the real text; a JSON-ready dict of what happened.
+
+    The model is ``GPT(config)`` built after ``torch.manual_seed(seed)``; step i trains on the
+    i-th batch of ``batch_schedule(train, batch_size, seq_len, seed=seed)`` (``train``: the first
+    90 % of the corpus's tokens, see ``split_tokens``) with AdamW (``lr``, torch's other
+    defaults). The held-out loss is the mean over ``eval_batches`` fixed batches of the last
+    10 % (seed ``seed + 1``), before the first step and after the last.
+
+    Args:
+        steps: training steps (more than ``warmup``).
+        batch_size, seq_len: the batch, ``(batch_size, seq_len)`` tokens.
+        config: the model's sizes (default ``GPTConfig()``).
+        lr: AdamW's learning rate.
+        seed: the model's initialisation and the batches.
+        threads: torch's intra-op threads during the run (default: every core,
+            ``cpu_cores()``); restored after.
+        warmup: the first steps, left out of the tokens per second.
+        eval_batches: held-out batches for the validation loss.
+        max_bytes: read only the first ``max_bytes`` bytes of the corpus (a quick run).
+        device: where to train (default the CPU: the oracle is a CPU run).
+
+    Returns:
+        ``{"losses", "loss_first", "loss_last", "val_loss_start", "val_loss", "step_seconds",
+        "step_median_s", "step_min_s", "step_max_s", "tokens_per_s", "tokens_per_s_min",
+        "tokens_per_s_max", "config", "params", ...}``; the tokens per second are
+        ``batch_size * seq_len`` over the median step (``_min`` over the slowest step, ``_max``
+        over the fastest) of the steps after ``warmup``.
+    """
+    config = config or GPTConfig()
+    _check_sizes("baseline", config, batch_size, seq_len)
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= warmup < steps:
+        raise ValueError(f"baseline: steps must be an integer above warmup ({warmup}), got "
+                         f"{steps!r}: the tokens per second need steps after the warm-up.")
+    if eval_batches < 1:
+        raise ValueError(f"baseline: eval_batches must be >= 1, got {eval_batches!r}.")
+    threads = cpu_cores() if threads is None else threads
+    device = torch.device(device)
+    tokens = load_text(max_bytes=max_bytes)
+    train, val = split_tokens(tokens)
+    start = time.perf_counter()
+    with cpu_threads(threads):
+        torch.manual_seed(seed)
+        model = GPT(config).to(device)
+        opt = _optimizer(model.parameters(), lr)
+        val_start = _eval_loss(model, val, batch_size, seq_len, eval_batches, seed + 1, device)
+        sched = batch_schedule(train, batch_size, seq_len, seed=seed)
+        timer = Timer(device)
+        losses = []
+        for _ in range(steps):
+            X, Y = (t.to(device) for t in next(sched))          # (B, T) each
+            with timer:
+                opt.zero_grad(set_to_none=True)
+                _, loss = model(X, Y)
+                loss.backward()
+                opt.step()
+            losses.append(loss.item())
+        val_end = _eval_loss(model, val, batch_size, seq_len, eval_batches, seed + 1, device)
+    wall = time.perf_counter() - start
+    timed = timer.times[warmup:]
+    med, fast, slow = statistics.median(timed), min(timed), max(timed)
+    per_step = batch_size * seq_len
+    if not all(math.isfinite(x) for x in losses):
+        raise FloatingPointError(f"baseline: a loss is not finite (lr={lr} too high?): "
+                                 f"{[x for x in losses if not math.isfinite(x)][:3]}")
+    return {
+        "config": dataclasses.asdict(config),
+        "params": sum(p.numel() for p in model.parameters()),
+        "steps": steps, "batch_size": batch_size, "seq_len": seq_len,
+        "tokens_per_step": per_step, "lr": lr, "optimizer": _optimizer_text(lr), "seed": seed,
+        "threads": threads, "device": str(device), "warmup_steps": warmup,
+        "data": {"corpus": find_text().name, "max_bytes": max_bytes,
+                 "tokens": tokens.numel(), "train_tokens": train.numel(),
+                 "val_tokens": val.numel(), "split": SPLIT_NOTE,
+                 "batches": "batch_schedule(train, batch_size, seq_len, seed=seed): text_batch "
+                            "with one torch.Generator seeded `seed`, one batch per step",
+                 "val_batches": eval_batches, "val_seed": seed + 1},
+        "init": "torch.manual_seed(seed); GPT(config)",
+        "losses": losses, "loss_first": losses[0], "loss_last": losses[-1],
+        "loss_last10_mean": statistics.fmean(losses[-10:]),
+        "val_loss_start": val_start, "val_loss": val_end,
+        "step_seconds": timer.times,
+        "step_median_s": med, "step_min_s": fast, "step_max_s": slow,
+        "tokens_per_s": per_step / med, "tokens_per_s_min": per_step / slow,
+        "tokens_per_s_max": per_step / fast,
+        "wall_s": round(wall, 2),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. tensor parallel against data parallel, interleaved in the same workers
+# ------------------------------------------------------------------------------------------------
+
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast",
+                "reduce_scatter", "reduce_scatter_tensor", "all_to_all")
+
+
+@contextlib.contextmanager
+def _counting_collectives(phase: list[str]) -> Iterator[tuple[list, list]]:
+    """While inside, every ``dist.all_reduce`` is recorded as ``(phase, elements, bytes)`` in the
+    first list, the name of any other collective in the second."""
+    calls: list[tuple[str, int, int]] = []
+    others: list[str] = []
+    real = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+
+    def counting(tensor, *args, **kwargs):
+        calls.append((phase[0], tensor.numel(), tensor.numel() * tensor.element_size()))
+        return real["all_reduce"](tensor, *args, **kwargs)
+
+    def other(name):
+        def call(*args, **kwargs):
+            others.append(name)
+            return real[name](*args, **kwargs)
+        return call
+
+    for name in real:
+        setattr(dist, name, counting if name == "all_reduce" else other(name))
+    try:
+        yield calls, others
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+
+
+def _slowest(seconds: float) -> float:
+    """The largest ``seconds`` over the ranks: a step is as slow as its slowest rank."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _mean_over_ranks(x: float) -> float:
+    t = torch.tensor([x], dtype=torch.float64, device=current_device())
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: int,
+                     steps_per_sample: int, seed: int, lr: float, warmup: int,
+                     max_bytes: int | None) -> dict | None:
+    """Runs in every rank of ``launch``: both variants, interleaved; rank 0 returns the dict."""
+    torch.set_num_threads(1)
+    rank, world, device = dist.get_rank(), dist.get_world_size(), current_device()
+    share = batch_size // world
+    train, _ = split_tokens(load_text(max_bytes=max_bytes))
+    sched = batch_schedule(train, batch_size, seq_len, seed=seed)   # the same on every rank
+    batches = [tuple(t.to(device) for t in next(sched)) for _ in range(steps_per_sample)]
+    mine = [(X[rank * share:(rank + 1) * share], Y[rank * share:(rank + 1) * share])
+            for X, Y in batches]                                    # this rank's (B/w, T)
+    torch.manual_seed(seed)
+    base = GPT(config).to(device)                                   # the same start everywhere
+    param_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
+    tp_model = parallelize_gpt(copy.deepcopy(base))
+    dp_model = DistributedDataParallel(copy.deepcopy(base), strategy="bucketed")
+    tp_opt, dp_opt = _optimizer(tp_model.parameters(), lr), _optimizer(dp_model.parameters(), lr)
+    phase = ["forward"]
+
+    def tp_step(i: int) -> torch.Tensor:
+        X, Y = batches[i]
+        tp_opt.zero_grad(set_to_none=True)
+        phase[0] = "forward"
+        _, loss = tp_model(X, Y)             # this rank's (B, T, V/t) logits, the full loss
+        phase[0] = "backward"
+        loss.backward()
+        phase[0] = "optimizer"
+        tp_opt.step()
+        return loss
+
+    def dp_step(i: int) -> torch.Tensor:
+        X, Y = mine[i]
+        dp_opt.zero_grad(set_to_none=True)
+        phase[0] = "forward"
+        _, loss = dp_model(X, Y)             # (B/w, T, V) logits, this rank's share's loss
+        phase[0] = "backward"
+        loss.backward()                      # the gradients averaged over the ranks here
+        phase[0] = "optimizer"
+        dp_opt.step()
+        return loss
+
+    # step 1: the same work? The TP loss is the whole batch's; DP's mean over ranks is too.
+    first = {"tensor_parallel": tp_step(0).item(), "data_parallel": _mean_over_ranks(
+        dp_step(0).item())}
+    # step 2: what each sends (DDP's buckets are rebuilt after its first backward)
+    counts = {}
+    for name, step in (("tensor_parallel", tp_step), ("data_parallel", dp_step)):
+        with _counting_collectives(phase) as (calls, others):
+            step(1 % steps_per_sample)
+        counts[name] = {"count": len(calls), "elements": sum(n for _, n, _ in calls),
+                        "bytes": sum(b for _, _, b in calls),
+                        "by_phase": {p: sum(1 for q, _, _ in calls if q == p)
+                                     for p in ("forward", "backward", "optimizer")},
+                        "calls": [list(c) for c in calls], "other_collectives": others}
+
+    def run(step: Callable[[int], torch.Tensor]) -> Callable[[], None]:
+        def steps() -> None:
+            for i in range(steps_per_sample):
+                step(i)
+        return steps
+
+    # interleaved, the first variant alternating round by round; a barrier before each sample,
+    # the slowest rank's time after; one call (steps_per_sample steps) per sample
+    timed = compare({"tensor_parallel": run(tp_step), "data_parallel": run(dp_step)},
+                    samples=samples, baseline="data_parallel", warmup=warmup,
+                    min_sample_seconds=0.0, calibration_calls=1, device=device,
+                    before=dist.barrier, reduce=_slowest)
+    last = {"tensor_parallel": tp_step(0).item(),
+            "data_parallel": _mean_over_ranks(dp_step(0).item())}
+    if rank != 0:
+        return None
+    per_step = {name: [s / steps_per_sample for s in seconds]
+                for name, seconds in timed.seconds.items()}
+    timed = dataclasses.replace(timed, seconds=per_step, _ratios={})
+    return {"backend": dist.get_backend(), "first": first, "last": last, "counts": counts,
+            "param_bytes": param_bytes, "comparison": timed.to_json(),
+            "verdict": timed.verdict("tensor_parallel", "data_parallel"),
+            "seconds": per_step, "order": timed.order}
+
+
+def _megatron_count(config: GPTConfig, batch_size: int, seq_len: int) -> dict:
+    """Megatron's all-reduces per step: per block 2 forward (after attention's ``out_proj`` and
+    the MLP's ``proj``) and 2 backward (before ``qkv`` and ``fc``) of ``B*T*C``; the vocabulary-
+    parallel embedding 1 forward, the head 1 backward; the loss 3 of ``B*T`` (max, sum of
+    exponentials, target logit)."""
+    L, BT, C = config.n_layer, batch_size * seq_len, config.n_embd
+    big = 2 * L + 1
+    return {"forward": big + 3, "backward": big, "optimizer": 0, "count": 2 * big + 3,
+            "elements": 2 * big * BT * C + 3 * BT,
+            "bytes": 4 * (2 * big * BT * C + 3 * BT)}          # float32
+
+
+def tp_vs_dp(world_size: int = 2, batch_size: int = TP_VS_DP_DEFAULTS["batch_size"],
+             seq_len: int = TP_VS_DP_DEFAULTS["seq_len"], *,
+             samples: int = TP_VS_DP_DEFAULTS["samples"],
+             steps_per_sample: int = TP_VS_DP_DEFAULTS["steps_per_sample"],
+             config: GPTConfig | None = None, seed: int = 0, lr: float = LR, warmup: int = 1,
+             max_bytes: int | None = None, timeout: float = 1800.0) -> dict:
+    """Time a tensor-parallel and a data-parallel training step of the small GPT, interleaved in
+    the same ``world_size`` workers (one torch thread each); a JSON-ready dict.
+
+    Both start from ``GPT(config)`` after ``torch.manual_seed(seed)`` and train with AdamW on the
+    same global batches (``batch_schedule`` of the training text, ``steps_per_sample`` of them,
+    repeated every sample): TP (``parallelize_gpt`` over the world) gives every rank the whole
+    ``(batch_size, seq_len)`` batch; DP (the course's ``DistributedDataParallel``, bucketed)
+    gives rank r rows ``r * B/w`` to ``(r + 1) * B/w``. The first step of each checks they
+    compute the same loss; the second counts the all-reduces; then ``samples`` rounds, each a
+    sample of ``steps_per_sample`` steps of both, the first variant alternating (a barrier
+    before each sample, the slowest rank's time).
+
+    Args:
+        world_size: ranks; must divide ``batch_size``, ``config.n_head`` and ``vocab_size``.
+        batch_size: the global batch (sequences).
+        seq_len: tokens per sequence (at most ``config.block_size``).
+        samples: timed rounds, at least 2.
+        steps_per_sample: training steps per sample (and distinct batches).
+        config: the model's sizes (default ``GPTConfig()``).
+        seed: the model's initialisation and the batches.
+        lr: AdamW's learning rate.
+        warmup: untimed calls of each variant before the timed ones (beside the two steps of
+            the checks and one calibration call).
+        max_bytes: read only the first ``max_bytes`` bytes of the corpus.
+        timeout: seconds for the whole launch.
+
+    Returns:
+        ``{"seconds_per_step": {variant: [...]}, "median_s", "min_s", "ratio_tp_over_dp",
+        "ratio_interval", "verdict", "winner", "first_step_loss": {..., "abs_diff",
+        "equal"}, "all_reduces_per_step": {variant: {"count", "elements", "bytes", ...}},
+        "megatron_formula", "dp_gradient_bytes", "loss_after_run", "comparison", ...}``;
+        ``loss_after_run`` is each variant's loss on the first batch after all the timed steps
+        (the same training: equal up to float32 drift).
+    """
+    config = config or GPTConfig()
+    _check_sizes("tp_vs_dp", config, batch_size, seq_len)
+    for label, value in (("samples", samples), ("steps_per_sample", steps_per_sample),
+                         ("world_size", world_size)):
+        least = 2 if label == "samples" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"tp_vs_dp: {label} must be an integer >= {least}, got {value!r}.")
+    for label, value in (("batch_size", batch_size), ("config.n_head", config.n_head),
+                         ("config.vocab_size", config.vocab_size)):
+        if value % world_size:
+            raise ValueError(f"tp_vs_dp: {label} ({value}) must be a multiple of world_size "
+                             f"({world_size}): DP splits the batch, TP the heads and the "
+                             "vocabulary, evenly.")
+    start = time.perf_counter()
+    r = launch(_tp_vs_dp_worker, world_size, config, batch_size, seq_len, samples,
+               steps_per_sample, seed, lr, warmup, max_bytes, timeout=timeout)[0]
+    seconds = r["seconds"]
+    ratio, low, high = bootstrap_ratio(seconds["tensor_parallel"], seconds["data_parallel"])
+    medians = {n: statistics.median(s) for n, s in seconds.items()}
+    winner = None if low <= 1 <= high else ("tensor_parallel" if high < 1 else "data_parallel")
+    first = r["first"]
+    diff = abs(first["tensor_parallel"] - first["data_parallel"])
+    tol = 1e-5 * max(1.0, abs(first["data_parallel"]))
+    counts = r["counts"]
+    want_tp = _megatron_count(config, batch_size, seq_len)
+    tp, dp = counts["tensor_parallel"], counts["data_parallel"]
+    return {
+        "world_size": world_size, "backend": r["backend"], "threads_per_rank": 1,
+        "config": dataclasses.asdict(config), "global_batch": batch_size,
+        "dp_batch_per_rank": batch_size // world_size, "seq_len": seq_len,
+        "tokens_per_step": batch_size * seq_len, "samples": samples,
+        "steps_per_sample": steps_per_sample, "seed": seed, "lr": lr,
+        "optimizer": _optimizer_text(lr), "max_bytes": max_bytes,
+        "variants": {
+            "tensor_parallel": "parallelize_gpt(model) over the world; every rank the whole "
+                               "batch",
+            "data_parallel": "the whole model on every rank, rank r rows r*B/w to (r+1)*B/w; "
+                             + DP_NOTE},
+        "data": "batch_schedule(first 90 % of the corpus, batch_size, seq_len, seed=seed): the "
+                "first steps_per_sample batches, the same every sample",
+        "method": "both variants in the same processes, interleaved with course_lib.timing."
+                  "compare (the first variant alternating round by round), a sample = "
+                  "steps_per_sample steps, dist.barrier before, the slowest rank's time after; "
+                  "times per step; 95 % bootstrap interval of the median ratio, rounds paired",
+        "seconds_per_step": seconds, "order": r["order"], "median_s": medians,
+        "min_s": {n: min(s) for n, s in seconds.items()},
+        "tokens_per_s": {n: batch_size * seq_len / m for n, m in medians.items()},
+        "ratio_tp_over_dp": ratio, "ratio_interval": [low, high], "winner": winner,
+        "verdict": r["verdict"],
+        "first_step_loss": {**first, "abs_diff": diff, "tolerance": tol, "equal": diff <= tol},
+        "loss_after_run": r["last"],
+        "all_reduces_per_step": counts,
+        "megatron_formula": {**want_tp,
+                             "matches": (tp["count"], tp["elements"], tp["bytes"])
+                             == (want_tp["count"], want_tp["elements"], want_tp["bytes"])
+                             and tp["by_phase"] == {k: want_tp[k] for k in tp["by_phase"]}},
+        "dp_gradient_bytes": {"param_bytes": r["param_bytes"], "sent_bytes": dp["bytes"],
+                              "matches": dp["bytes"] == r["param_bytes"]},
+        "comparison": r["comparison"],
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# command lines
+# ------------------------------------------------------------------------------------------------
+
+def _config_arg(parser: argparse.ArgumentParser, text: str | None) -> GPTConfig:
+    try:
+        return parse_config(text)
+    except ValueError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits
+
+
+def _finish(report: dict, name: str, out: str | None, quick: bool, start: float) -> int:
+    end = load_average()
+    report["load"]["load_end"] = end[0] if end else None
+    report["load_average_end"] = end
+    report["wall_s"] = round(time.perf_counter() - start, 1)
+    print(json.dumps(report, indent=2))
+    write_report(report, results_path(name, out, quick))
+    return 0
+
+
+def main_baseline(argv: list[str]) -> int:
+    """``python -m course_lib.bench gpt-baseline``: print the JSON, write it; 0 if it ran."""
+    d = BASELINE_DEFAULTS
+    parser = argparse.ArgumentParser(prog="python -m course_lib.bench gpt-baseline",
+                                     description="The small GPT trained in one process on "
+                                     "the real text: losses, tokens per second, held-out loss "
+                                     "(lesson 14's oracle).")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a quick look: {BASELINE_QUICK['steps']} steps of batch "
+                        f"{BASELINE_QUICK['batch_size']} x {BASELINE_QUICK['seq_len']}")
+    parser.add_argument("--steps", type=int, default=None, help=f"default {d['steps']}")
+    parser.add_argument("--batch", type=int, default=None, help=f"default {d['batch_size']}")
+    parser.add_argument("--seq-len", type=int, default=None, help=f"default {d['seq_len']}")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help=f"steps left out of the tokens per second (default {d['warmup']})")
+    parser.add_argument("--eval-batches", type=int, default=None,
+                        help=f"held-out batches (default {d['eval_batches']})")
+    parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: every core)")
+    parser.add_argument("--config", default=None,
+                        help="GPTConfig fields, e.g. n_layer=1,n_embd=48 (default GPTConfig())")
+    parser.add_argument("--max-bytes", type=int, default=None,
+                        help="read only this many bytes of the corpus")
+    parser.add_argument("--out", default=None,
+                        help="where to write the JSON (default results/gpt-baseline-MACHINE."
+                        "json; quick runs write nothing unless given); '-' writes nothing")
+    args = parser.parse_args(argv)
+    sizes = BASELINE_QUICK if args.quick else d
+    config = _config_arg(parser, args.config)
+    steps = args.steps if args.steps is not None else sizes["steps"]
+    warmup = args.warmup if args.warmup is not None else min(sizes["warmup"], max(0, steps - 1))
+    header = report_header("gpt-baseline", argv, quick=args.quick)
+    start = time.perf_counter()
+    run = baseline(steps, args.batch or sizes["batch_size"], args.seq_len or sizes["seq_len"],
+                   config=config, lr=args.lr, seed=args.seed, threads=args.threads,
+                   warmup=warmup, eval_batches=args.eval_batches or sizes["eval_batches"],
+                   max_bytes=args.max_bytes)
+    print(f"gpt-baseline: loss {run['loss_first']:.3f} -> {run['loss_last']:.3f}, held-out "
+          f"{run['val_loss_start']:.3f} -> {run['val_loss']:.3f}; {run['tokens_per_s']:.0f} "
+          f"tokens/s ({run['tokens_per_s_min']:.0f}-{run['tokens_per_s_max']:.0f})",
+          file=sys.stderr)
+    return _finish({**header, "method": "one process, one training step timed at a time "
+                    "(course_lib.timing.Timer); tokens/s from the median step after the "
+                    "warm-up, the spread from the slowest and fastest", **run},
+                   "gpt-baseline", args.out, args.quick, start)
+
+
+def main_tp_vs_dp(argv: list[str]) -> int:
+    """``python -m course_lib.bench tp-vs-dp``: print the JSON, write it; 0 if it ran."""
+    d = TP_VS_DP_DEFAULTS
+    parser = argparse.ArgumentParser(prog="python -m course_lib.bench tp-vs-dp",
+                                     description="A tensor-parallel against a data-parallel "
+                                     "training step of the small GPT, interleaved in the same "
+                                     "workers, with the all-reduces each sends (lesson 14).")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a quick look: {TP_VS_DP_QUICK['samples']} samples of "
+                        f"{TP_VS_DP_QUICK['steps_per_sample']} steps, batch "
+                        f"{TP_VS_DP_QUICK['batch_size']} x {TP_VS_DP_QUICK['seq_len']}")
+    parser.add_argument("--world-size", type=int, default=d["world_size"])
+    parser.add_argument("--batch", type=int, default=None,
+                        help=f"the global batch (default {d['batch_size']})")
+    parser.add_argument("--seq-len", type=int, default=None, help=f"default {d['seq_len']}")
+    parser.add_argument("--samples", type=int, default=None, help=f"default {d['samples']}")
+    parser.add_argument("--steps-per-sample", type=int, default=None,
+                        help=f"default {d['steps_per_sample']}")
+    parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", default=None,
+                        help="GPTConfig fields, e.g. n_layer=1,n_embd=48 (default GPTConfig())")
+    parser.add_argument("--max-bytes", type=int, default=None,
+                        help="read only this many bytes of the corpus")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds for the launch before its workers are stopped")
+    parser.add_argument("--out", default=None,
+                        help="where to write the JSON (default results/tp-vs-dp-MACHINE.json; "
+                        "quick runs write nothing unless given); '-' writes nothing")
+    args = parser.parse_args(argv)
+    sizes = TP_VS_DP_QUICK if args.quick else d
+    config = _config_arg(parser, args.config)
+    header = report_header("tp-vs-dp", argv, quick=args.quick)
+    start = time.perf_counter()
+    run = tp_vs_dp(args.world_size, args.batch or sizes["batch_size"],
+                   args.seq_len or sizes["seq_len"], samples=args.samples or sizes["samples"],
+                   steps_per_sample=args.steps_per_sample or sizes["steps_per_sample"],
+                   config=config, seed=args.seed, lr=args.lr, max_bytes=args.max_bytes,
+                   timeout=args.timeout)
+    if header["load"]["busy"]:
+        run["verdict"] += f"; {header['load']['message']}"
+    print(f"tp-vs-dp: {run['verdict']}", file=sys.stderr)
+    return _finish({**header, **run}, "tp-vs-dp", args.out, args.quick, start)

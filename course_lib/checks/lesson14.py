@@ -1,0 +1,835 @@
+"""Checkers for the exercises of lesson 14 (tensor parallelism, Megatron-LM style).
+
+``check_conjugates(f, g)`` runs the learner's conjugate pair in real worker processes
+(``course_lib.distributed.launch``) on 2, 3 and 4 ranks, in float64, each rank with its own input
+and its own upstream gradient: f must be the identity forward and sum the gradient over the
+ranks backward, g sum forward and pass the gradient through backward, neither may change its
+input in place (autograd saved it), and with a group of one rank both are the identity.
+``check_parallel_linears(column_cls, row_cls)`` builds the learner's column- and row-parallel
+layers from an ``nn.Linear`` and compares them with that layer in one process: each shard
+exactly the matching slice of the weight and bias, the outputs, the input gradients and the
+weight-gradient shards, the row-parallel bias added once, sizes the world size does not divide
+refused with ``ValueError``. ``check_megatron_mlp(fn)`` splits a ``course_lib.models.gpt.MLP``
+with the learner's function, compares it with the MLP in one process and counts its
+collectives: one all-reduce of ``B*T*C`` elements forward, one backward, nothing else.
+
+Worker processes import the answers by module and name, so they must live in files (in the
+notebook: ``%%writefile my_conjugate.py``, ``my_linears.py``, ``my_mlp.py``); pass them as
+objects or as strings such as ``"my_conjugate:f"``.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import sys
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..models.gpt import MLP, GPTConfig
+from ._core import ExerciseResult, unanswered, verdict
+from ._launch import UNANSWERED, check_in_ranks, first_failure_in_ranks, load_answer, worker_spec
+
+__all__ = ["check_conjugates", "check_megatron_mlp", "check_parallel_linears"]
+
+_DTYPE = torch.float64
+_RTOL, _ATOL = 1e-10, 1e-12    # float64: a right answer differs by the order of a sum only
+
+
+# ------------------------------------------------------------------------------------------------
+# shared by the three workers
+# ------------------------------------------------------------------------------------------------
+
+class _Stop(Exception):
+    """The learner's code raised: this rank stops at once (a peer may be inside a collective
+    this rank will never join; its process ending breaks that collective)."""
+
+
+def _call(what: str, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)``; a NotImplementedError becomes UNANSWERED, any other exception
+    a ``_Stop`` saying what raised what."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise _Stop(UNANSWERED) from None
+    except Exception as e:  # noqa: BLE001 - the learner's error, said in words
+        text = " ".join(str(e).split())
+        if "modified by an inplace operation" in text:
+            text += (" (something overwrote a tensor autograd had saved: all_reduce writes "
+                     "into the tensor it is given, so all-reduce a copy, x.clone())")
+        raise _Stop(f"{what} raised {type(e).__name__}: {text}") from None
+
+
+def _agree(failure: str | None) -> str | None:
+    """The first failure of any rank (lowest rank first), the same on every rank: every rank
+    stops, or none (one that returned alone would leave its peers in the next collective)."""
+    failures: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, failure)
+    return next((f for f in failures if f is not None), None)
+
+
+def _in_step(case: Iterator[str | None]) -> str | None:
+    """Run ``case``, a generator that yields what this rank found wrong (or None) wherever every
+    rank must have got as far before any goes on (before the next collective), in step with
+    the other ranks: the first failure of any rank, the same on every rank, or None. A
+    ``_Stop`` from the learner's code passes through."""
+    for found in case:
+        found = _agree(found)
+        if found is not None:
+            case.close()
+            return found
+    return None
+
+
+def _short(t: torch.Tensor | None) -> str:
+    if t is None:
+        return "None"
+    values = ", ".join(f"{v:.4g}" for v in t.detach().flatten()[:3].tolist())
+    return f"[{values}{', ...' if t.numel() > 3 else ''}] of shape {tuple(t.shape)}"
+
+
+def _close(got, want: torch.Tensor) -> bool:
+    return (isinstance(got, torch.Tensor) and got.shape == want.shape
+            and torch.allclose(got.detach().to(want.dtype), want, rtol=_RTOL, atol=_ATOL))
+
+
+def _alone() -> dist.ProcessGroup:
+    """A group of this rank alone (new_group is collective: every rank makes every one)."""
+    return [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
+
+
+def _check_several(name: str, answers: tuple, examples: tuple[str, ...], worker: Callable,
+                   args: tuple, *, world_sizes, timeout: float, hint: str, hang_hint: str,
+                   passed: str, missing: str, strict: bool) -> ExerciseResult:
+    """``check_in_ranks`` for an exercise of several answers (f and g; two classes): any None
+    is "not answered yet", each is sent to the workers as ``check_in_ranks`` sends one."""
+    if any(answer is None for answer in answers):
+        return verdict(name, None, missing, strict)
+    specs = []
+    for answer, example in zip(answers, examples):
+        spec = worker_spec(answer, example)
+        if isinstance(spec, str):
+            return verdict(name, False, spec, strict)
+        specs.append(spec)
+    found = first_failure_in_ranks(worker, tuple(specs), world_sizes, args, timeout=timeout,
+                                   hang_hint=hang_hint, hint=hint)
+    if found is not None and UNANSWERED in found:
+        return unanswered(name, strict)
+    if found is not None:
+        return verdict(name, False, found, strict)
+    return verdict(name, True, passed, strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# f and g
+# ------------------------------------------------------------------------------------------------
+
+_CONJUGATES_NAME = "conjugates f and g"
+_CONJUGATES_HINT = ("write each as a torch.autograd.Function called through .apply: f's forward "
+                    "returns x unchanged (x.view_as(x)), its backward all-reduces (sum) the "
+                    "gradient over group; g's forward all-reduces (sum) a copy of x over group "
+                    "(x.clone(): never x itself), its backward returns the gradient unchanged. "
+                    "backward returns one gradient per input of forward: None for the group.")
+_SHAPE = (3, 5)
+
+
+def _conjugate_case(fn: Callable, which: str, group, xs: torch.Tensor, us: torch.Tensor,
+                    where: str) -> Iterator[str | None]:
+    """``fn`` (the learner's f or g) on this rank's input ``tanh(xs[rank])`` with upstream
+    gradient ``us[rank]``; yields what is wrong (or None) after forward, then after backward
+    (``_in_step``). ``group`` is None (every rank) or a group of this rank alone. Raises
+    ``_Stop`` when the learner's code raises."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = world if group is None else 1
+    a = xs[rank].clone().requires_grad_()
+    x = torch.tanh(a)                             # tanh saves its output x for its backward
+    x.retain_grad()
+    before = x.detach().clone()
+    y = _call(f"{where}: forward", fn, x, group)
+    yield _conjugate_forward_problem(y, x, before, which, t, torch.tanh(xs), where)
+    _call(f"{where}: backward", y.backward, us[rank].clone())
+    yield _conjugate_backward_problem(x.grad, which, t, us, where)
+
+
+def _conjugate_forward_problem(y, x: torch.Tensor, before: torch.Tensor, which: str, t: int,
+                               parts: torch.Tensor, where: str) -> str | None:
+    """What is wrong with ``y = which(x)`` (``parts``: every rank's input), or None."""
+    rank = dist.get_rank()
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        got = _short(y) if isinstance(y, torch.Tensor) else type(y).__name__
+        return f"{where}: returned {got}, expected a tensor of shape {tuple(x.shape)}."
+    own, total, mean = parts[rank], parts.sum(0), parts.mean(0)
+    want = own if which == "f" or t == 1 else total
+    if not _close(y, want):
+        why = ""
+        if which == "f" and _close(y, total):
+            why = (" It is the sum of every rank's input: f's forward is the identity; its "
+                   "all-reduce belongs in its backward (summing forward is g's job).")
+        elif _close(y, mean):
+            why = (" It is the average of every rank's input: "
+                   + ("f's forward is the identity." if which == "f" else
+                      "g sums (ReduceOp.SUM), it does not average."))
+        elif t == 1 and _close(y, total):
+            why = (" It is the sum over all the ranks, but the group given has this rank alone: "
+                   "pass group to dist.all_reduce (group=group).")
+        elif which == "g" and _close(y, own):
+            why = " It is this rank's own input: g's forward sums it over the ranks."
+        expected = ("its input unchanged" if which == "f" or t == 1
+                    else "the sum of every rank's input")
+        return f"{where}: forward returned {_short(y)}, expected {expected} {_short(want)}.{why}"
+    if not torch.equal(x.detach(), before):
+        return (f"{where}: {which} changed its input in place (dist.all_reduce writes into the "
+                "tensor it is given). Autograd may have saved that tensor for the backward of "
+                "the operation that made it (here tanh saved it): all-reduce a copy, "
+                "x.clone().")
+    if not y.requires_grad:
+        return (f"{where}: the output does not require grad, so no gradient can flow back "
+                f"through {which}: write it as a torch.autograd.Function and return "
+                f"YourFunction.apply(x, group).")
+    return None
+
+
+def _conjugate_backward_problem(got: torch.Tensor | None, which: str, t: int, us: torch.Tensor,
+                                where: str) -> str | None:
+    """What is wrong with the input's gradient ``got`` (``us``: every rank's upstream
+    gradient), or None."""
+    rank = dist.get_rank()
+    total, mean, own = us.sum(0), us.mean(0), us[rank]
+    want = total if which == "f" and t > 1 else own
+    if not _close(got, want):
+        why = ""
+        if which == "f" and _close(got, own):
+            why = (" It is this rank's own upstream gradient: f's backward must all-reduce "
+                   "(sum) it over the group (every rank used the whole input).")
+        elif which == "f" and _close(got, mean):
+            why = (" It is the average of the ranks' gradients, not their sum: Megatron's f "
+                   "sums (ReduceOp.SUM); each rank's part is a separate term of the input's "
+                   "gradient.")
+        elif which == "g" and _close(got, total):
+            why = (" It is the sum of every rank's upstream gradient: g's backward is the "
+                   "identity (its output is the same on every rank; there is nothing to add).")
+        elif which == "g" and _close(got, mean):
+            why = " It is the average over the ranks: g's backward is the identity."
+        elif t == 1 and _close(got, total):
+            why = (" It is the sum over all the ranks, but the group given has this rank alone: "
+                   "pass group to dist.all_reduce (keep it in ctx in forward).")
+        expected = ("the sum of every rank's upstream gradient" if which == "f" and t > 1
+                    else "its upstream gradient unchanged")
+        return (f"{where}: the input's gradient is {_short(got)}, expected {expected} "
+                f"{_short(want)}.{why}")
+    return None
+
+
+def _conjugate_cases(specs: tuple, seed: int) -> str | None:
+    """In every rank: f and g on the whole group, then on a group of this rank alone."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    fns = {}
+    for which, spec in zip("fg", specs):
+        fns[which], error = load_answer(spec, f"function {which}")
+        if error:
+            return error
+    alone = _alone()
+    gen = torch.Generator().manual_seed(seed)
+    xs = torch.randn(world, *_SHAPE, generator=gen, dtype=_DTYPE)   # rank r's input: xs[r]
+    us = torch.randn(world, *_SHAPE, generator=gen, dtype=_DTYPE)   # and upstream gradient
+    for group in (None, alone):
+        for which in "fg":
+            where = (f"world_size={world}, rank {rank}, {which}(x"
+                     + (")" if group is None else ", group=a group of this rank alone)"))
+            try:
+                failure = _in_step(_conjugate_case(fns[which], which, group, xs, us, where))
+            except _Stop as e:
+                return str(e)
+            if failure is not None:
+                return failure
+    return None
+
+
+def check_conjugates(f: Callable | str | None, g: Callable | str | None, *,
+                     world_sizes: tuple[int, ...] = (2, 3, 4), timeout: float = 60.0,
+                     strict: bool = False) -> ExerciseResult:
+    """Exercise 1: Megatron's conjugate operations ``f(x, group=None)`` and ``g(x, group=None)``.
+
+    For each world size, a process group of that many worker processes; in float64, each rank
+    passes its own input (the output of a tanh, which autograd saved) through your function
+    and back-propagates its own upstream gradient. f must return its input unchanged and give
+    the input the sum of every rank's upstream gradient; g must return the sum of every rank's
+    input and give the input its own upstream gradient unchanged. Neither may change its input
+    in place. Then both again with a group of this rank alone: the identity both ways.
+
+    Args:
+        f: your f (importable by worker processes) or ``"my_conjugate:f"``; None: not answered
+            yet.
+        g: your g, or ``"my_conjugate:g"``; None: not answered yet.
+        world_sizes: numbers of processes to try.
+        timeout: seconds for each world size (a function that hangs fails, it does not hang).
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    return _check_several(
+        _CONJUGATES_NAME, (f, g), ("my_conjugate:f", "my_conjugate:g"), _conjugate_cases, (14,),
+        world_sizes=world_sizes, timeout=timeout, hint=_CONJUGATES_HINT,
+        hang_hint="Does every rank call all_reduce the same number of times, with the same "
+                  "group? f all-reduces in backward only, g in forward only.",
+        passed=f"f and g give the right values and gradients on every rank for world sizes "
+               f"{list(world_sizes)}, leave their input alone, and honour the group.",
+        missing="write f and g to my_conjugate.py and pass them here.", strict=strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# ColumnParallelLinear and RowParallelLinear
+# ------------------------------------------------------------------------------------------------
+
+_LINEARS_NAME = "parallel linears"
+_LINEARS_HINT = ("ColumnParallelLinear keeps rows rank*out/t to (rank+1)*out/t of linear.weight "
+                 "(and that block of the bias) as new nn.Parameters (a sliced copy), and returns "
+                 "F.linear(f(x, group), weight, bias); RowParallelLinear keeps columns "
+                 "rank*in/t to (rank+1)*in/t of the weight and the whole bias, and returns "
+                 "g(F.linear(x, weight), group) + bias. Take rank and t from the group "
+                 "(dist.get_rank(group), dist.get_world_size(group)) and raise ValueError when "
+                 "t does not divide the dimension you split. (Does check_conjugates pass?)")
+_B, _T = 2, 3
+_IN = 7     # no world size divides it: a column-parallel layer must not split it
+
+
+def _split_size(world: int) -> int:
+    """Features split over the ranks: 24 (2, 3 and 4 divide it), else a multiple of ``world``."""
+    return 24 if 24 % world == 0 else 6 * world
+
+
+def _shard_problem(layer: nn.Module, attr: str, full: torch.Tensor | None, index: tuple,
+                   others: list[tuple], what: str, where: str) -> str | None:
+    """What is wrong with ``layer.<attr>`` as this rank's shard ``full[index]`` of a full
+    weight or bias (``others``: the other ranks' indices, to recognise their blocks)."""
+    p = getattr(layer, attr, None)
+    if full is None:
+        if p is not None:
+            return (f"{where}: the nn.Linear has no bias (bias=False), so self.bias should be "
+                    f"None, found {_short(p) if isinstance(p, torch.Tensor) else type(p)}.")
+        return None
+    want = full.detach()[index]
+    shape = tuple(want.shape)
+    if not isinstance(p, nn.Parameter):
+        return (f"{where}: expected self.{attr}, an nn.Parameter of shape {shape} ({what}), "
+                f"found {type(p).__name__}: wrap the slice, nn.Parameter(...).")
+    if p.dtype != full.dtype:
+        return (f"{where}: self.{attr} has dtype {p.dtype}, the nn.Linear given has "
+                f"{full.dtype}: keep its dtype (slice linear.{attr} itself).")
+    if tuple(p.shape) != shape:
+        why = ""
+        if p.shape == full.shape:
+            why = (f" It is the whole {attr}'s shape: this rank keeps only its block, "
+                   "a 1/t share.")
+        elif full.dim() == 2 and p.dim() == 2 and p.shape[0] == full.shape[0] and \
+                shape[0] != full.shape[0]:
+            why = (" You kept every row and split the columns: a column-parallel layer splits "
+                   "the output features, which are the rows of weight (out, in).")
+        elif full.dim() == 2 and p.dim() == 2 and p.shape[1] == full.shape[1] and \
+                shape[1] != full.shape[1]:
+            why = (" You kept every column and split the rows: a row-parallel layer splits the "
+                   "input features, which are the columns of weight (out, in).")
+        return (f"{where}: self.{attr} has shape {tuple(p.shape)}, expected {shape}: "
+                f"{what}.{why}")
+    if not torch.equal(p.detach(), want):
+        why = ""
+        for rank, other in enumerate(others):
+            if other != index and torch.equal(p.detach(), full.detach()[other]):
+                why = f" It is rank {rank}'s block: rank r keeps block r, in rank order."
+                break
+        return f"{where}: self.{attr} is {_short(p)}, expected {what} {_short(want)}.{why}"
+    if p.untyped_storage().nbytes() > p.numel() * p.element_size():
+        return (f"{where}: self.{attr} shares the memory of the whole tensor (a view of it): "
+                f"this rank would keep all {full.numel()} elements alive; keep a copy of the "
+                f"slice (.clone()).")
+    return None
+
+
+def _params_problem(layer: nn.Module, expected: int, where: str) -> str | None:
+    held = sum(p.numel() for p in layer.parameters())
+    if held != expected:
+        return (f"{where}: the layer holds {held} parameter elements, its shard is {expected}: "
+                "did it keep the whole nn.Linear (or its weight) as well? Keep only the shard.")
+    return None
+
+
+def _grad_problem(got: torch.Tensor | None, want: torch.Tensor, what: str, where: str,
+                  t: int) -> str | None:
+    if got is None:
+        return (f"{where}: {what} has no gradient after backward (None): is it used in forward "
+                "through operations autograd follows?")
+    if _close(got, want):
+        return None
+    why = ""
+    if t > 1 and _close(got, want * t):
+        why = (f" It is {t} times too large: the gradient of the replicated output was summed "
+               "over the ranks (g's backward is the identity).")
+    elif t > 1 and _close(got, want / t):
+        why = (f" It is 1/{t} of it: a bias split into t shares before the all-reduce gives "
+               "the right output, but each rank's bias gets 1/t of its gradient; add the whole "
+               "bias once, after g.")
+    return f"{where}: {what} is {_short(got)}, expected {_short(want)}.{why}"
+
+
+def _construct(cls: Callable, linear: nn.Linear, group, where: str,
+               splits: str) -> nn.Module:
+    """``cls(copy of linear[, group=group])``; ``_Stop`` when it raises (``splits``: what the
+    layer splits, said when it refused a size that divides)."""
+    args = {} if group is None else {"group": group}
+    try:
+        return cls(copy.deepcopy(linear), **args)
+    except NotImplementedError:
+        raise _Stop(UNANSWERED) from None
+    except Exception as e:  # noqa: BLE001 - the learner's error, said in words
+        text = " ".join(str(e).split())
+        why = ""
+        if isinstance(e, ValueError):
+            why = (f" Here {splits} is divisible by the world size, and it is the only "
+                   "size this layer splits.")
+        raise _Stop(f"{where}: the constructor raised {type(e).__name__}: {text.rstrip('.')}."
+                    f"{why}") from None
+
+
+def _column_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | None]:
+    """The column-parallel layer against one nn.Linear(7, out): shards, output, gradients
+    (yields what is wrong, or None, at each step: ``_in_step``)."""
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    out = _split_size(dist.get_world_size())
+    per = out // t
+    full = nn.Linear(_IN, out, bias=bias, dtype=_DTYPE)
+    label = f"ColumnParallelLinear(nn.Linear({_IN}, {out}{'' if bias else ', bias=False'})" + \
+        (")" if group is None else ", group=a group of this rank alone)")
+    where = f"{where}, {label}"
+    layer = _construct(cls, full, group, where, f"out_features = {out}")
+    blocks = [(slice(k * per, (k + 1) * per),) for k in range(t)]
+    span = f"{r * per}:{(r + 1) * per}"
+    problem = (
+        _shard_problem(layer, "weight", full.weight, blocks[r], blocks,
+                       f"rows {span} of the full weight {tuple(full.weight.shape)}", where)
+        or _shard_problem(layer, "bias", full.bias, blocks[r], blocks,
+                          f"elements {span} of the full bias", where)
+        or _params_problem(layer, per * _IN + (per if bias else 0), where))
+    yield problem
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(_B, _T, _IN, generator=gen, dtype=_DTYPE)     # the same on every rank
+    U = torch.randn(_B, _T, out, generator=gen, dtype=_DTYPE)     # the full output's gradient
+    X_ref = X.clone().requires_grad_()
+    Y = full(X_ref)
+    Y.backward(U)
+    X = X.requires_grad_()
+    y = _call(f"{where}: forward", layer, X)
+    want = Y.detach()[..., blocks[r][0]]
+    problem = None
+    if not _close(y, want):
+        why = ""
+        if _close(y, Y.detach()):
+            why = (" It is the whole output: a column-parallel layer returns this rank's block "
+                   "of output features, without gathering.")
+        problem = (f"{where}: the output is "
+                   f"{_short(y) if isinstance(y, torch.Tensor) else type(y).__name__}, "
+                   f"expected features {span} of the full output {_short(want)}.{why}")
+    yield problem
+    _call(f"{where}: backward", y.backward, U[..., blocks[r][0]].clone())
+    got = X.grad
+    if not _close(got, X_ref.grad):
+        why = ""
+        mine = U[..., blocks[r][0]] @ full.weight.detach()[blocks[r]]
+        if t > 1 and _close(got, mine):
+            why = (" It is this rank's part only (its block of features' contribution): pass "
+                   "the input through f before F.linear; f's backward sums the parts over the "
+                   "ranks.")
+        problem = (f"{where}: the input's gradient is {_short(got)}, expected the one-process "
+                   f"gradient {_short(X_ref.grad)}.{why}")
+    for attr, tensor in (("weight", full.weight), ("bias", full.bias)):
+        if tensor is not None:
+            problem = problem or _grad_problem(getattr(layer, attr).grad,
+                                               tensor.grad[blocks[r]], f"self.{attr}.grad",
+                                               where, t)
+    yield problem
+
+
+def _row_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | None]:
+    """The row-parallel layer against one nn.Linear(in, 7): shards, output, gradients
+    (yields what is wrong, or None, at each step: ``_in_step``)."""
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    n_in = _split_size(dist.get_world_size())
+    out = _IN
+    per = n_in // t
+    full = nn.Linear(n_in, out, bias=bias, dtype=_DTYPE)
+    label = f"RowParallelLinear(nn.Linear({n_in}, {out}{'' if bias else ', bias=False'})" + \
+        (")" if group is None else ", group=a group of this rank alone)")
+    where = f"{where}, {label}"
+    layer = _construct(cls, full, group, where, f"in_features = {n_in}")
+    cols = [(slice(None), slice(k * per, (k + 1) * per)) for k in range(t)]
+    problem = _shard_problem(layer, "weight", full.weight, cols[r], cols,
+                             f"columns {r * per}:{(r + 1) * per} of the full weight "
+                             f"{tuple(full.weight.shape)}", where)
+    problem = problem or _shard_problem(layer, "bias", full.bias, (slice(None),),
+                                        [(slice(None),)], "the whole bias", where)
+    problem = problem or _params_problem(layer, out * per + (out if bias else 0), where)
+    yield problem
+    gen = torch.Generator().manual_seed(4)
+    X = torch.randn(_B, _T, n_in, generator=gen, dtype=_DTYPE)    # the same on every rank
+    U = torch.randn(_B, _T, out, generator=gen, dtype=_DTYPE)     # so is the output's gradient
+    X_ref = X.clone().requires_grad_()
+    Y = full(X_ref)
+    Y.backward(U)
+    x = X[..., cols[r][1]].clone().requires_grad_()               # this rank's block of features
+    y = _call(f"{where}: forward", layer, x)
+    problem = None
+    if not _close(y, Y.detach()):
+        why = ""
+        partial = x.detach() @ full.weight.detach()[cols[r]].T
+        if isinstance(y, torch.Tensor) and y.shape == Y.shape and bias and t > 1:
+            off = y.detach() - Y.detach()
+            b = full.bias.detach()
+            times = float((off * b).sum() / (b * b).sum().clamp_min(1e-30) / (_B * _T))
+            if abs(times - (t - 1)) < 1e-6 and _close(off, (t - 1) * b.expand_as(off)):
+                why = (f" It holds the bias {t} times (t*b instead of b): every rank added it "
+                       "before the all-reduce, which summed it. Add it once, after g.")
+            elif _close(off, times * b.expand_as(off)):
+                why = (f" It is the right output plus {times:.4g} times the bias: the bias "
+                       f"counted {times + 1:.4g} times instead of once. Add it once, after g.")
+        if not why and t > 1 and (_close(y, partial) or (bias and _close(
+                y, partial + full.bias.detach()))):
+            why = (" It is this rank's partial product only: sum the parts over the ranks "
+                   "with g.")
+        problem = (f"{where}: the output is "
+                   f"{_short(y) if isinstance(y, torch.Tensor) else type(y).__name__}, "
+                   f"expected the full output {_short(Y)} on every rank.{why}")
+    yield problem
+    _call(f"{where}: backward", y.backward, U.clone())
+    problem = _grad_problem(x.grad, X_ref.grad[..., cols[r][1]], "the gradient of this rank's "
+                            "block of the input", where, t)
+    problem = problem or _grad_problem(layer.weight.grad, full.weight.grad[cols[r]],
+                                       "self.weight.grad", where, t)
+    if bias:
+        problem = problem or _grad_problem(layer.bias.grad, full.bias.grad, "self.bias.grad",
+                                           where, t)
+    yield problem
+
+
+def _refusal_case(cls: Callable, kind: str, group, where: str) -> Iterator[str | None]:
+    """``cls`` must refuse an nn.Linear whose split dimension the world size does not divide
+    (yields what is wrong, or None)."""
+    yield _refusal_problem(cls, kind, where)
+
+
+def _refusal_problem(cls: Callable, kind: str, where: str) -> str | None:
+    world = dist.get_world_size()
+    odd = 6 * world + 1                     # 13, 19, 25: no world size divides it
+    sizes = (_IN, odd) if kind == "column" else (odd, _IN)
+    split = "output" if kind == "column" else "input"
+    label = f"{'Column' if kind == 'column' else 'Row'}ParallelLinear(nn.Linear{sizes})"
+    where = f"{where}, {label}"
+    try:
+        cls(nn.Linear(*sizes, dtype=_DTYPE))
+    except NotImplementedError:
+        raise _Stop(UNANSWERED) from None
+    except ValueError as e:
+        if not str(e).strip():
+            return (f"{where}: raised ValueError without a message: say what cannot be split "
+                    f"(the {odd} {split} features over {world} ranks) and what to do.")
+        return None
+    except Exception as e:  # noqa: BLE001 - the learner's error, said in words
+        return (f"{where}: raised {type(e).__name__}: {' '.join(str(e).split())}; expected a "
+                f"ValueError saying that {world} ranks cannot split {odd} {split} features "
+                "evenly.")
+    return (f"{where} did not raise: {odd} {split} features cannot be split evenly over "
+            f"{world} ranks. Raise ValueError with a clear message when the world size does not "
+            f"divide the {split} size.")
+
+
+def _linear_cases(specs: tuple, seed: int) -> str | None:
+    """In every rank: both layers with and without bias, the refusals, then a group of one."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    classes = []
+    for spec, what in zip(specs, ("ColumnParallelLinear", "RowParallelLinear")):
+        cls, error = load_answer(spec, f"class {what}")
+        if error:
+            return error
+        classes.append(cls)
+    column, row = classes
+    alone = _alone()
+    where = f"world_size={world}, rank {rank}"
+    cases = [(_column_case, column, True, None), (_column_case, column, False, None),
+             (_row_case, row, True, None), (_row_case, row, False, None),
+             (_refusal_case, column, "column", None), (_refusal_case, row, "row", None),
+             (_column_case, column, True, alone), (_row_case, row, True, alone)]
+    for case, cls, option, group in cases:
+        torch.manual_seed(seed)                   # the same full layer on every rank
+        try:
+            failure = _in_step(case(cls, option, group, where))
+        except _Stop as e:
+            return str(e)
+        if failure is not None:
+            if group is not None:
+                failure += (" With a group of one rank the layer is the whole nn.Linear: take "
+                            "the rank and the world size from the group (dist.get_rank(group), "
+                            "dist.get_world_size(group)) and pass group to f and g.")
+            return failure
+    return None
+
+
+def check_parallel_linears(column_cls: Callable | str | None, row_cls: Callable | str | None,
+                           *, world_sizes: tuple[int, ...] = (2, 3, 4), timeout: float = 60.0,
+                           strict: bool = False) -> ExerciseResult:
+    """Exercise 2: ``ColumnParallelLinear(linear, group=None)`` and
+    ``RowParallelLinear(linear, group=None)``, an ``nn.Linear`` split over the ranks.
+
+    For each world size t, a process group of t worker processes; in float64, each builds the
+    same ``nn.Linear(7, 24)`` (column) and ``nn.Linear(24, 7)`` (row), with and without bias,
+    hands a copy to your class and compares with the whole layer in one process, on the same
+    batch (2, 3, features):
+
+    - column: ``self.weight`` is exactly rows ``r*24/t:(r+1)*24/t`` of the weight (a copy, an
+      ``nn.Parameter``), ``self.bias`` that block of the bias (or None); the output is that
+      block of the full output; the input's gradient is the whole one-process gradient (f sums
+      it), the weight and bias gradients the matching blocks;
+    - row: ``self.weight`` is exactly columns ``r*24/t:(r+1)*24/t``, ``self.bias`` the whole
+      bias; given this rank's block of the input features, the output is the full output on
+      every rank (the bias added once), and the gradients are the matching slices;
+    - ``nn.Linear(7, 6t+1)`` (column) and ``nn.Linear(6t+1, 7)`` (row) are refused with
+      ``ValueError``;
+    - with a group of this rank alone both layers are the whole ``nn.Linear``.
+
+    Args:
+        column_cls: your class (importable by worker processes) or
+            ``"my_linears:ColumnParallelLinear"``; None: not answered yet.
+        row_cls: your class or ``"my_linears:RowParallelLinear"``; None: not answered yet.
+        world_sizes: numbers of processes to try (3 matters: many wrong answers pass at 2).
+        timeout: seconds for each world size (a layer that hangs fails, it does not hang).
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    return _check_several(
+        _LINEARS_NAME, (column_cls, row_cls),
+        ("my_linears:ColumnParallelLinear", "my_linears:RowParallelLinear"), _linear_cases,
+        (14,), world_sizes=world_sizes, timeout=timeout, hint=_LINEARS_HINT,
+        hang_hint="Does every rank make the same collectives, with the same group: f (in the "
+                  "column layer) all-reduces in backward only, g (in the row layer) in forward "
+                  "only?",
+        passed=f"shards, outputs and gradients equal one nn.Linear for world sizes "
+               f"{list(world_sizes)}, with and without bias; sizes that do not divide are "
+               f"refused; a group of one rank is honoured.",
+        missing="write both classes to my_linears.py and pass them here.", strict=strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# the Megatron MLP
+# ------------------------------------------------------------------------------------------------
+
+_MLP_NAME = "Megatron MLP"
+_MLP_HINT = ("replace mlp.fc by your ColumnParallelLinear(mlp.fc, group) and mlp.proj by your "
+             "RowParallelLinear(mlp.proj, group), and return mlp: its forward, "
+             "proj(gelu(fc(x))), then needs nothing between the two layers (GELU acts on each "
+             "feature alone), so one all-reduce forward (g, after proj) and one backward (f, "
+             "before fc).")
+#: what counts as communication while the learner's MLP runs
+_COLLECTIVES = ("all_gather", "all_gather_coalesced", "all_gather_into_tensor",
+                "all_gather_object", "all_reduce", "all_reduce_coalesced", "all_to_all",
+                "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast",
+                "broadcast_object_list", "gather", "gather_object", "irecv", "isend", "recv",
+                "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+                "scatter_object_list", "send", "_all_gather_base", "_reduce_scatter_base")
+
+
+def _elements(args: tuple, kwargs: dict) -> int:
+    """The size of a collective's call: its first tensor argument, else its first list's."""
+    values = list(args) + list(kwargs.values())
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v.numel()
+    for v in values:
+        if isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+            return sum(t.numel() for t in v)
+    return 0
+
+
+@contextlib.contextmanager
+def _counting(calls: list[tuple[str, int]]) -> Iterator[None]:
+    """Note ``(name, elements)`` of every collective called inside: ``torch.distributed``'s
+    functions are replaced for the duration, there and wherever a module outside torch imported
+    them by name (``from torch.distributed import all_reduce``); restored in ``finally``. A
+    collective called inside another (all_gather_object's all_gather) counts once."""
+    from torch.distributed import distributed_c10d as c10d
+
+    originals = {n: getattr(c10d, n) for n in _COLLECTIVES if callable(getattr(c10d, n, None))}
+    names = {id(fn): n for n, fn in originals.items()}
+    depth = [0]
+
+    def counted(name: str, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if depth[0] == 0:
+                calls.append((name, _elements(args, kwargs)))
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return call
+
+    stand_ins = {n: counted(n, fn) for n, fn in originals.items()}
+    replaced: list[tuple[dict, str, Callable]] = []
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", None)
+        if not isinstance(name, str) or (name.startswith("torch") and module not in (dist, c10d)):
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        for key, value in list(namespace.items()):
+            n = names.get(id(value))
+            if n is not None and value is originals[n]:
+                replaced.append((namespace, key, value))
+    try:
+        for namespace, key, value in replaced:
+            namespace[key] = stand_ins[names[id(value)]]
+        yield
+    finally:
+        for namespace, key, value in replaced:
+            namespace[key] = value
+
+
+def _said(calls: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{n} of {k} elements" for n, k in calls) or "none"
+
+
+def _mlp_case(fn: Callable, bias: bool, where: str) -> Iterator[str | None]:
+    """The learner's parallel MLP against the MLP in one process (yields what is wrong, or
+    None, at each step: ``_in_step``)."""
+    t, r = dist.get_world_size(), dist.get_rank()
+    C = 12 if 48 % t == 0 else 3 * t            # 4C divisible by t
+    hidden = 4 * C
+    per = hidden // t
+    where = f"{where}, MLP(GPTConfig(n_embd={C}{'' if bias else ', bias=False'}))"
+    ref = MLP(GPTConfig(n_embd=C, n_head=1, bias=bias)).to(_DTYPE)
+    mlp = _call(f"{where}: parallel_mlp", fn, copy.deepcopy(ref))
+    if not isinstance(mlp, nn.Module):
+        yield (f"{where}: parallel_mlp returned {type(mlp).__name__}, expected a module (the "
+               "MLP changed in place, or a new one) whose forward is proj(gelu(fc(x))).")
+    fc, proj = getattr(mlp, "fc", None), getattr(mlp, "proj", None)
+    if not isinstance(fc, nn.Module) or not isinstance(proj, nn.Module):
+        yield (f"{where}: expected the module returned to have .fc (column-parallel) and "
+               f".proj (row-parallel), found {type(fc).__name__} and {type(proj).__name__}.")
+    rows = [(slice(k * per, (k + 1) * per),) for k in range(t)]
+    cols = [(slice(None), slice(k * per, (k + 1) * per)) for k in range(t)]
+    span = f"{r * per}:{(r + 1) * per}"
+    problem = (
+        _shard_problem(fc, "weight", ref.fc.weight, rows[r], rows,
+                       f"rows {span} of fc's weight {tuple(ref.fc.weight.shape)}",
+                       f"{where}, fc")
+        or _shard_problem(fc, "bias", ref.fc.bias, rows[r], rows, f"elements {span} of fc's "
+                          "bias", f"{where}, fc")
+        or _shard_problem(proj, "weight", ref.proj.weight, cols[r], cols,
+                          f"columns {span} of proj's weight {tuple(ref.proj.weight.shape)}",
+                          f"{where}, proj")
+        or _shard_problem(proj, "bias", ref.proj.bias, (slice(None),), [(slice(None),)],
+                          "proj's whole bias", f"{where}, proj")
+        or _params_problem(mlp, 2 * per * C + ((per + C) if bias else 0), where))
+    yield problem
+    gen = torch.Generator().manual_seed(5)
+    X = torch.randn(_B, _T, C, generator=gen, dtype=_DTYPE)
+    U = torch.randn(_B, _T, C, generator=gen, dtype=_DTYPE)
+    X_ref = X.clone().requires_grad_()
+    Y = ref(X_ref)
+    Y.backward(U)
+    X = X.requires_grad_()
+    forward, backward = [], []
+    with _counting(forward):
+        y = _call(f"{where}: forward", mlp, X)
+    if not _close(y, Y.detach()):
+        yield (f"{where}: the output is "
+               f"{_short(y) if isinstance(y, torch.Tensor) else type(y).__name__}, expected "
+               f"the one-process MLP's {_short(Y)} on every rank.")
+    yield None
+    with _counting(backward):
+        _call(f"{where}: backward", y.backward, U.clone())
+    problem = (
+        _grad_problem(X.grad, X_ref.grad, "the input's gradient", where, t)
+        or _grad_problem(fc.weight.grad, ref.fc.weight.grad[rows[r]], "fc.weight.grad",
+                         where, t)
+        or _grad_problem(proj.weight.grad, ref.proj.weight.grad[cols[r]], "proj.weight.grad",
+                         where, t))
+    if bias:
+        problem = problem or \
+            _grad_problem(fc.bias.grad, ref.fc.bias.grad[rows[r]], "fc.bias.grad", where, t) \
+            or _grad_problem(proj.bias.grad, ref.proj.bias.grad, "proj.bias.grad", where, t)
+    yield problem
+    one = [("all_reduce", _B * _T * C)]
+    if forward == one and backward == one:
+        return
+    made = (f"{where}: one call of your MLP made {_said(forward)} in forward and "
+            f"{_said(backward)} in backward")
+    megatron = (f"exactly one all-reduce of B*T*C = {_B * _T * C} elements in forward (g, after "
+                f"proj) and one in backward (f, before fc)")
+    if len(forward) + len(backward) > 2:
+        why = ""
+        if any("gather" in n for n, _ in forward + backward):
+            why = (" Gathering fc's output (gather_output) is not needed: GELU acts on each "
+                   "feature alone, and proj, row-parallel, takes this rank's block of them.")
+        yield (f"{made}. That communicates more than Megatron's MLP, which makes {megatron}, "
+               f"nothing else.{why}")
+        return
+    yield (f"{made}; Megatron's MLP makes {megatron}. (Collectives are counted through "
+           f"torch.distributed: call them as dist.all_reduce.)")
+
+
+def _mlp_cases(spec, seed: int) -> str | None:
+    """In every rank: the learner's parallel MLP with and without biases."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    fn, error = load_answer(spec)
+    if error:
+        return error
+    for bias in (True, False):
+        torch.manual_seed(seed)                   # the same MLP on every rank
+        try:
+            failure = _in_step(_mlp_case(fn, bias, f"world_size={world}, rank {rank}"))
+        except _Stop as e:
+            return str(e)
+        if failure is not None:
+            return failure
+    return None
+
+
+def check_megatron_mlp(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3, 4),
+                       timeout: float = 60.0, strict: bool = False) -> ExerciseResult:
+    """Exercise 3: ``fn(mlp, group=None)``, a GPT MLP split the Megatron way.
+
+    For each world size t, a process group of t worker processes; each builds the same
+    ``course_lib.models.gpt.MLP(GPTConfig(n_embd=12))`` in float64 (with and without biases),
+    passes a copy to your function and compares the module it returns with the MLP in one
+    process on the same batch (2, 3, 12): ``.fc`` holds rows ``r*48/t:(r+1)*48/t`` of fc's weight
+    and bias, ``.proj`` those columns of proj's weight and its whole bias; the output, the
+    input's gradient and the weight-gradient shards equal the one-process ones. And it counts
+    the collectives of one call: exactly one all-reduce of B*T*C = 72 elements in forward and
+    one in backward, nothing else.
+
+    Args:
+        fn: your function (importable by worker processes) or ``"my_mlp:parallel_mlp"``; None:
+            not answered yet.
+        world_sizes: numbers of processes to try.
+        timeout: seconds for each world size (an MLP that hangs fails, it does not hang).
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    if fn is None:
+        return verdict(_MLP_NAME, None, "write parallel_mlp to my_mlp.py and pass it here.",
+                       strict)
+    return check_in_ranks(
+        _MLP_NAME, fn, "my_mlp:parallel_mlp", _mlp_cases, (14,), world_sizes=world_sizes,
+        timeout=timeout, hint=_MLP_HINT,
+        hang_hint="Does every rank make the same collectives, with the same group?",
+        passed=f"output and gradients equal the one-process MLP for world sizes "
+               f"{list(world_sizes)}, with one all-reduce forward and one backward.",
+        strict=strict)
