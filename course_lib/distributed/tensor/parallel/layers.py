@@ -42,6 +42,7 @@ from .mappings import (
 from .sequence import (
     linear_with_sequence_parallel_input,
     reduce_scatter_to_sequence_parallel_region,
+    row_parallel_output_along_sequence,
 )
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"]
@@ -162,14 +163,10 @@ class RowParallelLinear(nn.Module):
                     "(a ColumnParallelLinear's output); for the full input pass "
                     "input_is_parallel=False.")
         y = F.linear(x, self.weight)                            # (..., out): a partial sum
-        if self.sequence_parallel:                              # (B, T/t, out): my positions
-            y = reduce_scatter_to_sequence_parallel_region(y, self.group)
-            bias = None if self.bias is None else \
-                copy_to_tensor_model_parallel_region(self.bias, self.group)   # grad summed
-        else:
-            y = reduce_from_tensor_model_parallel_region(y, self.group)   # (..., out): the sum
-            bias = self.bias
-        return y if bias is None else y + bias
+        if self.sequence_parallel:                    # sequence.py: (B, T/t, out), my positions
+            return row_parallel_output_along_sequence(y, self.bias, self.group)
+        y = reduce_from_tensor_model_parallel_region(y, self.group)   # (..., out): the sum
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} ({self.in_features_per_partition} on rank "

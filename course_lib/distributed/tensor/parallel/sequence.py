@@ -39,6 +39,7 @@ __all__ = [
     "gather_from_sequence_parallel_region",
     "linear_with_sequence_parallel_input",
     "reduce_scatter_to_sequence_parallel_region",
+    "row_parallel_output_along_sequence",
     "scatter_to_sequence_parallel_region",
 ]
 
@@ -161,6 +162,18 @@ def linear_with_sequence_parallel_input(x: torch.Tensor, weight: torch.Tensor,
     if _world(group) == 1:
         return F.linear(x, weight, bias)
     return _LinearWithSequenceParallelInput.apply(x, weight, bias, group)
+
+
+def row_parallel_output_along_sequence(partial: torch.Tensor, bias: torch.Tensor | None,
+                                       group=None) -> torch.Tensor:
+    """A row-parallel layer's partial sums ``(B, T, out)`` leaving the tensor-parallel region
+    along the sequence: reduce-scattered (g-bar) to this rank's positions ``(B, T/t, out)``, the
+    whole bias added there. Every rank adds the bias to different positions, so its gradient is
+    summed over the group (f on the bias)."""
+    y = reduce_scatter_to_sequence_parallel_region(partial, group)
+    if bias is None:
+        return y
+    return y + copy_to_tensor_model_parallel_region(bias, group)
 
 
 class SequenceParallelLayerNorm(nn.LayerNorm):
