@@ -1,9 +1,10 @@
-"""Are every rank's tensors alike? One check shared by DDP and ZeroRedundancyOptimizer.
+"""Are every rank's tensors alike? One check shared by DDP, FSDP and ZeroRedundancyOptimizer.
 
 torch's DDP calls ``_verify_param_shape_across_processes`` at construction: a model that differs
 on one rank (a layer less, another width) would otherwise pair the wrong tensors in every
 collective, or hang. ``course_lib.parallel.DistributedDataParallel`` and
-``course_lib.distributed.optim.ZeroRedundancyOptimizer`` both call ``verify_same_tensors``.
+``course_lib.distributed.FullyShardedDataParallel`` call ``verify_same_model``,
+``course_lib.distributed.optim.ZeroRedundancyOptimizer`` calls ``verify_same_tensors``.
 """
 from __future__ import annotations
 
@@ -62,6 +63,21 @@ def verify_same_tensors(states: list[tuple[str, str, torch.Tensor]],
         f"{owner} expects {expects} on every rank, but the ranks' {noun} "
         f"differ at position {i}: {theirs[0]}, {theirs[1]} (tensors per rank: {counts}). "
         f"{advice}")
+
+
+def verify_same_model(module: torch.nn.Module, group: dist.ProcessGroup | None, *, owner: str,
+                      buffers: bool = True) -> None:
+    """``verify_same_tensors`` over ``module``'s parameters (and buffers, unless ``buffers`` is
+    False): the check a wrapper runs before its first collective on the model."""
+    states = [("parameter", repr(name), p) for name, p in module.named_parameters()]
+    if buffers:
+        states += [("buffer", repr(name), b) for name, b in module.named_buffers()]
+    verify_same_tensors(
+        states, group, owner=owner, expects="the same model",
+        noun="parameters and buffers" if any(kind == "buffer" for kind, *_ in states)
+        else "parameters",
+        advice="Build the model the same way on every rank (same class, same arguments, same "
+               "frozen parameters), then wrap it.")
 
 
 def _first_difference(described: list[list[list]]) -> tuple[int, int] | None:

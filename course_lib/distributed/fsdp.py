@@ -26,18 +26,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
-from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ._fsdp_state import (
-    ShardedPlaceholder,
-    accumulated_variables,
-    check_norm_type,
-    check_state_dict,
-    grad_norm,
-    reached_nodes,
-)
-from ._same_tensors import communication_device, verify_same_tensors
+from ._fsdp_state import Join, ShardedCheckpoints, ShardedPlaceholder, cast_hooks, check_arguments
+from ._same_tensors import verify_same_model
 from .compat import all_gather_into_tensor, reduce_scatter_tensor
 
 __all__ = ["FullyShardedDataParallel", "default_policy", "shard_bounds"]
@@ -55,20 +47,6 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
     in the vector padded with zeros to ``ceil(numel / world_size) * world_size`` elements."""
     size = -(-numel // world_size)  # ceil: every rank's slice has the same size
     return rank * size, (rank + 1) * size
-
-
-# ------------------------------------------------------------------------------------------------
-# collectives: the backend's own where it has them (decided alike on every rank), see compat
-# ------------------------------------------------------------------------------------------------
-
-def _all_gather(full: torch.Tensor, shard: torch.Tensor, group) -> None:
-    """``full`` (world * S,) <- every rank's ``shard`` (S,), in rank order."""
-    all_gather_into_tensor(full, shard, group=group)
-
-
-def _reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group) -> None:
-    """``shard`` (S,) <- the sum over ranks of this rank's slice of ``full`` (world * S,)."""
-    reduce_scatter_tensor(shard, full, group=group)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -112,7 +90,7 @@ class _Unshard(torch.autograd.Function):
         handle.gather_into(full)                             # (padded,)
         gather.full, gather.filled = full, True
         ctx.gather = gather
-        ctx.set_materialize_grads(False)  # None: no rank used this call (see _Join)
+        ctx.set_materialize_grads(False)  # None: no rank used this call (see Join)
         return full
 
     @staticmethod
@@ -161,7 +139,7 @@ class FlatShard:
 
     def gather_into(self, full: torch.Tensor) -> None:
         """``full`` (padded,) <- every rank's slice, cast to the compute dtype."""
-        _all_gather(full, self.shard.detach().to(self.compute_dtype), self.group)
+        all_gather_into_tensor(full, self.shard.detach().to(self.compute_dtype), group=self.group)
 
     def reduce_grad(self, grad_full: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the average over ranks of ``grad_full``, in the master dtype.
@@ -172,7 +150,7 @@ class FlatShard:
         """
         out = torch.empty(self.padded // self.world, dtype=grad_full.dtype,
                           device=grad_full.device)
-        _reduce_scatter(out, grad_full.contiguous(), self.group)
+        reduce_scatter_tensor(out, grad_full.contiguous(), group=self.group)
         return out.to(self.dtype).div_(self.world)
 
     def accumulate(self, grad_full: torch.Tensor) -> None:
@@ -190,10 +168,12 @@ class FlatShard:
     def unshard(self, gather: _Gather) -> None:
         """Gather the full vector and set each module's attribute to its view of it."""
         full = _Unshard.apply(self.shard, gather)            # (padded,)
-        sizes = [numel for *_, numel in self.entries]
-        pieces = full.split(sizes + [self.padded - self.numel])
-        for (module, name, shape, _), piece in zip(self.entries, pieces):
+        for (module, name, shape, _), piece in zip(self.entries, self.pieces(full)):
             setattr(module, name, piece.view(shape))
+
+    def pieces(self, full: torch.Tensor) -> list[torch.Tensor]:
+        """``full`` (padded,) cut into each parameter's flat piece (then the padding)."""
+        return full.split([numel for *_, numel in self.entries] + [self.padded - self.numel])
 
     def placeholders(self) -> None:
         """Between uses, each attribute is a tensor on the meta device: shape, no memory; any
@@ -201,53 +181,16 @@ class FlatShard:
         for (module, name, shape, _), full_name in zip(self.entries, self.names):
             setattr(module, name, ShardedPlaceholder.make(shape, self.dtype, full_name))
 
-    def full_tensors(self) -> list[torch.Tensor]:
-        """Collective: every parameter of this shard, whole, in the master dtype."""
-        full = torch.empty(self.padded, dtype=self.dtype, device=self.shard.device)
-        _all_gather(full, self.shard.detach(), self.group)
-        sizes = [numel for *_, numel in self.entries]
-        pieces = full.split(sizes + [self.padded - self.numel])
-        return [piece.view(shape).clone() for (*_, shape, _), piece in zip(self.entries, pieces)]
-
-    @torch.no_grad()
-    def load(self, tensors: list[torch.Tensor]) -> None:
-        """This rank's slice <- ``tensors`` (each parameter whole, in ``entries`` order)."""
-        flat = torch.zeros(self.padded, dtype=self.dtype, device=self.shard.device)
-        torch.cat([t.detach().reshape(-1).to(flat) for t in tensors], out=flat[:self.numel])
-        self.shard.copy_(flat[self.start:self.start + self.shard.numel()])
-
 
 def _global(group, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
-
-
-class _Join(torch.autograd.Function):
-    """Identity on the model's outputs. In backward it runs first, on every rank: there the
-    ranks agree which unit calls the loss used on any rank (one all-reduce of flags), and feed
-    zeros to those this rank did not use, so every rank runs the same reduce-scatters in the
-    same order (a rank that skipped one would pair its next collective with another's)."""
-
-    @staticmethod
-    def forward(ctx, fsdp, gathers: list[_Gather], n: int, *tensors: torch.Tensor):
-        ctx.set_materialize_grads(False)  # None for an output the loss did not use
-        ctx.fsdp, ctx.gathers, ctx.n, ctx.sync = fsdp, gathers, n, fsdp._forward_sync
-        ctx.counts = [len(g.outputs) for g in gathers]
-        ctx.like = [(t.shape, t.dtype, t.device) for t in tensors[n:]]
-        return tuple(t.clone() for t in tensors[:n])
-
-    @staticmethod
-    def backward(ctx, *grads):
-        fsdp = ctx.fsdp
-        fsdp._queue_finish()
-        zeros = fsdp._agree_on_use(ctx, grads) if ctx.sync else [None] * len(ctx.like)
-        return (None, None, None, *grads, *zeros)
 
 
 # ------------------------------------------------------------------------------------------------
 # the wrapper
 # ------------------------------------------------------------------------------------------------
 
-class FullyShardedDataParallel(nn.Module):
+class FullyShardedDataParallel(ShardedCheckpoints, nn.Module):
     """Shard ``module``'s units over the ranks; train it like DDP: forward, backward, step.
 
     ``fsdp.parameters()`` are what the optimizer updates: for each unit its flat slices
@@ -255,7 +198,8 @@ class FullyShardedDataParallel(nn.Module):
     the replicated parameters (outside every unit, or shared by several modules). When
     ``backward()`` returns, every one that requires grad has its ``.grad`` (float32 master dtype,
     its own shape), the average over ranks, as in DDP; no extra call. ``full_state_dict()``
-    gives the whole model with ``module``'s own names.
+    gives the whole model with ``module``'s own names (checkpoints and ``clip_grad_norm_``:
+    ``_fsdp_state.ShardedCheckpoints``).
 
     Equivalence with one process on the whole batch, when each rank's loss is the mean over its
     equal slice: gradients are summed over ranks in the collective, then divided once by the
@@ -278,19 +222,14 @@ class FullyShardedDataParallel(nn.Module):
                  policy: Callable[[nn.Module], bool] | None = None,
                  process_group: dist.ProcessGroup | None = None):
         super().__init__()
-        _check_arguments(module, compute_dtype, policy)
+        check_arguments(module, compute_dtype, policy)
         self.module = module
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.compute_dtype = compute_dtype
         policy = policy or default_policy
-        verify_same_tensors(  # before any other collective: a different model pairs them wrong
-            [("parameter", repr(n), p) for n, p in module.named_parameters()]
-            + [("buffer", repr(n), b) for n, b in module.named_buffers()], process_group,
-            owner="FullyShardedDataParallel", expects="the same model",
-            noun="parameters and buffers",
-            advice="Build the model the same way on every rank (same class, same arguments, "
-                   "same frozen parameters), then wrap it.")
+        # before any other collective: a different model would pair them wrong
+        verify_same_model(module, process_group, owner="FullyShardedDataParallel")
         self._full_shapes = {n: t.shape for n, t in module.state_dict(keep_vars=True).items()}
         self._state_names = list(self._full_shapes)
         self._param_names: dict[int, list[str]] = {}
@@ -320,7 +259,7 @@ class FullyShardedDataParallel(nn.Module):
         self._gathers: list[_Gather] = []
         self._finish_queued = False
         self._sync = self._forward_sync = True  # False inside no_sync()
-        self._plan: dict | None = None          # what _finish_backward reduces (_agree_on_use)
+        self._plan: dict | None = None          # what _finish_backward reduces (agree_on_use)
         self._pending_replicated: set[int] = set()  # ids of grads no_sync() left unreduced
 
     # ---- which parameters are sharded where ---------------------------------------------------
@@ -360,9 +299,7 @@ class FullyShardedDataParallel(nn.Module):
                     seen.add(id(p))
                     replicated.append(p)
             if names and self.compute_dtype is not None:
-                self._hooks.append(m.register_forward_pre_hook(self._cast_pre(names)))
-                self._hooks.append(m.register_forward_hook(self._cast_post(names),
-                                                           always_call=True))
+                self._hooks += cast_hooks(m, names, self.compute_dtype)
         with torch.no_grad():
             for t in replicated + [b for b in module.buffers()]:
                 dist.broadcast(t, src=_global(self.process_group, 0), group=self.process_group)
@@ -406,22 +343,6 @@ class FullyShardedDataParallel(nn.Module):
                 g.refill()
         return hook
 
-    def _cast_pre(self, names: list[str]):
-        def hook(m: nn.Module, args) -> None:
-            for name in names:
-                p = m._parameters.pop(name)
-                m.__dict__[f"_fsdp_master_{name}"] = p
-                m.__dict__[name] = p.to(self.compute_dtype)  # differentiable: grad in p's dtype
-        return hook
-
-    def _cast_post(self, names: list[str]):
-        def hook(m: nn.Module, args, output) -> None:
-            for name in names:
-                if f"_fsdp_master_{name}" in m.__dict__:
-                    m.__dict__.pop(name, None)
-                    m._parameters[name] = m.__dict__.pop(f"_fsdp_master_{name}")
-        return hook
-
     # ---- forward and the end of backward -----------------------------------------------------
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -435,15 +356,15 @@ class FullyShardedDataParallel(nn.Module):
         output = self.module(*args, **kwargs)
         flat, spec = tree_flatten(output)
         slots = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if slots:  # backward starts at _Join on every rank (see there)
+        if slots:  # backward starts at Join on every rank (see _fsdp_state)
             gathers = list(self._gathers)
-            joined = _Join.apply(self, gathers, len(slots), *(flat[i] for i in slots),
-                                 *(t for g in gathers for t in g.outputs))
+            joined = Join.apply(self, gathers, len(slots), *(flat[i] for i in slots),
+                                *(t for g in gathers for t in g.outputs))
             for i, t in zip(slots, joined):
                 flat[i] = t
             output = tree_unflatten(flat, spec)
         for g in self._gathers:
-            g.outputs = []  # _Join has what it needs: keep no activation alive
+            g.outputs = []  # Join has what it needs: keep no activation alive
         return output
 
     @contextmanager
@@ -464,44 +385,6 @@ class FullyShardedDataParallel(nn.Module):
         if not self._finish_queued:
             self._finish_queued = True
             Variable._execution_engine.queue_callback(self._finish_backward)
-
-    def _agree_on_use(self, ctx, grads) -> list[torch.Tensor | None]:
-        """Start of backward (in _Join), every rank: which unit calls does any rank's loss
-        use, which kept gradients (no_sync) wait? One all-reduce of flags. Returns zeros for
-        the outputs of each unit call used anywhere (so every rank runs its backward, its
-        reduce-scatter, in the same order: the engine runs nodes by creation order), None
-        for the others (no rank reduces them: their ``.grad`` stays None, as torch's)."""
-        n = ctx.n
-        nodes = [node for node, _ in ctx.next_functions]  # the n outputs, then units' outputs
-        reached = reached_nodes(node for node, g in zip(nodes[:n], grads) if g is not None)
-        called = {id(node.gather) for node in reached
-                  if isinstance(getattr(node, "gather", None), _Gather)}
-        used, start = [], n
-        for g, count in zip(ctx.gathers, ctx.counts):
-            used.append(id(g) in called or any(o in reached for o in nodes[start:start + count]))
-            start += count
-        variables = accumulated_variables(reached)
-        replicated = [p for p in self._replicated_params if p.requires_grad]
-        flags = torch.tensor(used + [h.pending is not None for h in self.handles]
-                             + [id(p) in variables or id(p) in self._pending_replicated
-                                for p in replicated], dtype=torch.int32,
-                             device=communication_device(self.process_group, self._device))
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
-        flags = flags.tolist()
-        used = flags[:len(used)]
-        pending = flags[len(used):len(used) + len(self.handles)]
-        called_handles = {id(g.handle) for g, u in zip(ctx.gathers, used) if u}
-        self._plan = {"handles": [h for h, p in zip(self.handles, pending)
-                                  if p and id(h) not in called_handles],
-                      "replicated": [p for p, f in zip(replicated,
-                                                       flags[len(used) + len(self.handles):])
-                                     if f]}
-        zeros, start = [], 0
-        for u, count in zip(used, ctx.counts):
-            zeros += [torch.zeros(shape, dtype=dtype, device=device) if u else None
-                      for shape, dtype, device in ctx.like[start:start + count]]
-            start += count
-        return zeros
 
     def _finish_backward(self) -> None:
         """End of backward: reduce what waited (kept by no_sync, units no call of which ran),
@@ -535,96 +418,8 @@ class FullyShardedDataParallel(nn.Module):
             flat = torch.cat([g.reshape(-1).to(dtype) for g in grads])  # (sum of numel,)
             dist.all_reduce(flat, group=self.process_group)              # the sum
             flat = flat.to(grads[0].dtype).div_(self.world_size)         # then the average
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-
-    # ---- gradient clipping ---------------------------------------------------------------------
-
-    @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Collective: scale every gradient so that the norm of them all, as one vector, is at
-        most ``max_norm``; return that norm before clipping (a tensor, the same on every rank),
-        as torch's ``FullyShardedDataParallel.clip_grad_norm_``. Use it instead of
-        ``torch.nn.utils.clip_grad_norm_(fsdp.parameters(), ...)``, which sees only this
-        rank's slices (each rank would clip by its own factor). Sharded gradients count once
-        over all ranks (their ``norm ** p`` summed, padding left out), replicated ones once."""
-        norm_type = check_norm_type(max_norm, norm_type)
-        sharded = [h.shard.grad for h in self.handles if h.shard.grad is not None]
-        replicated = [p.grad for p in self._replicated_params if p.grad is not None]
-        valid = [h.shard.grad[:h.valid] for h in self.handles if h.shard.grad is not None]
-        total = grad_norm(valid, replicated, norm_type, self.process_group,
-                          communication_device(self.process_group, self._device))
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # as torch: no branch, no sync
-        for g in sharded + replicated:
-            g.mul_(coef.to(g.device, g.dtype))
-        return total
-
-    # ---- checkpoints -------------------------------------------------------------------------
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Collective (every rank calls it): the whole model, as ``module.state_dict()`` was
-        before sharding: its own names (no prefix), full tensors, on every rank."""
-        values: dict[str, torch.Tensor] = {}
-        for h in self.handles:
-            for name, t in zip(h.names, h.full_tensors()):
-                values[name] = t
-        for p in self._replicated_params:
-            for name in self._param_names[id(p)]:
-                values[name] = p.detach().clone()
-        buffers = dict(self.module.named_buffers(remove_duplicate=False))
-        out = {}
-        for name in self._state_names:
-            if name in values:
-                out[name] = values[name]
-            elif name in buffers:
-                out[name] = buffers[name].detach().clone()
-        return out
-
-    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
-        """Collective: ``full_state_dict()`` (the module's own names, full tensors), as torch's
-        FSDP1 with ``StateDictType.FULL_STATE_DICT``; ``prefix`` added to each name (a parent
-        module's state_dict passes its own). ``keep_vars`` is accepted and ignored: the
-        values are fresh tensors."""
-        if args:
-            raise TypeError("FullyShardedDataParallel.state_dict takes keyword arguments only "
-                            "(destination=, prefix=, keep_vars=).")
-        out = destination if destination is not None else {}
-        for name, t in self.full_state_dict().items():
-            out[prefix + name] = t
-        return out
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """``load_full_state_dict``: takes what ``state_dict()`` gives."""
-        if assign:
-            raise ValueError("FullyShardedDataParallel.load_state_dict: assign=True is not "
-                             "supported (the parameters are flat shards); use assign=False.")
-        return self.load_full_state_dict(state_dict, strict=strict)
-
-    @torch.no_grad()
-    def load_full_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):
-        """The inverse of ``full_state_dict()``: every rank passes the same whole model (the
-        module's own names, full tensors, saved at any world size) and keeps its slices.
-        Returns ``(missing_keys, unexpected_keys)`` as ``nn.Module.load_state_dict``; with
-        ``strict`` (default) either raises. Collective only when ``strict=False`` leaves a
-        unit partly loaded (its other parameters are gathered to fill the slice)."""
-        missing, unexpected = check_state_dict(state_dict, self._state_names,
-                                               self._full_shapes, strict)
-        for h in self.handles:
-            if all(n in state_dict for n in h.names):
-                h.load([state_dict[n] for n in h.names])
-            elif any(n in state_dict for n in h.names):
-                h.load([state_dict.get(n, t) for n, t in zip(h.names, h.full_tensors())])
-        for p in self._replicated_params:
-            for name in self._param_names[id(p)]:
-                if name in state_dict:
-                    p.copy_(state_dict[name])
-                    break
-        for name, b in self.module.named_buffers(remove_duplicate=False):
-            if name in state_dict and b is not None:
-                b.copy_(state_dict[name])
-        return _IncompatibleKeys(missing, unexpected)
+            for g, average in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(average.view_as(g))
 
 
 def _split(entries: list[tuple]) -> dict[tuple, list[tuple]]:
@@ -634,23 +429,3 @@ def _split(entries: list[tuple]) -> dict[tuple, list[tuple]]:
         p = entry[-1]
         groups.setdefault((p.requires_grad, p.dtype), []).append(entry)
     return groups
-
-
-def _check_arguments(module, compute_dtype, policy) -> None:
-    if not dist.is_initialized():
-        raise RuntimeError("FullyShardedDataParallel shards over the ranks of a process group: "
-                           "call dist.init_process_group first (or run under "
-                           "course_lib.distributed.launch / torchrun).")
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"FullyShardedDataParallel expects an nn.Module, got "
-                        f"{type(module).__name__}.")
-    if compute_dtype is not None and not (isinstance(compute_dtype, torch.dtype)
-                                          and compute_dtype.is_floating_point):
-        raise ValueError(f"compute_dtype must be a floating dtype such as torch.bfloat16 or "
-                         f"torch.float16 (or None), got {compute_dtype!r}.")
-    if policy is not None and not callable(policy):
-        raise TypeError(f"policy must be a function submodule -> bool, got {policy!r}.")
-    for name, p in module.named_parameters():
-        if not p.is_floating_point():
-            raise TypeError(f"FullyShardedDataParallel: parameter {name} has dtype {p.dtype}; "
-                            "only floating-point parameters can be trained and sharded.")

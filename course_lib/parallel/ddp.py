@@ -18,15 +18,10 @@ Every strategy moves gradients in ``Bucket`` s (in the first two each parameter 
 one) and hands each bucket to a communication hook ``hook(state, bucket) -> Future[Tensor]``
 (default ``allreduce_hook``: the average), so torch's hooks and ours work with all three.
 
-As torch's DDP, the buckets are built twice: at construction in reverse registration order (for
-``"bucketed"`` one bucket for everything, unless ``find_unused_parameters=True``), then, at the
-end of the first synchronised backward, in the order the gradients actually arrived (rank 0's),
-the first bucket small (1 MiB with the default ``bucket_cap_mb``) so that communication starts
-early, whatever order the model registered its layers in. Unlike torch, ``"bucketed"``'s first
-step waits for the rebuilt buckets before sending anything (torch sends it in the one initial
-bucket, which cannot start before the last gradient either): so every step adds each gradient
-element in the same layout, and a run resumed from a checkpoint is bitwise equal to one never
-stopped, also at three ranks and more.
+As torch's DDP, the buckets are rebuilt once, in the order the first backward produced the
+gradients (``_ddp_buckets``, with the parameters no rank used and torch's ``GradBucket``
+methods). The argument checks and error texts are in ``_ddp_checks``, ``bytes_on_wire`` and
+``gradient_memory_bytes`` in ``_ddp_accounting``.
 """
 from __future__ import annotations
 
@@ -42,22 +37,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
+from torch.utils._pytree import tree_leaves, tree_map
 
-from ..distributed._same_tensors import communication_device, verify_same_tensors
+from ..distributed._same_tensors import verify_same_model
+from . import _ddp_checks as checks
+from ._ddp_accounting import bytes_on_wire, gradient_memory_bytes
+from ._ddp_buckets import GradBucketInterface, Rebuild
 
-__all__ = [
-    "STRATEGIES",
-    "Bucket",
-    "BucketedStrategy",
-    "DistributedDataParallel",
-    "NaiveStrategy",
-    "OverlapStrategy",
-    "allreduce_hook",
-    "assign_buckets",
-    "bf16_compress_hook",
-    "bytes_on_wire",
-    "gradient_memory_bytes",
-]
+__all__ = ["STRATEGIES", "Bucket", "BucketedStrategy", "DistributedDataParallel",
+           "NaiveStrategy", "OverlapStrategy", "allreduce_hook", "assign_buckets",
+           "bf16_compress_hook", "bytes_on_wire", "gradient_memory_bytes"]
 
 MB = 1024 * 1024  # torch's DDP counts bucket_cap_mb in MiB too
 DEFAULT_BUCKET_CAP_MB = 25  # torch's default
@@ -75,13 +64,8 @@ def allreduce_hook(process_group: dist.ProcessGroup | None,
     """Average a bucket over the ranks: divide by the world size, all-reduce (sum), asynchronously.
 
     DDP's default. Dividing before summing keeps the sum in range (it matters in float16).
-
-    Args:
-        process_group: the group to average over (None: the default group).
-        bucket: a ``Bucket`` (or torch's ``GradBucket``); its ``buffer()`` is averaged in place.
-
-    Returns:
-        A future whose value is the averaged buffer.
+    ``process_group``: the group (None: the default one); ``bucket``: a ``Bucket`` (or torch's
+    ``GradBucket``) whose ``buffer()`` is averaged in place. Returns a future of that buffer.
     """
     buffer = bucket.buffer()                                 # (n,) the bucket's gradients, flat
     buffer.div_(dist.get_world_size(process_group))
@@ -97,14 +81,7 @@ def bf16_compress_hook(process_group: dist.ProcessGroup | None,
     significant digits. PyTorch counterpart:
     ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook`` (which
     divides before the all-reduce, in bfloat16; here the division happens after, in the
-    buffer's own precision).
-
-    Args:
-        process_group: the group to average over (None: the default group).
-        bucket: a ``Bucket`` (or torch's ``GradBucket``); its ``buffer()`` receives the average.
-
-    Returns:
-        A future whose value is the averaged buffer.
+    buffer's own precision). Arguments and result as ``allreduce_hook``'s.
     """
     buffer = bucket.buffer()                                 # (n,) float32, say
     compressed = buffer.to(torch.bfloat16)                   # (n,) bfloat16: 2 bytes a value
@@ -118,48 +95,6 @@ def bf16_compress_hook(process_group: dist.ProcessGroup | None,
     return work.get_future().then(decompress)
 
 
-def bytes_on_wire(ddp: DistributedDataParallel, dtype: torch.dtype | None = None) -> int:
-    """Bytes each rank sends per synchronised step, counted as a ring all-reduce sends them.
-
-    A ring all-reduce of N bytes over p ranks sends 2 (p - 1) / p * N bytes from every rank
-    (reduce-scatter, then all-gather): this sums that over the buckets. Compare the default
-    with ``dtype=torch.bfloat16`` to see what ``bf16_compress_hook`` saves.
-
-    Args:
-        ddp: a ``DistributedDataParallel`` (its buckets say how much is sent).
-        dtype: the type the hook sends; default each bucket's own (the gradients' dtype).
-
-    Returns:
-        Bytes sent by one rank in one step.
-    """
-    p = dist.get_world_size(ddp.process_group)
-    payload = sum(b.buffer().numel() * (dtype or b.buffer().dtype).itemsize
-                  for b in ddp.reducer.buckets)
-    return 2 * (p - 1) * payload // p
-
-
-def gradient_memory_bytes(ddp: DistributedDataParallel) -> int:
-    """Bytes of memory holding gradients: the bucket buffers plus every ``.grad`` stored elsewhere.
-
-    Storage shared by several tensors counts once. Without ``gradient_as_bucket_view`` each
-    gradient exists twice (its ``.grad`` and its slot in a bucket); with it, ``.grad`` is a view
-    of the bucket buffer and only the buffers count.
-
-    Args:
-        ddp: a ``DistributedDataParallel`` after a backward pass (before it, ``.grad`` is None).
-
-    Returns:
-        Bytes, on this rank.
-    """
-    storages: dict[tuple, int] = {}  # (device, address) -> bytes
-    tensors = [b.buffer() for b in ddp.reducer.buckets]
-    tensors += [p.grad for p in ddp.module.parameters() if p.grad is not None]
-    for t in tensors:
-        storage = t.untyped_storage()
-        storages[(t.device, storage.data_ptr())] = storage.nbytes()
-    return sum(storages.values())
-
-
 # ------------------------------------------------------------------------------------------------
 # Buckets
 # ------------------------------------------------------------------------------------------------
@@ -171,15 +106,10 @@ def assign_buckets(params: Sequence[torch.Tensor], bucket_cap_bytes: int, *,
 
     By default the order is the last parameter first: backward produces gradients roughly in
     reverse registration order (last layer first), so bucket 0 fills first. After the first
-    iteration DDP passes the order the gradients really arrived in. A parameter larger than the
-    cap gets a bucket of its own; a bucket holds one dtype and one device.
-
-    Args:
-        params: the parameters in registration order (``module.parameters()``).
-        bucket_cap_bytes: most bytes per bucket.
-        order: indices into ``params``, the expected arrival order (default: last one first).
-        first_bucket_bytes: most bytes in the first bucket of each dtype and device (default
-            ``bucket_cap_bytes``); torch's DDP makes it 1 MiB so communication starts early.
+    iteration DDP passes the order the gradients really arrived in (``order``: indices into
+    ``params``). A parameter larger than the cap gets a bucket of its own; a bucket holds one
+    dtype and one device. ``first_bucket_bytes`` caps the first bucket of each dtype and device
+    (default ``bucket_cap_bytes``; torch's DDP makes it 1 MiB so communication starts early).
 
     Returns:
         For each bucket, in launch order, the indices of its parameters in ``params``.
@@ -202,7 +132,7 @@ def assign_buckets(params: Sequence[torch.Tensor], bucket_cap_bytes: int, *,
     return sorted(buckets, key=lambda b: position[b[0]])  # by the first gradient to arrive
 
 
-class Bucket:
+class Bucket(GradBucketInterface):
     """Gradients of a few parameters packed in one flat buffer, sent by one all-reduce.
 
     The protocol, one method per step, in the order they happen in a training step:
@@ -212,18 +142,9 @@ class Bucket:
 
     With ``as_view=True`` (DDP's ``gradient_as_bucket_view``) each ``param.grad`` becomes a view
     of the buffer: autograd accumulates into the buffer itself, nothing is copied in or out, and
-    the gradients take half the memory.
-
-    It also offers the interface of ``torch.distributed.GradBucket`` (``buffer``, ``index``,
-    ``parameters``, ``gradients``, ``is_last``, ``set_buffer``), so communication hooks written
-    for torch's DDP run on it unchanged.
-
-    Args:
-        index: position in launch order (bucket 0 holds the first gradients to arrive).
-        params: the parameters, all of one dtype and one device.
-        names: their qualified names (``"fc2.weight"``), for messages.
-        is_last: whether it is the last bucket launched in a step.
-        as_view: make each ``param.grad`` a view of the buffer.
+    the gradients take half the memory. ``index`` is the position in launch order, ``names``
+    the parameters' names (for messages). It also offers torch's ``GradBucket`` methods
+    (``buffer``, ``index``, ``parameters``, ``gradients``, ...), so torch's hooks run on it.
     """
 
     def __init__(self, index: int, params: Sequence[torch.Tensor], names: Sequence[str],
@@ -254,9 +175,7 @@ class Bucket:
         """Copy ``param.grad`` into the buffer (zeros if it has none); True if it was the last."""
         i = self._slot[id(param)]
         if self.ready[i]:
-            raise RuntimeError(f"Bucket {self._index}: the gradient of {self.names[i]} arrived "
-                               "twice in one backward; expected each gradient once per "
-                               "synchronised backward.")
+            raise checks.arrived_twice(self._index, self.names[i])
         view, grad = self._views[i], param.grad
         if grad is None:
             view.zero_()
@@ -271,24 +190,13 @@ class Bucket:
     def launch(self, hook: CommHook, state: Any) -> None:
         """Start averaging the buffer: ``hook(state, self)`` returns a future, the work goes on."""
         future = hook(state, self)
-        if not isinstance(future, torch._C.Future):  # torch.futures.Future and get_future()'s
-            name = getattr(hook, "__qualname__", repr(hook))
-            raise TypeError(
-                f"The communication hook {name} returned a {type(future).__name__}; a hook must "
-                f"return a torch.futures.Future whose value is the averaged bucket buffer, for "
-                f"example dist.all_reduce(bucket.buffer(), async_op=True).get_future()"
-                f".then(lambda fut: fut.value()[0]), or fut = torch.futures.Future(); "
-                f"fut.set_result(tensor); return fut.")
+        checks.check_future(hook, future)
         self.future = future
 
     def wait(self) -> None:
         """Block until the bucket's all-reduce is done and keep its result (the averaged buffer)."""
         result = self.future.wait()
-        if not isinstance(result, torch.Tensor) or result.shape != self._buffer.shape:
-            found = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result)
-            raise RuntimeError(f"A communication hook must return a future of a tensor shaped "
-                               f"like bucket.buffer(), {tuple(self._buffer.shape)}; bucket "
-                               f"{self._index} got {found}.")
+        checks.check_result(result, self._buffer, self._index)
         self.result = result
 
     def copy_back(self, skip: Collection[int] = ()) -> None:
@@ -317,31 +225,6 @@ class Bucket:
         return [flat[o:o + n].view(p.shape)
                 for o, n, p in zip(self.offsets, self.numels, self._params)]
 
-    # torch.distributed.GradBucket's interface, for communication hooks
-    def buffer(self) -> torch.Tensor:
-        """The flat buffer, (sum of the parameters' numel,)."""
-        return self._buffer
-
-    def set_buffer(self, buffer: torch.Tensor) -> None:
-        """Replace the buffer's values with ``buffer``'s."""
-        self._buffer.copy_(buffer)
-
-    def index(self) -> int:
-        """Position in launch order."""
-        return self._index
-
-    def is_last(self) -> bool:
-        """Whether this is the last bucket launched in a step."""
-        return self._is_last
-
-    def parameters(self) -> list[torch.Tensor]:
-        """The parameters whose gradients the bucket holds."""
-        return list(self._params)
-
-    def gradients(self) -> list[torch.Tensor]:
-        """The gradients, as views of the buffer shaped like each parameter."""
-        return list(self._views)
-
     def __repr__(self) -> str:
         return (f"Bucket(index={self._index}, {len(self._params)} params, "
                 f"{self._buffer.numel() * self._buffer.element_size() / MB:.2f} MB: "
@@ -352,18 +235,13 @@ class Bucket:
 # The three strategies: when each bucket is launched
 # ------------------------------------------------------------------------------------------------
 
-class _Strategy:
+class _Strategy(Rebuild):
     """What the strategies share: the buckets, the hook, and what happens once backward is done.
 
-    Args:
-        named_params: (name, parameter) of the parameters to average, in registration order.
-        bucket_cap_bytes: most bytes per bucket; ``first_bucket_bytes`` for the first one after
-            the rebuild.
-        initial_cap_bytes: the cap of the buckets built now, before the first iteration.
-        rebuild: rebuild the buckets once, in the order the first synchronised backward
-            produced the gradients (torch: unless ``find_unused_parameters`` without
-            ``static_graph``).
-        gradient_as_bucket_view: make every ``.grad`` a view of its bucket's buffer.
+    ``named_params``: (name, parameter) of the parameters to average, in registration order;
+    buckets of at most ``bucket_cap_bytes`` (the first after the rebuild ``first_bucket_bytes``),
+    before the first iteration ``initial_cap_bytes``; ``rebuild``: rebuild them once, in the
+    order the first synchronised backward produced the gradients (``Rebuild``).
     """
 
     def __init__(self, named_params: Sequence[tuple[str, torch.Tensor]], *,
@@ -401,35 +279,6 @@ class _Strategy:
         self.bucket_of = {id(p): b for b in self.buckets for p in b.parameters()}
         self.next_bucket = 0  # buckets are launched in index order, the same on every rank
 
-    #: Whether the first synchronised backward sends nothing before the rebuild: where a
-    #: bucket holds several parameters the rebuild changes where each gradient sits in it.
-    delay_first_step = False
-
-    def rebuild_buckets(self, unused: list[torch.Tensor]) -> None:
-        """Once, at the end of the first synchronised backward: buckets in the order the
-        gradients arrived (those of ``unused`` last); with ``delay_first_step`` the gradients
-        that arrived are copied in, to be sent.
-
-        Every rank takes rank 0's order (one broadcast), so all launch the same buckets in the
-        same order. torch rebuilds before the next forward and sends the first step in its one
-        initial bucket; with ``delay_first_step`` the first step here already travels in the
-        rebuilt buckets, so every step sums each element in the same layout, and a run resumed
-        from a checkpoint (whose new DDP starts over) stays bitwise equal to one never
-        stopped, at any world size (a + b + c in another order is another float).
-        """
-        arrivals = list(self.arrivals)
-        arrived = [self.params[i] for i in arrivals]
-        device = communication_device(self.process_group, self.params[0].device)
-        order = torch.tensor(arrivals + [self.index_of[id(p)] for p in unused],
-                             dtype=torch.int64, device=device)  # (P,)
-        dist.broadcast(order, src=dist.get_global_rank(self.process_group, 0),
-                       group=self.process_group)
-        self.arrivals = None
-        self.build(self.assign(self.params, self.bucket_cap_bytes, order=order.tolist(),
-                               first_bucket_bytes=self.first_bucket_bytes))
-        for param in arrived if self.delay_first_step else ():
-            self.bucket_of[id(param)].mark_ready(param)
-
     def grad_ready(self, param: torch.Tensor) -> None:
         """Called by DDP's hook when ``param.grad`` is final for this backward."""
         raise NotImplementedError
@@ -437,14 +286,6 @@ class _Strategy:
     def sync(self) -> None:
         """After backward: every bucket launched and waited for."""
         raise NotImplementedError
-
-    def note_arrival(self, param: torch.Tensor) -> bool:
-        """Note the order gradients arrive in, in the first synchronised backward; True if
-        the gradient must wait for the rebuild (``delay_first_step``)."""
-        if self.arrivals is None:
-            return False
-        self.arrivals[self.index_of[id(param)]] = None
-        return self.delay_first_step
 
     def launch_ready_buckets(self) -> None:
         """Launch the next buckets, in index order, as long as they are full.
@@ -463,13 +304,13 @@ class _Strategy:
             unused = [p for bucket in self.buckets for p in bucket.unready()
                       if self.index_of[id(p)] not in arrived]
             if unused and not self.find_unused_parameters:
-                self._raise_unused(unused)
+                checks.raise_unused(self, unused)
             if self.arrivals is not None and self.delay_first_step:
                 self.rebuild_buckets(unused)  # the first step travels in the rebuilt buckets
             for p in unused:  # a zero contribution (or a stale .grad, as torch's reducer does)
                 self.bucket_of[id(p)].mark_ready(p)
             self.sync()
-            untouched = self._unused_everywhere(unused)
+            untouched = self.unused_everywhere(unused)  # their .grad stays as it is
             for bucket in self.buckets:
                 bucket.copy_back(skip=untouched)
             if self.arrivals is not None:  # one parameter per bucket: rebuilt for the next step
@@ -485,36 +326,6 @@ class _Strategy:
         self.next_bucket = 0
         if self.arrivals is not None:
             self.arrivals = {}
-
-    def _unused_everywhere(self, unused: list[torch.Tensor]) -> set[int]:
-        """Ids of the parameters no rank used since the last synchronisation.
-
-        Their ``.grad`` stays untouched, as in torch. A parameter used in a ``no_sync()``
-        micro-step counts as used: its accumulated gradient is averaged like any other.
-        """
-        if not self.find_unused_parameters:
-            return set()
-        unused_ids = {id(p) for p in unused} - self.used_since_sync
-        used = torch.tensor([id(p) not in unused_ids for p in self.params], dtype=torch.int32,
-                            device=self.buckets[0].buffer().device)  # (P,) 1 where used here
-        dist.all_reduce(used, group=self.process_group)             # (P,) ranks that used it
-        return {id(p) for p, count in zip(self.params, used.tolist()) if count == 0}
-
-    def _raise_unused(self, unused: list[torch.Tensor]) -> None:
-        """Wait for the all-reduces already started (no peer is left hanging), then raise."""
-        for bucket in self.buckets:
-            if bucket.future is not None:
-                bucket.wait()
-        frozen = [self.name_of[id(p)] for p in unused if not p.requires_grad]
-        if frozen:
-            raise RuntimeError(_frozen_after_wrapping(frozen))
-        names = ", ".join(self.name_of[id(p)] for p in unused)
-        raise RuntimeError(
-            f"DistributedDataParallel expected a gradient for every parameter that requires "
-            f"grad, but {names} got none in this backward pass. If some parameters take no part "
-            f"in the loss in some steps, pass find_unused_parameters=True (they then count as "
-            f"zero); if they never do, set requires_grad=False on them before wrapping the "
-            f"module.")
 
 
 class NaiveStrategy(_Strategy):
@@ -572,22 +383,12 @@ class BucketedStrategy(OverlapStrategy):
     """
 
     delay_first_step = True
-
-    @staticmethod
-    def assign(params: Sequence[torch.Tensor], bucket_cap_bytes: int,
-               order: Sequence[int] | None = None,
-               first_bucket_bytes: int | None = None) -> list[list[int]]:
-        """Buckets of at most ``bucket_cap_bytes``, in ``order`` (default: the last first)."""
-        return assign_buckets(params, bucket_cap_bytes, order=order,
-                              first_bucket_bytes=first_bucket_bytes)
+    assign = staticmethod(assign_buckets)
 
 
 #: ``strategy=`` name -> class, in teaching order.
-STRATEGIES: dict[str, type[_Strategy]] = {
-    "naive": NaiveStrategy,
-    "overlap": OverlapStrategy,
-    "bucketed": BucketedStrategy,
-}
+STRATEGIES: dict[str, type[_Strategy]] = {"naive": NaiveStrategy, "overlap": OverlapStrategy,
+                                           "bucketed": BucketedStrategy}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -609,45 +410,6 @@ def _broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup) 
                 t.copy_(flat[start:end].view(t.shape))
 
 
-_SAME_MODEL_ADVICE = ("Build the model the same way on every rank (same class, same arguments, "
-                      "same frozen parameters), then wrap it.")
-
-
-def _frozen_after_wrapping(names: list[str]) -> str:
-    """The message for parameters frozen after DistributedDataParallel was built."""
-    return (f"DistributedDataParallel: {', '.join(names)} required grad when the module was "
-            f"wrapped and was frozen (requires_grad=False) afterwards. DDP decides which "
-            f"gradients to average when it is built, so it still waits for these. Freeze first, "
-            f"then wrap: call requires_grad_(False) on them, then build a new "
-            f"DistributedDataParallel(module) (or pass find_unused_parameters=True to let "
-            f"them count as unused).")
-
-
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in ``obj`` (tuples, lists, dicts), as ``_to_device`` finds them."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, list | tuple):
-        for x in obj:
-            yield from _tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensors(x)
-
-
-def _to_device(obj: Any, device: torch.device) -> Any:
-    """``obj`` with every tensor in it (tuples, lists, dicts) moved to ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=True)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
-        return type(obj)(*(_to_device(x, device) for x in obj))
-    if isinstance(obj, list | tuple):
-        return type(obj)(_to_device(x, device) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    return obj
-
-
 class DistributedDataParallel(nn.Module):
     """Data parallelism over processes: a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
 
@@ -656,36 +418,23 @@ class DistributedDataParallel(nn.Module):
     the group's rank 0, so all replicas start equal. When ``loss.backward()`` returns, the
     ``.grad`` of every parameter that requires grad holds the average over the ranks (a
     callback queued on the autograd engine does the last step), so the optimizer steps stay
-    equal too.
-
-    The arguments are torch's, in torch's order; the course's own (``strategy``) are
-    keyword-only after them.
+    equal too. The arguments are torch's, in torch's order; the course's ``strategy`` after.
 
     Args:
         module: the model, already on this rank's device.
-        device_ids: None, or the one device the module is on (``[rank]``): inputs are then
-            moved there before the forward pass, as torch does. Must be None for a CPU module.
-        output_device: accepted for torch's signature; like torch's DDP with one device per
-            process, it changes nothing (torch once used it, and ``dim``, to scatter over
-            several devices in one process). Must be None for a CPU module.
-        dim: see ``output_device``.
+        device_ids: None, or ``[the module's device]``: inputs are moved there (None on CPU).
+        output_device, dim: accepted for torch's signature; they change nothing, as in torch's
+            DDP with one device per process (``output_device`` must be None on CPU).
         broadcast_buffers: take rank 0's buffers (batch-norm statistics) at construction and
-            before each synchronised forward; False: each rank keeps its own, from the start.
+            before each synchronised forward; False: each rank keeps its own.
         process_group: the group to average over (default: the default group).
-        bucket_cap_mb: most MiB per bucket (strategy ``"bucketed"``); None: 25, with a first
-            bucket of 1 MiB after the rebuild (as torch; an explicit cap applies to the first
-            bucket too); ``math.inf``: one bucket per dtype and device. nan or <= 0 is refused.
-        find_unused_parameters: let parameters without a gradient in a step count as zero
-            instead of raising; one used in a ``no_sync()`` micro-step since the last
-            synchronisation counts as used. As torch, buckets are then not rebuilt.
-        gradient_as_bucket_view: make each ``.grad`` a view of its bucket's buffer: no second
-            copy of the gradients (``gradient_memory_bytes`` measures it).
-        static_graph: a promise that every iteration uses the same parameters. torch uses it
-            to skip work and to allow reentrant activation checkpointing (which this DDP
-            supports in any case); here, as in torch, parameters unused in every step are
-            then found (and left alone) even with ``find_unused_parameters=False``, and the
-            buckets are rebuilt after the first iteration also with
-            ``find_unused_parameters=True``.
+        bucket_cap_mb: most MiB per bucket (``"bucketed"``); None: 25, the first after the
+            rebuild 1 MiB (as torch); ``math.inf``: one bucket per dtype and device.
+        find_unused_parameters: parameters without a gradient in a step count as zero instead
+            of raising (used in a ``no_sync()`` micro-step: used). Buckets are not rebuilt.
+        gradient_as_bucket_view: each ``.grad`` a view of its bucket's buffer: no second copy.
+        static_graph: every iteration uses the same parameters; as in torch, those unused in
+            every step are then left alone, and the buckets are rebuilt in any case.
         strategy: ``"naive"``, ``"overlap"`` or ``"bucketed"`` (see the module docstring).
     """
 
@@ -696,46 +445,33 @@ class DistributedDataParallel(nn.Module):
                  gradient_as_bucket_view: bool = False, static_graph: bool = False, *,
                  strategy: str = "bucketed"):
         super().__init__()
-        _check_arguments(module, bucket_cap_mb, strategy, process_group,
-                         broadcast_buffers=broadcast_buffers, dim=dim,
-                         find_unused_parameters=find_unused_parameters,
-                         gradient_as_bucket_view=gradient_as_bucket_view,
-                         static_graph=static_graph)
-        self.device = _check_devices(module, device_ids, output_device)
+        checks.check_arguments(module, bucket_cap_mb, strategy, STRATEGIES, process_group,
+                               broadcast_buffers=broadcast_buffers, dim=dim,
+                               find_unused_parameters=find_unused_parameters,
+                               gradient_as_bucket_view=gradient_as_bucket_view,
+                               static_graph=static_graph)
+        self.device = checks.check_devices(module, device_ids, output_device)
         self.device_ids = None if self.device is None else [self.device.index]
         self.output_device = None if self.device is None else (
             self.device.index if output_device is None else output_device)
-        self.dim = dim
-        self.module = module
+        self.module, self.dim, self.strategy = module, dim, strategy
         self.process_group = process_group if process_group is not None else dist.group.WORLD
-        self.broadcast_buffers = broadcast_buffers
+        self.broadcast_buffers, self.static_graph = broadcast_buffers, static_graph
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.static_graph = static_graph
-        self.strategy = strategy
         self.require_backward_grad_sync = True   # False inside no_sync()
         self.require_forward_param_sync = True   # as torch: buffers follow rank 0 when True
-        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-        if not named:
-            raise ValueError("DistributedDataParallel expected a module with at least one "
-                             "parameter that requires grad, found none: there is nothing to "
-                             "synchronise (call the module directly).")
-        states = [("parameter", repr(name), p) for name, p in module.named_parameters()]
-        if broadcast_buffers:  # as torch: without it, each rank keeps its own buffers
-            states += [("buffer", repr(name), b) for name, b in module.named_buffers()]
-        verify_same_tensors(  # torch's _verify_param_shape_across_processes
-            states, self.process_group, owner="DistributedDataParallel",
-            expects="the same model", advice=_SAME_MODEL_ADVICE,
-            noun="parameters and buffers" if any(kind == "buffer" for kind, _, _ in states)
-            else "parameters")
-        _broadcast_coalesced([t for _, _, t in states], self.process_group)
+        verify_same_model(module, self.process_group, owner="DistributedDataParallel",
+                          buffers=broadcast_buffers)  # as torch: without it, buffers may differ
+        _broadcast_coalesced([*module.parameters(), *(module.buffers() if broadcast_buffers
+                                                      else ())], self.process_group)
+        self._named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         self._frozen = [(name, p) for name, p in module.named_parameters() if not p.requires_grad]
-        self._named = named
         cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         cap_bytes = sys.maxsize if math.isinf(cap) else int(cap * MB)
         rebuild = static_graph or not find_unused_parameters  # torch's rule
         self.reducer = STRATEGIES[strategy](
-            named, bucket_cap_bytes=cap_bytes,
+            self._named, bucket_cap_bytes=cap_bytes,
             first_bucket_bytes=FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap_bytes,
             initial_cap_bytes=sys.maxsize if rebuild else cap_bytes,  # torch: one bucket first
             rebuild=rebuild, process_group=self.process_group,
@@ -748,14 +484,15 @@ class DistributedDataParallel(nn.Module):
         self._grads_arrived = False    # a gradient of this backward reached DDP's hook
         self._callback_queued = False  # the end-of-backward callback of this backward
         hook = _weak_hook(self, "_grad_ready")
-        self._hook_handles = [p.register_post_accumulate_grad_hook(hook) for _, p in named]
+        self._hook_handles = [p.register_post_accumulate_grad_hook(hook) for _, p in self._named]
 
     def forward(self, *inputs, **kwargs):
         """Run the module (after taking rank 0's buffers) and arm the gradient hooks."""
         if torch.is_grad_enabled():
-            self._check_requires_grad()
-        if self.device is not None:
-            inputs, kwargs = _to_device(inputs, self.device), _to_device(kwargs, self.device)
+            checks.check_requires_grad(self._named, self._frozen, self.find_unused_parameters)
+        if self.device is not None:  # as torch: inputs in tuples, lists and dicts too
+            move = lambda x: x.to(self.device, non_blocking=True) if torch.is_tensor(x) else x
+            inputs, kwargs = tree_map(move, inputs), tree_map(move, kwargs)
         buffers = list(self.module.buffers())
         if self.broadcast_buffers and self.require_forward_param_sync and buffers:
             # as torch: the copy does not count as an in-place change for autograd
@@ -767,8 +504,8 @@ class DistributedDataParallel(nn.Module):
             self._expect_hooks, self._grads_arrived, self._callback_queued = True, False, False
             self.reducer.reset()
             hook = _weak_hook(self, "_backward_started")  # on the outputs: see _backward_started
-            for tensor in _tensors(output):
-                if tensor.requires_grad:
+            for tensor in tree_leaves(output):
+                if torch.is_tensor(tensor) and tensor.requires_grad:
                     tensor.register_hook(hook)
         else:
             self.require_forward_param_sync = False
@@ -793,44 +530,18 @@ class DistributedDataParallel(nn.Module):
 
         The hook must return a ``torch.futures.Future`` (not a tensor) whose value is a tensor
         shaped like ``bucket.buffer()``: it becomes the bucket's gradients. torch's hooks
-        (``torch.distributed.algorithms.ddp_comm_hooks``) work as well as ours. With
-        ``"naive"`` and ``"overlap"`` each bucket holds one parameter.
-
-        Args:
-            state: passed to the hook as is (for the default hooks: the process group).
-            hook: the communication hook.
+        (``torch.distributed.algorithms.ddp_comm_hooks``) work as well as ours. ``state`` is
+        passed to the hook as is (for the default hooks: the process group).
         """
-        if not callable(hook):
-            raise TypeError(f"register_comm_hook expects a callable hook(state, bucket), got "
-                            f"{type(hook).__name__}.")
-        if self._comm_hook_registered:
-            raise RuntimeError("register_comm_hook can be called only once per "
-                               "DistributedDataParallel (as in torch); build a new one to "
-                               "change the hook.")
+        checks.check_comm_hook(hook, self._comm_hook_registered)
         self.reducer.hook, self.reducer.state = hook, state
         self._comm_hook_registered = True
-
-    def _check_requires_grad(self) -> None:
-        """Refuse parameters frozen, or unfrozen, after wrapping: the buckets were made before."""
-        frozen = [name for name, p in self._named if not p.requires_grad]
-        if frozen and not self.find_unused_parameters:
-            raise RuntimeError(_frozen_after_wrapping(frozen))
-        thawed = [name for name, p in self._frozen if p.requires_grad]
-        if thawed:
-            raise RuntimeError(
-                f"DistributedDataParallel: {', '.join(thawed)} was frozen (requires_grad=False) "
-                f"when the module was wrapped and requires grad now: its gradient would never "
-                f"be averaged and the replicas would drift apart. Set requires_grad first, then "
-                f"wrap: build a new DistributedDataParallel(module).")
 
     def _backward_started(self, grad: torch.Tensor) -> None:
         """Hook on the forward's outputs: backward reached them; queue the end-of-backward step.
 
-        Queued here, the callback belongs to the backward the caller started, which ends after
-        every gradient. Queued from a parameter's hook instead, it could belong to a nested
-        backward: reentrant activation checkpointing (``use_reentrant=True``) runs one inside
-        the outer backward for each checkpointed segment, and would average the gradients
-        before the layers outside the segment had produced theirs.
+        Queued here, it belongs to the backward the caller started, not to a nested one (as
+        reentrant activation checkpointing runs for each segment), which would end too early.
         """
         if not self._callback_queued:
             Variable._execution_engine.queue_callback(self._finish_backward)
@@ -843,9 +554,7 @@ class DistributedDataParallel(nn.Module):
         if not self._expect_hooks:
             return  # the forward ran under no_sync() or without grad: accumulate locally
         self._grads_arrived = True
-        if not self._callback_queued:  # no output hook ran (backward from elsewhere)
-            Variable._execution_engine.queue_callback(self._finish_backward)
-            self._callback_queued = True
+        self._backward_started(param)  # queues the callback if no output hook ran
         with torch.no_grad():
             self.reducer.grad_ready(param)
 
@@ -864,72 +573,7 @@ class DistributedDataParallel(nn.Module):
 
 
 def _weak_hook(ddp: DistributedDataParallel, method: str) -> Callable[[torch.Tensor], None]:
-    """``ddp.<method>`` as a hook that does not keep ``ddp`` alive once the caller drops it.
-
-    The hooks stay on the parameters: without this, wrapping a model again (say, to try
-    another strategy) would keep the old wrapper, its buckets and its hooks working forever.
-    """
-    ref = weakref.ref(ddp)
-
-    def hook(tensor: torch.Tensor) -> None:
-        alive = ref()
-        if alive is not None:
-            getattr(alive, method)(tensor)
-
-    return hook
-
-
-def _check_arguments(module: nn.Module, bucket_cap_mb: float | None, strategy: str,
-                     process_group: dist.ProcessGroup | None, **flags: Any) -> None:
-    """Raise a clear error for arguments DistributedDataParallel cannot use."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"DistributedDataParallel expects an nn.Module, got "
-                        f"{type(module).__name__}.")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"DistributedDataParallel: strategy must be one of "
-                         f"{', '.join(map(repr, STRATEGIES))}; got {strategy!r}.")
-    if bucket_cap_mb is not None and (
-            not isinstance(bucket_cap_mb, int | float) or isinstance(bucket_cap_mb, bool)
-            or math.isnan(bucket_cap_mb) or not bucket_cap_mb > 0):
-        raise ValueError(f"DistributedDataParallel: bucket_cap_mb must be a number of MiB > 0 "
-                         f"(None: torch's default, 25; math.inf: one bucket), got "
-                         f"{bucket_cap_mb!r}.")
-    dim = flags.pop("dim")
-    if not isinstance(dim, int) or isinstance(dim, bool):
-        raise TypeError(f"DistributedDataParallel: dim must be an int, got {dim!r}.")
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"DistributedDataParallel: {name} must be True or False, got "
-                            f"{value!r}.")
-    if process_group is None and not dist.is_initialized():
-        raise RuntimeError("DistributedDataParallel needs a process group, and none is "
-                           "initialised in this process. Call torch.distributed."
-                           "init_process_group (or course_lib.distributed."
-                           "init_distributed_mode) first, or start the workers with "
-                           "course_lib.distributed.launch or torchrun.")
-
-
-def _check_devices(module: nn.Module, device_ids: Sequence[int | torch.device] | None,
-                   output_device: int | torch.device | None) -> torch.device | None:
-    """The one device of ``device_ids`` (None for a CPU module), checked against the module's."""
-    devices = {p.device for p in module.parameters()}
-    if device_ids is not None and len(device_ids) > 1:
-        raise ValueError(f"DistributedDataParallel: device_ids can only be None or hold one "
-                         f"device (one process per device), got {list(device_ids)}.")
-    if not device_ids or len(devices) != 1 or next(iter(devices)).type == "cpu":
-        if device_ids or output_device is not None:
-            raise ValueError(f"DistributedDataParallel: device_ids and output_device work only "
-                             f"with a module on one accelerator, but got device_ids "
-                             f"{device_ids}, output_device {output_device}, and module "
-                             f"parameters on {sorted(map(str, devices))}. Leave both None (as "
-                             f"torch requires for CPU modules).")
-        return None
-    (module_device,) = devices
-    wanted = device_ids[0]
-    device = wanted if isinstance(wanted, torch.device) else torch.device(module_device.type,
-                                                                          wanted)
-    if device != module_device:
-        raise ValueError(f"DistributedDataParallel: device_ids {list(device_ids)} names "
-                         f"{device}, but the module is on {module_device}. Move the module to "
-                         f"this rank's device first (module.to(device)), then wrap it.")
-    return device
+    """``ddp.<method>`` as a hook that does not keep ``ddp`` alive once the caller drops it
+    (re-wrapping a model to try another strategy must not keep the old wrapper at work)."""
+    ref = weakref.WeakMethod(getattr(ddp, method))
+    return lambda tensor: None if (bound := ref()) is None else bound(tensor)

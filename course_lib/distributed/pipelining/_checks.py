@@ -1,11 +1,12 @@
-"""The check a pipeline schedule runs at the start of every step: do all ranks run one program?
+"""The checks of ``schedules``, kept out of it so that the lesson's ``step`` reads top to bottom.
 
-Stages that run different schedules, or different numbers of micro-batches, post sends and
-receives that never pair up, and would wait on each other until the process group's timeout
-(minutes). ``check_same_program`` asks every rank once per step, in one small ``all_gather``,
-what it runs (the schedule's name, the number of micro-batches and of stages, and a digest of
-every stage's order) and raises on every rank, naming which rank runs what, when they differ.
-Kept out of ``schedules.py`` so that the lesson's ``step`` reads top to bottom.
+``check_sizes`` and ``check_order``: arguments, and an order of operations (each forward and
+backward once, a backward after its forward). ``check_same_program``: do all ranks run one
+program? Stages that run different schedules, or different numbers of micro-batches, post sends
+and receives that never pair up, and would wait on each other until the process group's timeout
+(minutes). It asks every rank once per step, in one small ``all_gather``, what it runs (the
+schedule's name, the number of micro-batches and of stages, and a digest of every stage's
+order) and raises on every rank, naming which rank runs what, when they differ.
 """
 from __future__ import annotations
 
@@ -15,8 +16,47 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+Op = tuple[str, int]
+
 _NAME_BYTES = 48      # a schedule's name is sent as this many bytes at most
 _FIELDS = 4           # num_stages, n_microbatches, order digest, name length; then the name
+
+
+def check_sizes(who: str, num_stages, num_microbatches, stage=None) -> None:
+    """ValueError unless p >= 1, m >= 1 (integers) and, when given, 0 <= stage < p."""
+    for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{who} expects an integer {name} >= 1, got {value!r}.")
+    if stage is not None and (not isinstance(stage, int) or isinstance(stage, bool)
+                              or not 0 <= stage < num_stages):
+        raise ValueError(f"{who} expects stage in 0 ... {num_stages - 1} (one of num_stages="
+                         f"{num_stages}), got {stage!r}.")
+
+
+def check_order(order: Sequence, stage: int, num_microbatches: int) -> list[Op]:
+    """``order`` as a list of ``(kind, microbatch)``, or ValueError saying what is wrong with it.
+
+    Every ``("F", i)`` and ``("B", i)`` for i < m exactly once, and ``B(i)`` after ``F(i)``.
+    """
+    check_sizes("check_order", 1, num_microbatches)
+    ops: list[Op] = []
+    for op in order:
+        if (not isinstance(op, (tuple, list)) or len(op) != 2 or op[0] not in ("F", "B")
+                or not isinstance(op[1], int) or not 0 <= op[1] < num_microbatches):
+            raise ValueError(f"stage {stage}: expected operations (\"F\" or \"B\", micro-batch "
+                             f"0 ... {num_microbatches - 1}), found {op!r}.")
+        ops.append((op[0], op[1]))
+    want = {(k, i) for k in "FB" for i in range(num_microbatches)}
+    if len(ops) != len(set(ops)) or set(ops) != want:
+        twice = sorted({op for op in ops if ops.count(op) > 1})
+        missing = sorted(want - set(ops))
+        raise ValueError(f"stage {stage}: every forward and backward of {num_microbatches} "
+                         f"micro-batches exactly once; missing {missing}, repeated {twice}.")
+    for i in range(num_microbatches):
+        if ops.index(("B", i)) < ops.index(("F", i)):
+            raise ValueError(f"stage {stage}: B({i}) comes before F({i}); a backward needs its "
+                             "forward's activations.")
+    return ops
 
 
 def order_digest(orders: Sequence[Sequence]) -> int:
