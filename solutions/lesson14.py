@@ -1,4 +1,4 @@
-"""Lesson 14, exercises: tensor parallelism in Megatron-LM's style, in three steps.
+"""Lesson 14, exercises: tensor parallelism in Megatron-LM's style, in four steps.
 
 1. ``f`` and ``g``: Megatron's conjugate operations, each a ``torch.autograd.Function``: f the
    identity forward and an all-reduce (sum) of the gradient backward, g an all-reduce (sum)
@@ -8,10 +8,16 @@
    with f before the column-parallel product and g after the row-parallel one, the row-parallel
    bias added once, after g (``check_parallel_linears``; ``my_linears.py``);
 3. ``parallel_mlp``: a GPT MLP with ``fc`` column-parallel and ``proj`` row-parallel, nothing
-   between them: one all-reduce forward, one backward (``check_megatron_mlp``; ``my_mlp.py``).
+   between them: one all-reduce forward, one backward (``check_megatron_mlp``; ``my_mlp.py``);
+4. ``vocab_parallel_cross_entropy``: the cross-entropy of logits split over the ranks by
+   vocabulary, without gathering them: the largest logit (all-reduce MAX, no gradient), the sum
+   of exponentials and the target's logit (one rank holds it, the others add 0), both summed
+   through g; three all-reduces of one number per position (``check_vocab_parallel_cross_entropy``;
+   ``my_loss.py``, which imports g from ``my_conjugate``).
 
-In the notebook they are three files, each importing the one before (``from my_conjugate import
-f, g``); here they are one module, so f and g are defined above the layers that use them.
+In the notebook they are four files, each importing what it uses from the ones before (``from
+my_conjugate import f, g``); here they are one module, so f and g are defined above the layers
+that use them.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["ColumnParallelLinear", "Copy", "Reduce", "RowParallelLinear", "f", "g",
-           "parallel_mlp"]
+           "parallel_mlp", "vocab_parallel_cross_entropy"]
 
 
 # ---- my_conjugate.py ---------------------------------------------------------------------------
@@ -119,3 +125,25 @@ def parallel_mlp(mlp, group=None):
     mlp.fc = ColumnParallelLinear(mlp.fc, group)     # (B, T, C) -> (B, T, 4C/t)
     mlp.proj = RowParallelLinear(mlp.proj, group)    # (B, T, 4C/t) -> (B, T, C)
     return mlp
+
+
+# ---- my_loss.py (from my_conjugate import g) ---------------------------------------------------
+
+def vocab_parallel_cross_entropy(logits_shard, targets, group=None):
+    """The mean cross-entropy (``F.cross_entropy``) of the full logits, from this rank's block
+    ``logits_shard`` (..., V/t) of the vocabulary (rank r: classes r*V/t to (r+1)*V/t) and the
+    targets (...), ids in [0, V), the same on every rank. A scalar, the same on every rank;
+    its gradient reaches ``logits_shard``. Per position, loss = log(sum_j exp(z_j - m)) -
+    (z_y - m), with m the largest logit."""
+    rank = dist.get_rank(group)
+    per = logits_shard.shape[-1]
+    start = rank * per
+    m = logits_shard.detach().amax(dim=-1)                     # (...): a shift, no gradient
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)      # the largest of the vocabulary
+    shifted = logits_shard - m.unsqueeze(-1)                   # (..., V/t), every one <= 0
+    sum_exp = g(shifted.exp().sum(dim=-1), group)              # (...): every block's part
+    here = (targets >= start) & (targets < start + per)        # (...): the target is mine
+    local = (targets - start).masked_fill(~here, 0)            # an index in my block
+    target = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~here, 0.0)
+    target = g(target, group)                                  # (...): from the one rank
+    return (sum_exp.log() - target).mean()

@@ -13,9 +13,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import check_conjugates, check_megatron_mlp, check_parallel_linears
+from course_lib import checks
+from course_lib.checks import (
+    check_conjugates,
+    check_megatron_mlp,
+    check_parallel_linears,
+    check_vocab_parallel_cross_entropy,
+)
 from course_lib.checks import lesson14 as L
 from course_lib.checks._launch import UNANSWERED, first_failure_in_ranks
+from course_lib.distributed.tensor.parallel import vocab_parallel_cross_entropy
 from solutions import lesson14 as S
 
 # ------------------------------------------------------------------------------------------------
@@ -286,12 +293,121 @@ def mlp_scaffold(mlp, group=None):  # notebook 14's scaffold, not yet written
 
 
 # ------------------------------------------------------------------------------------------------
+# wrong vocabulary-parallel cross-entropies
+# ------------------------------------------------------------------------------------------------
+
+
+def _vocab_loss(logits_shard, targets, group=None, *, shift="max", owner="block", sums="g",
+                target_sum="g", divide="positions", ranks_of=None):
+    """``S.vocab_parallel_cross_entropy`` with one step done wrong (each keyword's default is the
+    right way): ``shift`` "max" (the largest of the vocabulary, all-reduced), "none", "local"
+    (this block's largest), "batch" (one largest for the whole batch) or "tracked" (the max
+    all-reduced with its gradient); ``owner`` "block" (targets in this block), "every" (the
+    index masked, the value not: every rank adds a logit) or "one-sided" (rank 0 holds the
+    targets below its end, every other rank those from its start on: right with two ranks);
+    ``sums`` "g", "direct" (dist.all_reduce on the tensor autograd follows) or "detached" (on a
+    detached copy: no gradient through the sum); ``target_sum`` "g" or "none" (each rank its
+    own share); ``divide`` "positions" or "first" (by the first dimension only); ``ranks_of``
+    None (the group) or "world"."""
+    g_group = None if ranks_of == "world" else group
+    rank = dist.get_rank(g_group)
+    per = logits_shard.shape[-1]
+    start = rank * per
+    if shift == "none":
+        shifted = logits_shard
+    else:
+        m = logits_shard.amax(dim=-1) if shift == "tracked" else logits_shard.detach().amax(-1)
+        if shift == "batch":
+            m = m.amax().expand_as(m).clone()
+        if shift != "local":
+            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=g_group)
+        shifted = logits_shard - m.unsqueeze(-1)
+    sum_exp = shifted.exp().sum(dim=-1)
+    if sums == "g":
+        sum_exp = S.g(sum_exp, g_group)
+    else:
+        if sums == "detached":
+            sum_exp = sum_exp.detach().clone()
+        dist.all_reduce(sum_exp, group=g_group)
+    if owner == "one-sided":
+        here = targets < start + per if rank == 0 else targets >= start
+    else:
+        here = (targets >= start) & (targets < start + per)
+    local = (targets - start).clamp(0, per - 1) if owner == "one-sided" else \
+        (targets - start).masked_fill(~here, 0)
+    target = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1)
+    if owner != "every":
+        target = target.masked_fill(~here, 0.0)
+    if target_sum == "g":
+        target = S.g(target, g_group)
+    losses = sum_exp.log() - target
+    return losses.sum() / logits_shard.shape[0] if divide == "first" else losses.mean()
+
+
+def loss_without_shift(logits_shard, targets, group=None):
+    return _vocab_loss(logits_shard, targets, group, shift="none")
+
+
+def loss_shifted_by_its_own_max(logits_shard, targets, group=None):
+    return _vocab_loss(logits_shard, targets, group, shift="local")
+
+
+def loss_one_shift_for_the_batch(logits_shard, targets, group=None):
+    return _vocab_loss(logits_shard, targets, group, shift="batch")
+
+
+def loss_max_with_its_gradient(logits_shard, targets, group=None):
+    return _vocab_loss(logits_shard, targets, group, shift="tracked")
+
+
+def loss_target_from_every_rank(logits_shard, targets, group=None):
+    return _vocab_loss(logits_shard, targets, group, owner="every")
+
+
+def loss_of_one_sided_blocks(logits_shard, targets, group=None):
+    """Right with two ranks, wrong with three (rank 1 then also claims rank 2's targets)."""
+    return _vocab_loss(logits_shard, targets, group, owner="one-sided")
+
+
+def loss_summed_by_dist_all_reduce(logits_shard, targets, group=None):
+    return _vocab_loss(logits_shard, targets, group, sums="direct")
+
+
+def loss_summed_as_a_detached_copy(logits_shard, targets, group=None):
+    return _vocab_loss(logits_shard, targets, group, sums="detached")
+
+
+def loss_target_left_on_its_rank(logits_shard, targets, group=None):
+    return _vocab_loss(logits_shard, targets, group, target_sum="none")
+
+
+def loss_divided_by_the_first_dimension(logits_shard, targets, group=None):
+    """Right for (N, V/t), wrong for (B, T, V/t)."""
+    return _vocab_loss(logits_shard, targets, group, divide="first")
+
+
+def loss_of_the_world(logits_shard, targets, group=None):
+    return _vocab_loss(logits_shard, targets, group, ranks_of="world")
+
+
+def loss_of_gathered_logits(logits_shard, targets, group=None):
+    """Right values and gradients, but every rank receives every logit."""
+    logits = _GatherLast.apply(logits_shard, group)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def loss_scaffold(logits_shard, targets, group=None):  # notebook 14's scaffold, not yet written
+    raise NotImplementedError("vocab_parallel_cross_entropy")
+
+
+# ------------------------------------------------------------------------------------------------
 # the verdicts expected, world size by world size
 # ------------------------------------------------------------------------------------------------
 
 _F_AND_G = "_conjugate_cases"
 _LINEARS = "_linear_cases"
 _MLP = "_mlp_cases"
+_LOSS = "_loss_cases"
 _ROW, _COLUMN = S.RowParallelLinear, S.ColumnParallelLinear
 
 #: (what, the checker's worker, the answers it gets, {world size: a part of the verdict, or
@@ -329,7 +445,7 @@ _VERDICTS = [
          "size. Here out_features = 24 is divisible by the world size"}),
     ("column ignores the group", _LINEARS, (WorldNotGroup, _ROW),
      {2: "With a group of one rank the layer is the whole nn.Linear"}),
-    ("column keeps a view", _LINEARS, (KeepsView, _ROW), {2: "keep a copy of the slice"}),
+    ("column keeps a view", _LINEARS, (KeepsView, _ROW), {2: "a shard must own its memory"}),
     ("column keeps the nn.Linear", _LINEARS, (KeepsLinear, _ROW),
      {2: "did it keep the whole nn.Linear"}),
     ("linear scaffolds", _LINEARS, (ColumnScaffold, RowScaffold), {2: UNANSWERED}),
@@ -338,6 +454,35 @@ _VERDICTS = [
          "72 elements in backward. That communicates more than Megatron's MLP"}),
     ("MLP left whole", _MLP, mlp_unchanged, {2: "It is the whole weight's shape"}),
     ("MLP scaffold", _MLP, mlp_scaffold, {2: UNANSWERED}),
+    ("the course's loss", _LOSS, vocab_parallel_cross_entropy, {2: None, 3: None}),
+    ("loss without the shift", _LOSS, loss_without_shift,
+     {2: "rank 0, vocab_parallel_cross_entropy(logits_shard (6, 12), targets (6,)): the loss "
+         "is inf, expected"}),
+    ("loss shifted by each rank's own max", _LOSS, loss_shifted_by_its_own_max,
+     {2: "shifting each rank's block by its own largest logit",
+      3: "shifting each rank's block by its own largest logit"}),
+    ("loss with one shift for the whole batch", _LOSS, loss_one_shift_for_the_batch,
+     {2: "targets (2, 3)): the loss is -inf"}),
+    ("loss with the max's gradient", _LOSS, loss_max_with_its_gradient,
+     {2: "forward handed an all-reduce (MAX) a tensor that requires grad"}),
+    ("loss with a target logit from every rank", _LOSS, loss_target_from_every_rank,
+     {2: "adding up a target logit from every rank"}),
+    ("loss of one-sided blocks", _LOSS, loss_of_one_sided_blocks,
+     {2: None, 3: "world_size=3, rank 0, vocab_parallel_cross_entropy(logits_shard (6, 8), "
+                  "targets (6,)): the loss is"}),
+    ("loss summed by dist.all_reduce", _LOSS, loss_summed_by_dist_all_reduce,
+     {2: "forward handed all_reduce a tensor that requires grad"}),
+    ("loss summed as a detached copy", _LOSS, loss_summed_as_a_detached_copy,
+     {2: "has the target's part (-1/N at the target) but not the softmax's"}),
+    ("loss with the target left on its rank", _LOSS, loss_target_left_on_its_rank,
+     {3: "the ranks returned different losses"}),
+    ("loss divided by the first dimension", _LOSS, loss_divided_by_the_first_dimension,
+     {2: "targets (2, 3)): the loss is", 3: "divided by 2 instead of 6"}),
+    ("loss of the whole world", _LOSS, loss_of_the_world,
+     {2: "With a group of one rank the shard is the whole vocabulary"}),
+    ("loss of the gathered logits", _LOSS, loss_of_gathered_logits,
+     {2: "That sends the logits themselves: V/t = 12 numbers per position instead of 3"}),
+    ("loss scaffold", _LOSS, loss_scaffold, {2: UNANSWERED}),
 ]
 
 
@@ -361,10 +506,11 @@ def _verdicts_as_expected(table: list, seed: int) -> str | None:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_solutions_pass_the_three_checkers():
+def test_solutions_pass_the_four_checkers():
     assert check_conjugates(S.f, S.g)
     assert check_parallel_linears(S.ColumnParallelLinear, S.RowParallelLinear)
     assert check_megatron_mlp(S.parallel_mlp)
+    assert check_vocab_parallel_cross_entropy(S.vocab_parallel_cross_entropy)
 
 
 def test_wrong_answers_get_their_reasons():
@@ -377,7 +523,7 @@ def test_a_wrong_answer_gets_its_world_size_and_the_hint(capsys):
     result = check_conjugates(f_reduces_forward, S.g, world_sizes=(2,))
     assert result.ok is False
     assert result.message.startswith("world_size=2, rank 0, f(x): forward returned")
-    assert "Hint: write each as a torch.autograd.Function" in result.message
+    assert "Hint: f and g are there for autograd" in result.message
     assert "[conjugates f and g] not yet right" in capsys.readouterr().out
 
 
@@ -386,6 +532,8 @@ def test_not_answered_yet():
     assert check_conjugates("my_conjugate:f", None).ok is None
     assert check_parallel_linears(None, None).ok is None
     assert check_megatron_mlp(None).ok is None
+    assert check_vocab_parallel_cross_entropy(None).ok is None
+    assert checks.check_vocab_parallel_cross_entropy is check_vocab_parallel_cross_entropy
 
 
 def test_scaffolds_are_not_answered_yet():
@@ -398,6 +546,7 @@ def test_scaffolds_are_not_answered_yet():
     (lambda fn: check_conjugates(S.f, fn), "my_conjugate"),
     (lambda cls: check_parallel_linears(S.ColumnParallelLinear, cls), "my_linears"),
     (lambda fn: check_megatron_mlp(fn), "my_mlp"),
+    (lambda fn: check_vocab_parallel_cross_entropy(fn), "my_loss"),
 ])
 def test_an_answer_defined_in_the_notebook_is_refused_with_what_to_do(call, file):
     def answer(x, group=None):
@@ -412,3 +561,15 @@ def test_an_answer_defined_in_the_notebook_is_refused_with_what_to_do(call, file
 def test_a_string_without_a_colon_is_refused():
     result = check_megatron_mlp("my_mlp.parallel_mlp")
     assert result.ok is False and "'my_mlp:parallel_mlp'" in result.message
+
+
+#: what a hint may not print: the code of an answer (the reviewer's rule: the idea, not the fix)
+_CODE = ("F.linear", "view_as", ".clone", ".apply", "ColumnParallelLinear(", "RowParallelLinear(",
+         "get_rank(", "get_world_size(", "all_reduce(", "ReduceOp", "nn.Parameter(", "masked_fill",
+         "amax", "logsumexp", "detach", "f(x", "g(x", "g(F", "mlp.fc =", "mlp.proj =")
+
+
+@pytest.mark.parametrize("hint", ["_CONJUGATES_HINT", "_LINEARS_HINT", "_MLP_HINT", "_LOSS_HINT"])
+def test_hints_point_at_the_idea_without_the_code(hint):
+    text = getattr(L, hint)
+    assert not [c for c in _CODE if c in text], text

@@ -6,7 +6,7 @@ when right). An answer left as ``None`` is reported as "not answered yet" instea
 notebooks that ship with open exercises still run top to bottom. Pass ``strict=True`` to raise
 ``AssertionError`` on a wrong answer (what an autograder wants).
 
-One module per lesson (``lesson00`` ... ``lesson14``); every checker is importable from here:
+One module per lesson (``lesson00`` ... ``lesson15``); every checker is importable from here:
 ``from course_lib import checks; checks.check_allreduce_fn(my_allreduce)``.
 """
 from ._core import (
@@ -47,7 +47,13 @@ from .lesson10 import check_bus_bandwidth
 from .lesson11 import check_fsdp, check_zero
 from .lesson12 import check_one_f_one_b, max_in_flight
 from .lesson13 import check_load_matching, check_strip_prefix
-from .lesson14 import check_conjugates, check_megatron_mlp, check_parallel_linears
+from .lesson14 import (
+    check_conjugates,
+    check_megatron_mlp,
+    check_parallel_linears,
+    check_vocab_parallel_cross_entropy,
+)
+from .lesson15 import check_checkpoint, check_scaler_update, check_sequence_parallel_block
 
 __all__ = [
     "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
@@ -70,4 +76,6 @@ __all__ = [
     "check_one_f_one_b", "max_in_flight",                     # 11
     "check_load_matching", "check_strip_prefix",              # 13
     "check_conjugates", "check_parallel_linears", "check_megatron_mlp",  # 14
+    "check_vocab_parallel_cross_entropy",
+    "check_checkpoint", "check_scaler_update", "check_sequence_parallel_block",  # 15
 ]

@@ -12,35 +12,43 @@ weight-gradient shards, the row-parallel bias added once, sizes the world size d
 refused with ``ValueError``. ``check_megatron_mlp(fn)`` splits a ``course_lib.models.gpt.MLP``
 with the learner's function, compares it with the MLP in one process and counts its
 collectives: one all-reduce of ``B*T*C`` elements forward, one backward, nothing else.
+``check_vocab_parallel_cross_entropy(fn)`` gives each rank its block of the vocabulary of logits
+large enough that an unshifted exp overflows (2-D and 3-D, every rank's block holding targets),
+compares the loss and each shard's gradient with ``F.cross_entropy`` of the whole logits, and
+counts the collectives: three all-reduces of one number per position forward, no logits sent,
+nothing backward, no collective autograd would have to pass through.
 
 Worker processes import the answers by module and name, so they must live in files (in the
-notebook: ``%%writefile my_conjugate.py``, ``my_linears.py``, ``my_mlp.py``); pass them as
-objects or as strings such as ``"my_conjugate:f"``.
+notebook: ``%%writefile my_conjugate.py``, ``my_linears.py``, ``my_mlp.py``, ``my_loss.py``);
+pass them as objects or as strings such as ``"my_conjugate:f"``.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import functools
+import math
 import sys
 from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from ..models.gpt import MLP, GPTConfig
 from ._core import ExerciseResult, unanswered, verdict
 from ._launch import UNANSWERED, check_in_ranks, first_failure_in_ranks, load_answer, worker_spec
 
-__all__ = ["check_conjugates", "check_megatron_mlp", "check_parallel_linears"]
+__all__ = ["check_conjugates", "check_megatron_mlp", "check_parallel_linears",
+           "check_vocab_parallel_cross_entropy"]
 
 _DTYPE = torch.float64
 _RTOL, _ATOL = 1e-10, 1e-12    # float64: a right answer differs by the order of a sum only
 
 
 # ------------------------------------------------------------------------------------------------
-# shared by the three workers
+# shared by the workers
 # ------------------------------------------------------------------------------------------------
 
 class _Stop(Exception):
@@ -59,7 +67,7 @@ def _call(what: str, fn: Callable, *args, **kwargs):
         text = " ".join(str(e).split())
         if "modified by an inplace operation" in text:
             text += (" (something overwrote a tensor autograd had saved: all_reduce writes "
-                     "into the tensor it is given, so all-reduce a copy, x.clone())")
+                     "its result into the very tensor it is given)")
         raise _Stop(f"{what} raised {type(e).__name__}: {text}") from None
 
 
@@ -128,11 +136,14 @@ def _check_several(name: str, answers: tuple, examples: tuple[str, ...], worker:
 # ------------------------------------------------------------------------------------------------
 
 _CONJUGATES_NAME = "conjugates f and g"
-_CONJUGATES_HINT = ("write each as a torch.autograd.Function called through .apply: f's forward "
-                    "returns x unchanged (x.view_as(x)), its backward all-reduces (sum) the "
-                    "gradient over group; g's forward all-reduces (sum) a copy of x over group "
-                    "(x.clone(): never x itself), its backward returns the gradient unchanged. "
-                    "backward returns one gradient per input of forward: None for the group.")
+_CONJUGATES_HINT = ("f and g are there for autograd. f marks where every rank starts using the "
+                    "same whole tensor: forward nothing changes, and backward the tensor's "
+                    "gradient has a part on every rank, to be added up. g marks where each rank "
+                    "holds a partial sum: forward the parts are added up, and backward every "
+                    "rank already holds the same gradient. An autograd.Function lets forward and "
+                    "backward do different things; its backward gives one gradient per input of "
+                    "forward (a group has none). all_reduce writes into the tensor it is given, "
+                    "and autograd may still need that tensor.")
 _SHAPE = (3, 5)
 
 
@@ -171,10 +182,10 @@ def _conjugate_forward_problem(y, x: torch.Tensor, before: torch.Tensor, which: 
         elif _close(y, mean):
             why = (" It is the average of every rank's input: "
                    + ("f's forward is the identity." if which == "f" else
-                      "g sums (ReduceOp.SUM), it does not average."))
+                      "g sums, it does not average."))
         elif t == 1 and _close(y, total):
             why = (" It is the sum over all the ranks, but the group given has this rank alone: "
-                   "pass group to dist.all_reduce (group=group).")
+                   "the collective ran over the whole world, not over the group.")
         elif which == "g" and _close(y, own):
             why = " It is this rank's own input: g's forward sums it over the ranks."
         expected = ("its input unchanged" if which == "f" or t == 1
@@ -183,12 +194,12 @@ def _conjugate_forward_problem(y, x: torch.Tensor, before: torch.Tensor, which: 
     if not torch.equal(x.detach(), before):
         return (f"{where}: {which} changed its input in place (dist.all_reduce writes into the "
                 "tensor it is given). Autograd may have saved that tensor for the backward of "
-                "the operation that made it (here tanh saved it): all-reduce a copy, "
-                "x.clone().")
+                "the operation that made it (here tanh saved it), so the result must be written "
+                "somewhere else.")
     if not y.requires_grad:
         return (f"{where}: the output does not require grad, so no gradient can flow back "
-                f"through {which}: write it as a torch.autograd.Function and return "
-                f"YourFunction.apply(x, group).")
+                f"through {which}: autograd follows an autograd.Function only when its output "
+                "comes from the Function's apply.")
     return None
 
 
@@ -205,9 +216,8 @@ def _conjugate_backward_problem(got: torch.Tensor | None, which: str, t: int, us
             why = (" It is this rank's own upstream gradient: f's backward must all-reduce "
                    "(sum) it over the group (every rank used the whole input).")
         elif which == "f" and _close(got, mean):
-            why = (" It is the average of the ranks' gradients, not their sum: Megatron's f "
-                   "sums (ReduceOp.SUM); each rank's part is a separate term of the input's "
-                   "gradient.")
+            why = (" It is the average of the ranks' gradients, not their sum: each rank's "
+                   "part is a separate term of the input's gradient.")
         elif which == "g" and _close(got, total):
             why = (" It is the sum of every rank's upstream gradient: g's backward is the "
                    "identity (its output is the same on every rank; there is nothing to add).")
@@ -215,7 +225,8 @@ def _conjugate_backward_problem(got: torch.Tensor | None, which: str, t: int, us
             why = " It is the average over the ranks: g's backward is the identity."
         elif t == 1 and _close(got, total):
             why = (" It is the sum over all the ranks, but the group given has this rank alone: "
-                   "pass group to dist.all_reduce (keep it in ctx in forward).")
+                   "the collective in backward ran over the whole world, not over the group "
+                   "(backward knows only what forward kept for it).")
         expected = ("the sum of every rank's upstream gradient" if which == "f" and t > 1
                     else "its upstream gradient unchanged")
         return (f"{where}: the input's gradient is {_short(got)}, expected {expected} "
@@ -275,7 +286,7 @@ def check_conjugates(f: Callable | str | None, g: Callable | str | None, *,
         _CONJUGATES_NAME, (f, g), ("my_conjugate:f", "my_conjugate:g"), _conjugate_cases, (14,),
         world_sizes=world_sizes, timeout=timeout, hint=_CONJUGATES_HINT,
         hang_hint="Does every rank call all_reduce the same number of times, with the same "
-                  "group? f all-reduces in backward only, g in forward only.",
+                  "group? f communicates in backward only, g in forward only.",
         passed=f"f and g give the right values and gradients on every rank for world sizes "
                f"{list(world_sizes)}, leave their input alone, and honour the group.",
         missing="write f and g to my_conjugate.py and pass them here.", strict=strict)
@@ -286,13 +297,14 @@ def check_conjugates(f: Callable | str | None, g: Callable | str | None, *,
 # ------------------------------------------------------------------------------------------------
 
 _LINEARS_NAME = "parallel linears"
-_LINEARS_HINT = ("ColumnParallelLinear keeps rows rank*out/t to (rank+1)*out/t of linear.weight "
-                 "(and that block of the bias) as new nn.Parameters (a sliced copy), and returns "
-                 "F.linear(f(x, group), weight, bias); RowParallelLinear keeps columns "
-                 "rank*in/t to (rank+1)*in/t of the weight and the whole bias, and returns "
-                 "g(F.linear(x, weight), group) + bias. Take rank and t from the group "
-                 "(dist.get_rank(group), dist.get_world_size(group)) and raise ValueError when "
-                 "t does not divide the dimension you split. (Does check_conjugates pass?)")
+_LINEARS_HINT = ("weight is (out, in): a column-parallel layer keeps a block of output "
+                 "features, a row-parallel one a block of input features, each rank its own "
+                 "block in rank order, as parameters of its own. Which of f and g a layer's "
+                 "input or output passes through follows from what each rank holds: in one "
+                 "layer every rank uses the whole input, in the other each rank's product is a "
+                 "partial sum of the whole output. The bias is one vector: it must count once "
+                 "in the output. The rank, the number of blocks and the collectives all come "
+                 "from the group given. (Does check_conjugates pass?)")
 _B, _T = 2, 3
 _IN = 7     # no world size divides it: a column-parallel layer must not split it
 
@@ -316,10 +328,11 @@ def _shard_problem(layer: nn.Module, attr: str, full: torch.Tensor | None, index
     shape = tuple(want.shape)
     if not isinstance(p, nn.Parameter):
         return (f"{where}: expected self.{attr}, an nn.Parameter of shape {shape} ({what}), "
-                f"found {type(p).__name__}: wrap the slice, nn.Parameter(...).")
+                f"found {type(p).__name__}: the optimizer trains only what the layer "
+                "registers as a parameter.")
     if p.dtype != full.dtype:
         return (f"{where}: self.{attr} has dtype {p.dtype}, the nn.Linear given has "
-                f"{full.dtype}: keep its dtype (slice linear.{attr} itself).")
+                f"{full.dtype}: a shard has the dtype of the layer it comes from.")
     if tuple(p.shape) != shape:
         why = ""
         if p.shape == full.shape:
@@ -344,8 +357,8 @@ def _shard_problem(layer: nn.Module, attr: str, full: torch.Tensor | None, index
         return f"{where}: self.{attr} is {_short(p)}, expected {what} {_short(want)}.{why}"
     if p.untyped_storage().nbytes() > p.numel() * p.element_size():
         return (f"{where}: self.{attr} shares the memory of the whole tensor (a view of it): "
-                f"this rank would keep all {full.numel()} elements alive; keep a copy of the "
-                f"slice (.clone()).")
+                f"this rank would keep all {full.numel()} elements alive, not its share; a "
+                "shard must own its memory.")
     return None
 
 
@@ -370,8 +383,8 @@ def _grad_problem(got: torch.Tensor | None, want: torch.Tensor, what: str, where
                "over the ranks (g's backward is the identity).")
     elif t > 1 and _close(got, want / t):
         why = (f" It is 1/{t} of it: a bias split into t shares before the all-reduce gives "
-               "the right output, but each rank's bias gets 1/t of its gradient; add the whole "
-               "bias once, after g.")
+               "the right output, but each rank's bias then enters it as a 1/t share and gets "
+               "1/t of its gradient. The bias should enter the output whole, once.")
     return f"{where}: {what} is {_short(got)}, expected {_short(want)}.{why}"
 
 
@@ -439,9 +452,9 @@ def _column_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str |
         why = ""
         mine = U[..., blocks[r][0]] @ full.weight.detach()[blocks[r]]
         if t > 1 and _close(got, mine):
-            why = (" It is this rank's part only (its block of features' contribution): pass "
-                   "the input through f before F.linear; f's backward sums the parts over the "
-                   "ranks.")
+            why = (" It is this rank's part only (its block of features' contribution): "
+                   "every rank used the whole input, so its gradient is the sum of every "
+                   "rank's part.")
         problem = (f"{where}: the input's gradient is {_short(got)}, expected the one-process "
                    f"gradient {_short(X_ref.grad)}.{why}")
     for attr, tensor in (("weight", full.weight), ("bias", full.bias)):
@@ -490,14 +503,14 @@ def _row_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | No
             times = float((off * b).sum() / (b * b).sum().clamp_min(1e-30) / (_B * _T))
             if abs(times - (t - 1)) < 1e-6 and _close(off, (t - 1) * b.expand_as(off)):
                 why = (f" It holds the bias {t} times (t*b instead of b): every rank added it "
-                       "before the all-reduce, which summed it. Add it once, after g.")
+                       "to its partial sum, and the partial sums were added up.")
             elif _close(off, times * b.expand_as(off)):
                 why = (f" It is the right output plus {times:.4g} times the bias: the bias "
-                       f"counted {times + 1:.4g} times instead of once. Add it once, after g.")
+                       f"counted {times + 1:.4g} times instead of once.")
         if not why and t > 1 and (_close(y, partial) or (bias and _close(
                 y, partial + full.bias.detach()))):
-            why = (" It is this rank's partial product only: sum the parts over the ranks "
-                   "with g.")
+            why = (" It is this rank's partial product only: the output is the sum of every "
+                   "rank's part.")
         problem = (f"{where}: the output is "
                    f"{_short(y) if isinstance(y, torch.Tensor) else type(y).__name__}, "
                    f"expected the full output {_short(Y)} on every rank.{why}")
@@ -568,9 +581,9 @@ def _linear_cases(specs: tuple, seed: int) -> str | None:
             return str(e)
         if failure is not None:
             if group is not None:
-                failure += (" With a group of one rank the layer is the whole nn.Linear: take "
-                            "the rank and the world size from the group (dist.get_rank(group), "
-                            "dist.get_world_size(group)) and pass group to f and g.")
+                failure += (" With a group of one rank the layer is the whole nn.Linear: the "
+                            "rank, the number of blocks and the collectives must all come from "
+                            "the group given, not from the whole world.")
             return failure
     return None
 
@@ -612,9 +625,8 @@ def check_parallel_linears(column_cls: Callable | str | None, row_cls: Callable 
         _LINEARS_NAME, (column_cls, row_cls),
         ("my_linears:ColumnParallelLinear", "my_linears:RowParallelLinear"), _linear_cases,
         (14,), world_sizes=world_sizes, timeout=timeout, hint=_LINEARS_HINT,
-        hang_hint="Does every rank make the same collectives, with the same group: f (in the "
-                  "column layer) all-reduces in backward only, g (in the row layer) in forward "
-                  "only?",
+        hang_hint="Does every rank make the same collectives, in the same order, with the "
+                  "same group?",
         passed=f"shards, outputs and gradients equal one nn.Linear for world sizes "
                f"{list(world_sizes)}, with and without bias; sizes that do not divide are "
                f"refused; a group of one rank is honoured.",
@@ -626,11 +638,11 @@ def check_parallel_linears(column_cls: Callable | str | None, row_cls: Callable 
 # ------------------------------------------------------------------------------------------------
 
 _MLP_NAME = "Megatron MLP"
-_MLP_HINT = ("replace mlp.fc by your ColumnParallelLinear(mlp.fc, group) and mlp.proj by your "
-             "RowParallelLinear(mlp.proj, group), and return mlp: its forward, "
-             "proj(gelu(fc(x))), then needs nothing between the two layers (GELU acts on each "
-             "feature alone), so one all-reduce forward (g, after proj) and one backward (f, "
-             "before fc).")
+_MLP_HINT = ("GELU acts on each number alone, but GELU(a + b) is not GELU(a) + GELU(b): what "
+             "each rank holds after fc must be something GELU can act on alone, whole values "
+             "rather than parts of a sum, and proj must take exactly that as its input, so that "
+             "nothing is sent between the two layers. Which of your two layers gives that, and "
+             "which takes it? Then the MLP needs one all-reduce forward and one backward.")
 #: what counts as communication while the learner's MLP runs
 _COLLECTIVES = ("all_gather", "all_gather_coalesced", "all_gather_into_tensor",
                 "all_gather_object", "all_reduce", "all_reduce_coalesced", "all_to_all",
@@ -652,12 +664,24 @@ def _elements(args: tuple, kwargs: dict) -> int:
     return 0
 
 
+def _tracked(args: tuple, kwargs: dict) -> bool:
+    """Whether a collective's call was handed a tensor that requires grad (autograd cannot
+    follow a collective called directly)."""
+    for v in list(args) + list(kwargs.values()):
+        for x in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                return True
+    return False
+
+
 @contextlib.contextmanager
-def _counting(calls: list[tuple[str, int]]) -> Iterator[None]:
+def _counting(calls: list[tuple[str, int]],
+              tracked: list[tuple[str, object]] | None = None) -> Iterator[None]:
     """Note ``(name, elements)`` of every collective called inside: ``torch.distributed``'s
     functions are replaced for the duration, there and wherever a module outside torch imported
     them by name (``from torch.distributed import all_reduce``); restored in ``finally``. A
-    collective called inside another (all_gather_object's all_gather) counts once."""
+    collective called inside another (all_gather_object's all_gather) counts once. ``tracked``
+    (if given) gets ``(name, op)`` of each call handed a tensor that requires grad."""
     from torch.distributed import distributed_c10d as c10d
 
     originals = {n: getattr(c10d, n) for n in _COLLECTIVES if callable(getattr(c10d, n, None))}
@@ -669,6 +693,9 @@ def _counting(calls: list[tuple[str, int]]) -> Iterator[None]:
         def call(*args, **kwargs):
             if depth[0] == 0:
                 calls.append((name, _elements(args, kwargs)))
+                if tracked is not None and _tracked(args, kwargs):
+                    op = kwargs.get("op", args[1] if len(args) > 1 else None)
+                    tracked.append((name, op))
             depth[0] += 1
             try:
                 return fn(*args, **kwargs)
@@ -718,8 +745,8 @@ def _mlp_case(fn: Callable, bias: bool, where: str) -> Iterator[str | None]:
                "MLP changed in place, or a new one) whose forward is proj(gelu(fc(x))).")
     fc, proj = getattr(mlp, "fc", None), getattr(mlp, "proj", None)
     if not isinstance(fc, nn.Module) or not isinstance(proj, nn.Module):
-        yield (f"{where}: expected the module returned to have .fc (column-parallel) and "
-               f".proj (row-parallel), found {type(fc).__name__} and {type(proj).__name__}.")
+        yield (f"{where}: expected the module returned to have .fc and .proj (the MLP's two "
+               f"layers, split), found {type(fc).__name__} and {type(proj).__name__}.")
     rows = [(slice(k * per, (k + 1) * per),) for k in range(t)]
     cols = [(slice(None), slice(k * per, (k + 1) * per)) for k in range(t)]
     span = f"{r * per}:{(r + 1) * per}"
@@ -769,13 +796,13 @@ def _mlp_case(fn: Callable, bias: bool, where: str) -> Iterator[str | None]:
         return
     made = (f"{where}: one call of your MLP made {_said(forward)} in forward and "
             f"{_said(backward)} in backward")
-    megatron = (f"exactly one all-reduce of B*T*C = {_B * _T * C} elements in forward (g, after "
-                f"proj) and one in backward (f, before fc)")
+    megatron = (f"exactly one all-reduce of B*T*C = {_B * _T * C} elements in forward and one "
+                f"in backward")
     if len(forward) + len(backward) > 2:
         why = ""
         if any("gather" in n for n, _ in forward + backward):
-            why = (" Gathering fc's output (gather_output) is not needed: GELU acts on each "
-                   "feature alone, and proj, row-parallel, takes this rank's block of them.")
+            why = (" Nothing needs gathering between the layers: GELU acts on each hidden "
+                   "feature alone, so each rank can apply it to the whole values it holds.")
         yield (f"{made}. That communicates more than Megatron's MLP, which makes {megatron}, "
                f"nothing else.{why}")
         return
@@ -832,4 +859,340 @@ def check_megatron_mlp(fn: Callable | str | None, *, world_sizes: tuple[int, ...
         hang_hint="Does every rank make the same collectives, with the same group?",
         passed=f"output and gradients equal the one-process MLP for world sizes "
                f"{list(world_sizes)}, with one all-reduce forward and one backward.",
+        strict=strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# the vocabulary-parallel cross-entropy
+# ------------------------------------------------------------------------------------------------
+
+_LOSS_NAME = "vocabulary-parallel cross-entropy"
+_LOSS_HINT = ("for one position with logits z and target y, loss = log(sum_j exp(z_j - m)) - "
+              "(z_y - m) for any m common to the whole vocabulary; with m the largest logit no "
+              "exponential exceeds 1. Each of the three quantities (m, the sum, z_y) is a max "
+              "or a sum over the vocabulary: each rank can compute its part from its block, "
+              "and the parts combine into one number per position. Only the rank whose block "
+              "holds y knows z_y; what do the others contribute? Which of the three must "
+              "carry a gradient back to the shards, and which needs none?")
+_POSITIONS = 6      # N: 6 rows (2-D), 2 x 3 (3-D)
+_HIGH = 1000.0      # logits this large: an unshifted exp overflows float64 (past about 709)
+_GAP = 720.0        # how far below a position's largest block the others lie (exp(-720) ~ 0)
+
+
+def _loss_inputs(kind: str, t: int, per: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full logits ``(..., t * per)`` and the targets ``(...)`` of a case, the same on
+    every rank; position i's target lies in block ``i % t`` ("2d") or ``(i // 2) % t``
+    ("3d"), so that every rank's block holds targets.
+
+    "2d", ``(6, V)``: every logit near 1000, so an exp without the shift overflows. "3d",
+    ``(2, 3, V)``: position i's largest logits all lie in block ``i % t``, the other blocks 720
+    lower, and the positions lie alternately near 0 and near 1000, so that a shift missing the
+    block of the largest overflows and one shift for the whole batch underflows.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    n, vocab = _POSITIONS, t * per
+    i = torch.arange(n)
+    noise = 3 * torch.randn(n, vocab, generator=gen, dtype=_DTYPE)
+    if kind == "2d":
+        z, blocks, shape = _HIGH + noise, i % t, (n,)
+    else:
+        hot = torch.zeros(n, vocab, dtype=_DTYPE)
+        for k in range(n):
+            b = k % t
+            hot[k, b * per:(b + 1) * per] = _GAP
+        base = _HIGH * (i % 2).to(_DTYPE) - _GAP
+        z, blocks, shape = base[:, None] + hot + noise, (i // 2) % t, (2, 3)
+    y = blocks * per + torch.randint(per, (n,), generator=gen)
+    return z.reshape(*shape, vocab), y.reshape(shape)
+
+
+def _loss_variants(z: torch.Tensor, y: torch.Tensor, per: int, t: int) -> dict[str, float]:
+    """What some wrong answers return for the full logits ``z`` and targets ``y``: each rank's
+    block shifted by its own largest logit ("local max"); a target logit added from every
+    rank, the index of a target outside the block set to 0 ("masked") or clamped into it."""
+    z, y = z.reshape(-1, z.shape[-1]), y.reshape(-1)
+    n = y.numel()
+    rows = torch.arange(n)
+    m = z.amax(-1)
+    shifted = z - m[:, None]
+    lse = shifted.exp().sum(-1).log()
+    blocks = z.view(n, t, per)
+    m_r = blocks.amax(-1)                                                   # (n, t)
+    s_local = (blocks - m_r[..., None]).exp().sum(-1).sum(-1)
+    found = {"local max": float((s_local.log() - (z[rows, y] - m_r[rows, y // per])).mean())}
+    for rule in ("masked", "clamped"):
+        total = torch.zeros(n, dtype=z.dtype)
+        for r in range(t):
+            local = y - r * per
+            outside = (local < 0) | (local >= per)
+            local = local.clamp(0, per - 1) if rule == "clamped" else local.masked_fill(outside, 0)
+            total += shifted[rows, r * per + local]
+        found[rule] = float((lse - total).mean())
+    return found
+
+
+def _loss_diagnosis(value: float, want: float, z: torch.Tensor, y: torch.Tensor, per: int,
+                    t: int) -> str:
+    """Why the loss is ``value`` rather than ``want``, where recognised (else "")."""
+    n = y.numel()
+
+    def near(x: float) -> bool:
+        return math.isclose(value, x, rel_tol=1e-9, abs_tol=1e-12)
+
+    if t > 1:
+        found = _loss_variants(z, y, per, t)
+        if near(found["local max"]):
+            return (" It is what shifting each rank's block by its own largest logit gives: the "
+                    "ranks' sums of exponentials then carry different shifts, and adding them "
+                    "up mixes them. At each position every rank must subtract the same number, "
+                    "the largest logit of the whole vocabulary.")
+        if near(found["masked"]) or near(found["clamped"]):
+            return (" It is what adding up a target logit from every rank gives: only the rank "
+                    "whose block holds the target has the target's logit; the other ranks must "
+                    "add nothing to that sum.")
+    ratio = value / want                         # a cross-entropy is positive
+    k = round(n / ratio) if ratio > 0 else 0
+    divided = 1 <= k < n and math.isclose(n / ratio, k, rel_tol=1e-9)
+    summed = t > 1 and math.isclose(ratio, t, rel_tol=1e-9)
+    mean = (f"the sum of the {n} per-position losses divided by {k} instead of {n} (the mean is "
+            f"over every position: every dimension but the last)")
+    added = f"the loss added up over the {t} ranks (every rank already holds all of it)"
+    if divided and summed:
+        return f" It is {ratio:.4g} times the expected loss: {mean}, or {added}?"
+    if divided:
+        return f" It is {mean}."
+    if summed:
+        return f" It is {t} times the expected loss: {added}."
+    m = float(z.reshape(-1, z.shape[-1]).amax(-1).mean())
+    if near(want + m) or near(want - m):
+        return (" It differs from the expected loss by the mean of the positions' largest "
+                "logits: the shift was subtracted from one of the two terms (the sum of "
+                "exponentials, the target's logit) and not from the other.")
+    return ""
+
+
+def _loss_value_problem(loss, want: float, losses: list | None, z: torch.Tensor,
+                        y: torch.Tensor, per: int, t: int, where: str) -> str | None:
+    """What is wrong with the loss returned (``losses``: every rank's, or None), or None."""
+    n = y.numel()
+    if not isinstance(loss, torch.Tensor):
+        return (f"{where}: returned {type(loss).__name__}, expected the mean loss, a scalar "
+                "tensor.")
+    if loss.dim() != 0:
+        why = (" That is one loss per position: the loss is their mean."
+               if loss.shape == y.shape else "")
+        return (f"{where}: returned {_short(loss)}, expected the mean loss over the {n} "
+                f"positions, a scalar (shape ()).{why}")
+    value = float(loss.detach())
+    if math.isnan(value) or value == math.inf:
+        then = " (and then nan: inf - inf, or inf / inf)" if math.isnan(value) else ""
+        return (f"{where}: the loss is {value}, expected {want:.10g}. The logits here reach "
+                f"about {_HIGH:g}, and exp overflows float64 past about 709: a sum of "
+                f"exponentials became inf{then}. Subtract the largest logit first: "
+                "log(sum_j exp(z_j)) = m + log(sum_j exp(z_j - m)) for any m, and with m the "
+                "largest logit of the position, over the whole vocabulary, no term exceeds 1.")
+    if value == -math.inf:
+        tops = z.reshape(-1, z.shape[-1]).amax(-1)
+        spread = float(tops.max() - tops.min())
+        apart = (f"; here the positions' largest logits lie up to {spread:.0f} apart, so no one "
+                 "number serves the whole batch" if spread > 745 else "")
+        return (f"{where}: the loss is -inf, expected {want:.10g}: at some position every "
+                "exponential underflowed to 0 (exp is 0 in float64 below about -745), and "
+                "log(0) is -inf. The number subtracted at a position must be that position's "
+                f"own largest logit, over the whole vocabulary, which makes its largest term "
+                f"exp(0) = 1{apart}.")
+    if losses is not None and not all(
+            v is not None and math.isclose(v, losses[0], rel_tol=_RTOL, abs_tol=_ATOL)
+            for v in losses):
+        said = ", ".join("?" if v is None else f"{v:.10g}" for v in losses)
+        return (f"{where}: the ranks returned different losses ({said}), expected {want:.10g} "
+                "on every rank. A part of the loss was left as this rank's own share: each "
+                "sum over the vocabulary is a sum over every rank's block.")
+    if math.isclose(value, want, rel_tol=_RTOL, abs_tol=_ATOL):
+        return None
+    return (f"{where}: the loss is {value:.10g}, expected {want:.10g} (F.cross_entropy of the "
+            f"whole logits).{_loss_diagnosis(value, want, z, y, per, t)}")
+
+
+def _is_max(op) -> bool:
+    try:
+        return bool(op == dist.ReduceOp.MAX)
+    except Exception:  # noqa: BLE001 - whatever the learner passed as op is not MAX
+        return False
+
+
+def _loss_forward_calls_problem(calls: list[tuple[str, int]], tracked: list, n: int,
+                                per: int, where: str) -> str | None:
+    """What is wrong with the collectives of one forward (``tracked``: those handed a tensor
+    that requires grad), or None."""
+    made = f"{where}: one call made {_said(calls)} in forward"
+    three = (f"three all-reduces of one number per position ({n} elements each): the largest "
+             "logit, the sum of exponentials and the target's logit")
+    if any(k >= n * per for _, k in calls):
+        return (f"{made}. That sends the logits themselves: V/t = {per} numbers per position "
+                f"instead of 3. The vocabulary-parallel loss needs {three}; the logits never "
+                "leave their rank.")
+    sizes = [k for name, k in calls if name == "all_reduce"]
+    if len(sizes) != len(calls) or sum(sizes) != 3 * n or any(k % n for k in sizes):
+        note = ("" if sum(k for _, k in calls) >= 3 * n else " (Collectives are counted "
+                "through torch.distributed: call them as dist.all_reduce.)")
+        return f"{made}; the vocabulary-parallel loss needs {three}, nothing else.{note}"
+    if any(_is_max(op) for _, op in tracked):
+        return (f"{where}: forward handed an all-reduce (MAX) a tensor that requires grad. The "
+                "shift needs no gradient (the loss does not change when all of a position's "
+                "logits move by the same amount), so the tensor given to that collective should "
+                "carry none; autograd does not see a collective called directly, and torch "
+                "warns that sending a gradient back through one is deprecated and may be "
+                "silently wrong.")
+    if tracked:
+        return (f"{where}: forward handed {tracked[0][0]} a tensor that requires grad. Autograd "
+                "does not see a collective called directly: the gradient goes back through it "
+                "as if it were not there, which torch warns is deprecated and may be silently "
+                "wrong. A sum whose gradient must reach the shards goes through an operation "
+                "whose backward is defined: g.")
+    return None
+
+
+def _loss_grad_problem(got: torch.Tensor | None, z: torch.Tensor, y: torch.Tensor, per: int,
+                       r: int, t: int, where: str) -> str | None:
+    """What is wrong with this rank's shard's gradient ``got``, or None."""
+    vocab, n = z.shape[-1], y.numel()
+    shape = (*y.shape, per)
+    block = slice(r * per, (r + 1) * per)
+    soft = torch.softmax(z.reshape(-1, vocab), dim=-1)[:, block].reshape(shape) / n
+    hit = F.one_hot(y.reshape(-1), vocab).to(_DTYPE)[:, block].reshape(shape) / n
+    want = soft - hit
+    if got is None:
+        return (f"{where}: logits_shard.grad is None after backward: the loss does not depend "
+                "on logits_shard through operations autograd follows.")
+    if _close(got, want):
+        return None
+    why = ""
+    if t > 1 and _close(got, want * t):
+        why = (f" It is {t} times too large: the gradient was added up over the ranks on its "
+               "way back, but every rank holds the same loss, and each shard's gradient is its "
+               "own (the backward of a sum over the ranks passes the gradient through "
+               "unchanged).")
+    elif t > 1 and _close(got, want / t):
+        why = (f" It is 1/{t} of it: the gradient was shared out between the ranks, but each "
+               "shard gets the whole gradient of its own logits.")
+    elif _close(got, -hit):
+        why = (" It has the target's part (-1/N at the target) but not the softmax's: the "
+               "gradient did not come back through the sum of exponentials. That sum over the "
+               "ranks must be one autograd follows, whose backward reaches every rank's part.")
+    elif _close(got, soft):
+        why = (" It has the softmax's part but not the target's (-1/N at the target): the "
+               "gradient did not come back through the target's logit. That sum over the "
+               "ranks must be one autograd follows, whose backward reaches the rank that holds "
+               "the target.")
+    return (f"{where}: logits_shard.grad is {_short(got)}, expected this rank's block of the "
+            f"whole logits' gradient {_short(want)}.{why}")
+
+
+def _loss_case(fn: Callable, kind: str, group, seed: int,
+               where: str) -> Iterator[str | None]:
+    """The learner's loss on this rank's block of a case's logits (``_loss_inputs``) against
+    ``F.cross_entropy`` of the whole logits (yields what is wrong, or None, at each step:
+    ``_in_step``). ``group`` is None (every rank) or a group of this rank alone; the
+    collectives are counted for every rank only."""
+    world = dist.get_world_size()
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    per = _split_size(world) // world
+    z, y = _loss_inputs(kind, t, per, seed)
+    shard = z[..., r * per:(r + 1) * per].clone().requires_grad_()
+    where = (f"{where}, vocab_parallel_cross_entropy(logits_shard {tuple(shard.shape)}, targets "
+             f"{tuple(y.shape)}" + (")" if group is None else
+                                    ", group=a group of this rank alone)"))
+    args = {} if group is None else {"group": group}
+    forward: list[tuple[str, int]] = []
+    tracked: list[tuple[str, object]] = []
+    with _counting(forward, tracked):
+        loss = _call(f"{where}: forward", fn, shard, y.clone(), **args)
+    losses = None
+    if group is None:                               # every rank's loss, to compare them
+        mine = float(loss.detach()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 \
+            else None
+        losses = [None] * world
+        dist.all_gather_object(losses, mine)
+    want = float(F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1)))
+    yield _loss_value_problem(loss, want, losses, z, y, per, t, where)
+    yield None if group is not None else \
+        _loss_forward_calls_problem(forward, tracked, y.numel(), per, where)
+    yield None if loss.requires_grad else (
+        f"{where}: the loss does not require grad, so no gradient can reach logits_shard: it "
+        "was computed from tensors autograd does not follow back to logits_shard (a "
+        "detached copy, or what a collective wrote).")
+    backward: list[tuple[str, int]] = []
+    with _counting(backward):
+        _call(f"{where}: backward", loss.backward)
+    yield _loss_grad_problem(shard.grad, z, y, per, r, t, where)
+    yield None if group is not None or not backward else (
+        f"{where}: backward made {_said(backward)}; the loss's backward needs no "
+        "communication: every rank holds the same loss, and each shard's gradient follows "
+        "from numbers this rank already has.")
+
+
+def _loss_cases(spec, seed: int) -> str | None:
+    """In every rank: 2-D and 3-D logits over every rank, then 2-D with a group of one."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    fn, error = load_answer(spec)
+    if error:
+        return error
+    alone = _alone()
+    for index, (kind, group) in enumerate((("2d", None), ("3d", None), ("2d", alone))):
+        try:
+            failure = _in_step(_loss_case(fn, kind, group, seed + index,
+                                          f"world_size={world}, rank {rank}"))
+        except _Stop as e:
+            return str(e)
+        if failure is not None:
+            if group is not None:
+                failure += (" With a group of one rank the shard is the whole vocabulary: the "
+                            "rank, the number of ranks and the collectives must all come from "
+                            "the group given, not from the whole world.")
+            return failure
+    return None
+
+
+def check_vocab_parallel_cross_entropy(fn: Callable | str | None, *,
+                                       world_sizes: tuple[int, ...] = (2, 3, 4),
+                                       timeout: float = 60.0,
+                                       strict: bool = False) -> ExerciseResult:
+    """Exercise 4: ``fn(logits_shard, targets, group=None)``, the cross-entropy of logits split
+    over the ranks by vocabulary, without gathering them.
+
+    For each world size t, a process group of t worker processes; in float64, rank r gets
+    columns ``r*V/t:(r+1)*V/t`` of the same logits (V = 24 for t = 2, 3, 4) and the same
+    targets, which fall in every rank's block, as ``(6, V/t)`` and ``(6,)``, then ``(2, 3, V/t)``
+    and ``(2, 3)``. The logits reach about 1000, so an exp without a shift overflows; in the 3-D
+    case each position's largest logits lie in one block, 720 above the others, and the
+    positions lie 1000 apart. The loss must equal ``F.cross_entropy`` of the whole logits
+    (the mean over positions) on every rank, and each shard's gradient the matching block of
+    the whole gradient. One call may make three all-reduces of one number per position in
+    forward (none given a tensor that requires grad: the sums go through g, the max needs no
+    gradient) and nothing in backward. Then the 2-D case with a group of this rank alone: the
+    shard is the whole vocabulary.
+
+    Args:
+        fn: your function (importable by worker processes) or
+            ``"my_loss:vocab_parallel_cross_entropy"``; None: not answered yet.
+        world_sizes: numbers of processes to try (3 matters: some wrong answers pass at 2).
+        timeout: seconds for each world size (a loss that hangs fails, it does not hang).
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    if fn is None:
+        return verdict(_LOSS_NAME, None, "write vocab_parallel_cross_entropy to my_loss.py and "
+                       "pass it here.", strict)
+    return check_in_ranks(
+        _LOSS_NAME, fn, "my_loss:vocab_parallel_cross_entropy", _loss_cases, (14,),
+        world_sizes=world_sizes, timeout=timeout, hint=_LOSS_HINT,
+        hang_hint="Does every rank make the same collectives, in the same order, with the same "
+                  "group, also a rank whose block holds none of the targets?",
+        passed=f"the loss and every shard's gradient equal F.cross_entropy of the whole logits "
+               f"for world sizes {list(world_sizes)}, 2-D and 3-D, with logits an unshifted exp "
+               f"overflows on; three all-reduces of one number per position, nothing gathered; "
+               f"a group of one rank is honoured.",
         strict=strict)
