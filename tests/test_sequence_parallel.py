@@ -21,6 +21,11 @@ sequence parallelism it equals one process's divided by t exactly, except the (T
 GPT (no dropout: e(16sbh + as^2b)/t at e bytes an element, see tests/test_checkpoint.py) within
 3% (the LayerNorm statistics, 4sb e/t, and the mask). Tensor parallelism alone measured
 against sbh(10 + 24/t + 5as/(ht)) adapted the same way, exactly plus the same extras.
+
+Against torch's own sequence parallelism (``test_sequence_parallel_equals_torchs``, one launch
+for 2 and 3 ranks): the blocks split by ``parallelize_module`` with ``SequenceParallel``
+LayerNorms and ``ColwiseParallel(input_layouts=Shard(1))`` / ``RowwiseParallel(output_layouts=
+Shard(1))`` on a CPU ``DeviceMesh`` (gloo) give the same outputs and gradients in float64.
 """
 import copy
 import warnings
@@ -269,3 +274,83 @@ def test_sequence_parallel_equals_tp_and_one_process(failures):
     collectives and bytes on the wire counted, activation bytes per rank measured divided by t,
     a sequence the group does not divide refused; no warning."""
     assert failures == [[] for _ in failures], [f for fs in failures for f in fs][:8]
+
+
+# ------------------------------------------------------------------------------------------------
+# against torch's own sequence parallelism (DTensor)
+# ------------------------------------------------------------------------------------------------
+
+def _torch_sp_plan():
+    """torch's tensor-parallel tutorial's plan for a block, with sequence parallelism: the
+    LayerNorms ``SequenceParallel`` (their input and output sharded along the sequence,
+    ``Shard(1)``), the column-parallel layers taking a ``Shard(1)`` input (all-gathered before
+    the product), the row-parallel ones returning ``Shard(1)`` (reduce-scattered after)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+    return {"ln_1": SequenceParallel(),
+            "attn.qkv": ColwiseParallel(input_layouts=Shard(1)),
+            "attn.out_proj": RowwiseParallel(output_layouts=Shard(1)),
+            "ln_2": SequenceParallel(),
+            "mlp.fc": ColwiseParallel(input_layouts=Shard(1)),
+            "mlp.proj": RowwiseParallel(output_layouts=Shard(1))}
+
+
+def _local(grad):
+    """A torch gradient as this rank holds it after summing: a ``Partial`` one (the LayerNorms',
+    each rank's sum over its positions) all-reduced, a sharded or replicated one as it is."""
+    placements = getattr(grad, "placements", ())
+    if any(p.is_partial() for p in placements):
+        return grad.full_tensor()
+    return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+def _against_torch(_spec, _seed) -> str | None:
+    """In every rank: the blocks of ``parallelize_gpt(..., sequence_parallel=True)`` against
+    the same blocks split by torch's ``parallelize_module`` with the plan above on a CPU
+    ``DeviceMesh``; float64, each rank feeding its block of positions (B, T/t, C)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    one, _, ours = _models()
+    theirs = copy.deepcopy(one)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        for block in theirs.blocks:
+            parallelize_module(block, mesh, _torch_sp_plan())
+    except Exception as e:  # noqa: BLE001 - torch's refusal is the finding, said in words
+        return f"world_size={world}: torch: {type(e).__name__}: {e}"
+    x = torch.randn(B, T, CONFIG["n_embd"], dtype=torch.float64)      # the same on every rank
+    u = torch.randn_like(x)
+    failures, results = [], []
+    for blocks in (ours.blocks, theirs.blocks):
+        h = _block(x, rank, world, 1).clone().requires_grad_()
+        y = h
+        for block in blocks:
+            y = block(y)
+        (y * _block(u, rank, world, 1)).sum().backward()
+        results.append((y, h.grad))
+    (y_ours, g_ours), (y_torch, g_torch) = results
+    _close(failures, "blocks' output (B, T/t, C)", y_ours, y_torch)
+    _close(failures, "input's gradient", g_ours, g_torch)
+    for (name, p_ours), (_, p_torch) in zip(ours.blocks.named_parameters(),
+                                            theirs.blocks.named_parameters()):
+        _close(failures, f"grad of blocks.{name}", p_ours.grad, _local(p_torch.grad))
+    return "\n".join(f"world_size={world}, rank {rank}: {f}" for f in failures) or None
+
+
+def test_sequence_parallel_equals_torchs():
+    """Our sequence-parallel blocks equal torch's (``SequenceParallel`` LayerNorms,
+    ``ColwiseParallel(input_layouts=Shard(1))``, ``RowwiseParallel(output_layouts=Shard(1))``
+    on ``init_device_mesh("cpu", (t,))``, gloo) at 2 and 3 ranks in float64: outputs, the
+    input's gradient and every parameter's gradient (torch leaves the LayerNorms' ``Partial``:
+    summed here, as ours are). One launch: a group of 2 ranks, then of 3."""
+    from course_lib.checks._launch import first_failure_in_ranks
+
+    found = first_failure_in_ranks(_against_torch, None, (2, 3), (0,), timeout=60.0,
+                                   hang_hint="", hint="")
+    assert found is None, found

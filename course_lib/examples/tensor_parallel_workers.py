@@ -39,8 +39,9 @@ __all__ = ["COLLECTIVES", "against_one_process", "against_torch", "full_slice",
            "measure_memory", "recording_collectives", "trace_collectives"]
 
 #: the torch.distributed functions ``recording_collectives`` watches
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "broadcast", "all_to_all", "send", "recv")
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
+               "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
+               "all_to_all", "send", "recv")
 
 
 def _device() -> torch.device:

@@ -1,0 +1,247 @@
+"""Worker functions that notebook 15 (activation memory) runs for its tables and figures.
+
+- ``precision_memory``: one training step of the GPT in one precision, its memory measured piece
+  by piece (weights, gradients, optimizer state, activations saved for backward), beside the
+  bytes per parameter the ZeRO paper counts for mixed-precision Adam, 2 + 2 + 12.
+
+The four modes:
+
+- ``"float32"``: everything in float32; Adam's two moments in float32: 4 + 4 + 8 bytes a
+  parameter.
+- ``"bf16-autocast"``: float32 weights (they are the master weights), forward and loss under
+  ``torch.autocast(device_type, dtype=torch.bfloat16)``: matrix products run in bfloat16 on
+  16-bit copies of the weights that autocast makes per operation (and keeps, cached, until the
+  autocast region ends; those that backward needs stay saved with the graph). The weights the
+  model holds stay float32, so their memory is 4 bytes a parameter, not 2, and the gradients,
+  float32 like the weights, 4: 4 + 4 + 8, the same as float32. What shrinks is the activations.
+- ``"fp16-autocast+scaler"``: the same in float16, with ``course_lib.amp.GradScaler`` scaling the
+  loss; on a CPU only where this torch's autocast supports float16 there (torch 2.14 does);
+  where it does not, the result says so and measures nothing.
+- ``"bf16-weights+fp32-master"``: the setup the paper's 16 bytes describe (DeepSpeed's and
+  Megatron-LM's mixed-precision optimizers): the model itself in bfloat16, weights 2 bytes and
+  gradients 2 bytes a parameter; the optimizer holds a float32 master copy of every weight (4)
+  and Adam's two float32 moments on it (4 + 4): 2 + 2 + 12. Each step copies the 16-bit
+  gradients into float32 gradients of the master copy, steps Adam there and copies the master
+  weights back into the model; the float32 gradients live only during that (freed at once,
+  reported as ``transient_master_gradients``).
+
+PyTorch counterpart: ``torch.autocast``, ``torch.amp.GradScaler``; DeepSpeed's ``FP16_Optimizer``
+and Megatron-LM's ``Float16OptimizerWithFloat16Params`` keep 16-bit weights with float32 master
+copies. Read more: Rajbhandari et al. (2020), "ZeRO", section 3.1; Micikevicius et al. (2018),
+"Mixed Precision Training"; notebook 15.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+import torch
+
+from course_lib.amp import GradScaler
+from course_lib.distributed.pipelining import ActivationMeter
+from course_lib.models.gpt import GPT, GPTConfig
+
+__all__ = ["MODES", "PAPER_BYTES_PER_PARAM", "autocast_supports", "precision_memory"]
+
+MODES = ("float32", "bf16-autocast", "fp16-autocast+scaler", "bf16-weights+fp32-master")
+
+#: Rajbhandari et al. (2020), section 3.1: mixed-precision Adam keeps 16-bit weights (2 bytes)
+#: and gradients (2), and float32 master weights, momentum and variance (4 + 4 + 4 = 12).
+PAPER_BYTES_PER_PARAM = {"weights": 2, "gradients": 2, "optimizer": 12}
+
+_AUTOCAST_DTYPE = {"bf16-autocast": torch.bfloat16, "fp16-autocast+scaler": torch.float16}
+
+
+def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of ``tensors``, each storage once."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def autocast_supports(device_type: str, dtype: torch.dtype) -> tuple[bool, str]:
+    """(does this torch's autocast compute a matrix product in ``dtype`` on ``device_type``?,
+    what it said when it does not: its warning or error)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autocast(device_type, dtype=dtype):
+                a = torch.ones(2, 2, device=device_type)
+                got = (a @ a).dtype
+        except (RuntimeError, ValueError, AssertionError) as e:
+            return False, f"{type(e).__name__}: {e}"
+    if got == dtype:
+        return True, ""
+    said = "; ".join(str(w.message) for w in caught) or f"the product came out in {got}"
+    return False, said
+
+
+class _Meter(ActivationMeter):
+    """``ActivationMeter`` that also notes the saved tensors that are 16-bit copies of a weight
+    (what autocast casts and linear's backward needs), by shape and value."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        super().__init__(exclude=params)
+        self._shapes = {}
+        for p in params:
+            self._shapes.setdefault(tuple(p.shape), []).append(p)
+        self.weight_copies: dict[tuple, int] = {}
+
+    def _pack(self, t: torch.Tensor):
+        packed = super()._pack(t)
+        if packed is not t and t.dtype in (torch.float16, torch.bfloat16):
+            for seen in (t, t.mT if t.dim() == 2 else t):   # linear saves the weight's .t()
+                for p in self._shapes.get(tuple(seen.shape), ()):
+                    if p.dtype != t.dtype and torch.equal(p.detach().to(t.dtype), seen):
+                        self.weight_copies[(t.data_ptr(), t.numel(), t.element_size())] = \
+                            t.nbytes
+                        return packed
+        return packed
+
+
+def precision_memory(config_kwargs: dict, batch_size: int, seq_len: int, mode: str, *,
+                     device: str = "cpu", seed: int = 0) -> dict:
+    """One training step of ``GPT(GPTConfig(**config_kwargs))`` in ``mode``, memory measured.
+
+    Builds the model from ``seed``, draws a batch of token ids and targets, runs forward and
+    loss under an ``ActivationMeter`` (parameters excluded), backward, and one ``torch.optim.Adam``
+    step (after a skipped step of the loss scaler, as many as it takes, at most 10).
+
+    Args:
+        config_kwargs: ``GPTConfig`` fields.
+        batch_size, seq_len: the batch.
+        mode: one of ``MODES``.
+        device: ``"cpu"`` or ``"cuda"``; autocast runs with that device type.
+        seed: the model's and the batch's seed.
+
+    Returns:
+        ``{"mode", "supported", "note", "param_count", "weights", "gradients", "optimizer",
+        "master_weights", "optimizer_moments", "optimizer_steps", "activations",
+        "activation_weight_copies", "transient_master_gradients", "skipped_steps", "loss",
+        "bytes_per_param": {"weights", "gradients", "optimizer", "total"},
+        "counted": {"weights", "gradients", "optimizer"}, "paper_bytes_per_param"}``: bytes
+        (ints) measured after the step; ``counted`` the same three from the parameter count and
+        the element sizes of the mode (what the measurement must equal exactly);
+        ``activations`` the bytes saved for backward still held after forward and loss (each
+        tensor once), of which ``activation_weight_copies`` are 16-bit copies of weights (under
+        autocast); ``optimizer`` = ``master_weights`` + ``optimizer_moments`` (Adam's step
+        counters, one number per tensor, are ``optimizer_steps``, apart). With
+        ``supported=False`` only ``mode``, ``supported`` and ``note`` are filled.
+    """
+    if mode not in MODES:
+        raise ValueError(f"precision_memory: mode must be one of {MODES}, got {mode!r}.")
+    result: dict = {"mode": mode, "supported": True, "note": _NOTES[mode],
+                    "paper_bytes_per_param": dict(PAPER_BYTES_PER_PARAM)}
+    autocast_dtype = _AUTOCAST_DTYPE.get(mode)
+    if autocast_dtype is not None:
+        ok, said = autocast_supports(device, autocast_dtype)
+        if not ok:
+            result.update(supported=False, note=(
+                f"torch {torch.__version__}: autocast on {device} does not compute in "
+                f"{autocast_dtype} ({said}); nothing measured rather than a float32 run "
+                "labelled 16-bit."))
+            return result
+
+    torch.manual_seed(seed)
+    config = GPTConfig(**config_kwargs)
+    model = GPT(config).to(device)
+    master = None
+    if mode == "bf16-weights+fp32-master":
+        model = model.to(torch.bfloat16)
+        master = [p.detach().float().clone() for p in model.parameters()]   # float32 copies
+    params = list(model.parameters())
+    optimizer = torch.optim.Adam(master if master is not None else params, lr=1e-3)
+    scaler = GradScaler() if mode == "fp16-autocast+scaler" else None
+    generator = torch.Generator().manual_seed(seed + 1)
+    idx = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
+    targets = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
+    idx, targets = idx.to(device), targets.to(device)
+
+    skipped, transient = 0, 0
+    for _ in range(10):
+        optimizer.zero_grad(set_to_none=True)
+        for p in params:
+            p.grad = None
+        meter = _Meter(params)
+        with meter:
+            if autocast_dtype is not None:
+                with torch.autocast(device, dtype=autocast_dtype):
+                    _, loss = model(idx, targets)
+            else:
+                _, loss = model(idx, targets)
+        activations, copies = meter.saved_alive, sum(meter.weight_copies.values())
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            if scaler.get_scale() < before:      # an overflow: the step was skipped
+                skipped += 1
+                continue
+        else:
+            loss.backward()
+            if master is not None:
+                for m, p in zip(master, params):
+                    m.grad = p.grad.float()          # the 16-bit gradient, in float32
+                transient = _nbytes(m.grad for m in master)
+                optimizer.step()
+                with torch.no_grad():
+                    for m, p in zip(master, params):
+                        p.copy_(m)                   # the master weights, rounded to 16 bits
+                        m.grad = None                # the float32 gradients are not kept
+            else:
+                optimizer.step()
+        break
+    else:
+        raise RuntimeError(f"precision_memory({mode!r}): the loss scaler skipped {skipped} "
+                           "steps in a row; the loss overflows at every scale tried.")
+
+    state = optimizer.state.values()
+    moments = [v for s in state for k, v in s.items() if k != "step"
+               and isinstance(v, torch.Tensor)]
+    steps = [v for s in state for k, v in s.items() if k == "step"
+             and isinstance(v, torch.Tensor)]
+    n = sum(p.numel() for p in params)
+    weights = _nbytes(params)
+    gradients = _nbytes(p.grad for p in params if p.grad is not None)
+    master_bytes = _nbytes(master) if master is not None else 0
+    moment_bytes = _nbytes(moments)
+    optimizer_bytes = master_bytes + moment_bytes
+    element = params[0].element_size()
+    counted_optimizer = n * (4 + 4 + (4 if master is not None else 0))
+    result.update(
+        param_count=n, weights=weights, gradients=gradients, optimizer=optimizer_bytes,
+        master_weights=master_bytes, optimizer_moments=moment_bytes,
+        optimizer_steps=_nbytes(steps), activations=int(activations),
+        activation_weight_copies=int(copies), transient_master_gradients=transient,
+        skipped_steps=skipped, loss=float(loss.detach()),
+        bytes_per_param={"weights": weights / n, "gradients": gradients / n,
+                         "optimizer": optimizer_bytes / n,
+                         "total": (weights + gradients + optimizer_bytes) / n},
+        counted={"weights": n * element, "gradients": n * element,
+                 "optimizer": counted_optimizer})
+    if scaler is not None:
+        result["loss_scale"] = scaler.get_scale()
+    return result
+
+
+_NOTES = {
+    "float32": "float32 weights, gradients and Adam moments: 4 + 4 + 8 bytes a parameter.",
+    "bf16-autocast": (
+        "autocast keeps the float32 weights (the master weights) and makes 16-bit copies per "
+        "operation, so the weights measure 4 bytes a parameter, not the paper's 2, and the "
+        "gradients 4 (float32, like the weights): 4 + 4 + 8 = 16, the paper's total by another "
+        "split; the 16-bit copies that backward needs are saved with the activations "
+        "(activation_weight_copies). What autocast shrinks is the activations."),
+    "fp16-autocast+scaler": (
+        "as bf16-autocast, in float16, the loss scaled by course_lib.amp.GradScaler (its scale "
+        "is one float32 number); float32 weights, 4 + 4 + 8 bytes a parameter."),
+    "bf16-weights+fp32-master": (
+        "the ZeRO paper's setup (DeepSpeed's and Megatron-LM's mixed-precision optimizers): "
+        "16-bit weights (2) and gradients (2) in the model, a float32 master copy (4) and "
+        "Adam's float32 momentum and variance (4 + 4) in the optimizer: 2 + 2 + 12 = 16 bytes "
+        "a parameter; float32 gradients of the master copy exist only during the step "
+        "(transient_master_gradients)."),
+}
