@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-__all__ = ["ByteTokenizer", "TEXT_ENV", "find_text", "load_text", "text_batch"]
+__all__ = ["HELD_OUT", "TEXT_ENV", "ByteTokenizer", "batch_schedule", "find_text", "load_text",
+           "split_tokens", "text_batch"]
 
 TEXT_ENV = "COURSE_TEXT"
 REPO_TEXT = Path(__file__).resolve().parent.parent / "data" / "text"
@@ -148,3 +150,29 @@ def text_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, *,
     X = torch.stack([tokens[s:s + seq_len] for s in starts.tolist()])          # (B, T)
     Y = torch.stack([tokens[s + 1:s + 1 + seq_len] for s in starts.tolist()])  # (B, T)
     return X, Y
+
+
+#: The share of the corpus held out for a validation loss: its last 10 % of tokens.
+HELD_OUT = 0.1
+
+
+def split_tokens(tokens: torch.Tensor,
+                 held_out: float = HELD_OUT) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(train, val)``: the first ``1 - held_out`` of ``tokens`` and the rest (the end of the
+    text, so no training window overlaps a held-out one)."""
+    if not 0 < held_out < 1:
+        raise ValueError(f"split_tokens: held_out must be between 0 and 1, got {held_out!r}.")
+    cut = int(tokens.numel() * (1 - held_out))
+    return tokens[:cut], tokens[cut:]
+
+
+def batch_schedule(tokens: torch.Tensor, batch_size: int, seq_len: int, *,
+                   seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches of a run, in order: ``text_batch`` with one generator seeded ``seed``.
+
+    A later lesson that draws its batches the same way (on every rank) trains on exactly the
+    baseline's text, step for step.
+    """
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        yield text_batch(tokens, batch_size, seq_len, generator=g)

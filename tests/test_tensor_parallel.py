@@ -264,3 +264,25 @@ def test_layers_need_a_process_group():
         ColumnParallelLinear(4, 4)
     with pytest.raises(RuntimeError, match="init_process_group"):
         parallelize_gpt(GPT(GPTConfig(**CONFIG)))
+
+
+def _learner_and_long_run(root: str):
+    """The lesson's MINE path (the blocks' linears and the loss from the reference answers,
+    imported as a learner's files would be) equals one process; the split model trained alone
+    on the baseline's batches gives the baseline's losses."""
+    from course_lib.bench.gpt import baseline
+
+    mine = {"folder": root, "linears": "solutions.lesson14", "loss": "solutions.lesson14"}
+    rows = W.against_one_process({}, B, T, 2, "float64", 3e-3, 0, None, mine)
+    worst = max(max(r["logits"], r["grad"], abs(r["loss_one"] - r["loss_tp"])) for r in rows)
+    split = W.train_split({}, 4, 16, 4, 1e-3, 0)
+    one = baseline(4, 4, 16, eval_batches=1, threads=1, warmup=1)["losses"]
+    return worst, max(abs(a - b) for a, b in zip(split, one))
+
+
+def test_learners_layers_in_the_model_and_the_split_model_learns_like_the_baseline():
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parent.parent)
+    for worst, gap in launch(_learner_and_long_run, 3, root, timeout=180):
+        assert worst < 1e-12, f"the learner's layers in the GPT differ from one process: {worst}"
+        assert gap < 1e-4, f"the split model's losses differ from the baseline's by {gap}"

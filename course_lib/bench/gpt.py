@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from ..data_text import find_text, load_text, text_batch
+from ..data_text import HELD_OUT, batch_schedule, find_text, load_text, split_tokens
 from ..devices import cpu_cores, cpu_threads
 from ..distributed import current_device, launch
 from ..distributed.tensor.parallel import parallelize_gpt
@@ -59,9 +59,6 @@ from .scaling import report_header, results_path, write_report
 __all__ = ["BASELINE_DEFAULTS", "HELD_OUT", "TP_VS_DP_DEFAULTS", "baseline", "batch_schedule",
            "main_baseline", "main_tp_vs_dp", "parse_config", "split_tokens", "tp_vs_dp"]
 
-#: The share of the corpus held out for the validation loss: its last 10 % of tokens
-#: (``course_lib.data_text`` offers no split of its own).
-HELD_OUT = 0.1
 LR = 1e-3
 #: Full run of ``gpt-baseline``: about 70 s in one process on 2 quiet CPU cores (22 ms a step).
 BASELINE_DEFAULTS = {"steps": 3000, "batch_size": 16, "seq_len": 64, "warmup": 5,
@@ -83,28 +80,6 @@ DP_NOTE = ("course_lib.parallel.DistributedDataParallel(strategy='bucketed'): it
 # ------------------------------------------------------------------------------------------------
 # the data: the corpus split, and the batches every variant draws
 # ------------------------------------------------------------------------------------------------
-
-def split_tokens(tokens: torch.Tensor,
-                 held_out: float = HELD_OUT) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(train, val)``: the first ``1 - held_out`` of ``tokens`` and the rest (the end of the
-    text, so no training window overlaps a held-out one)."""
-    if not 0 < held_out < 1:
-        raise ValueError(f"split_tokens: held_out must be between 0 and 1, got {held_out!r}.")
-    cut = int(tokens.numel() * (1 - held_out))
-    return tokens[:cut], tokens[cut:]
-
-
-def batch_schedule(tokens: torch.Tensor, batch_size: int, seq_len: int, *,
-                   seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The batches of a run, in order: ``text_batch`` with one generator seeded ``seed``.
-
-    A later lesson that draws its batches the same way (on every rank) trains on exactly the
-    baseline's text, step for step.
-    """
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        yield text_batch(tokens, batch_size, seq_len, generator=g)
-
 
 def parse_config(text: str | None) -> GPTConfig:
     """``"n_layer=1,n_embd=48"`` -> ``GPTConfig(n_layer=1, n_embd=48)`` (None: the default)."""

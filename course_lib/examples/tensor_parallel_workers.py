@@ -7,6 +7,11 @@ from the same seed, and returns small picklable results.
 
 - ``against_one_process``: the model split by ``parallelize_gpt`` trained side by side with the
   whole model on the same real-text batches: losses, logits and gradient shards compared.
+- ``train_split``: the split model trained alone on the one-process baseline's batches
+  (``course_lib.bench.gpt.baseline``), its loss per step.
+
+Both take ``mine``: the notebook's folder and the names of the learner's files; the blocks'
+linears (and the loss) are then the learner's classes from the lesson's exercises.
 - ``against_torch``: the blocks split by torch's ``parallelize_module`` (``ColwiseParallel`` /
   ``RowwiseParallel`` on a CPU ``DeviceMesh``) against ours: logits, loss, gradients.
 - ``trace_collectives``: every collective one training step issues, in order, with the layer
@@ -18,6 +23,8 @@ from the same seed, and returns small picklable results.
 from __future__ import annotations
 
 import copy
+import importlib
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.data_text import load_text, text_batch
+from course_lib.data_text import batch_schedule, load_text, split_tokens, text_batch
 from course_lib.distributed.pipelining import ActivationMeter
 from course_lib.distributed.tensor.parallel import (
     ColumnParallelLinear,
@@ -36,7 +43,7 @@ from course_lib.distributed.tensor.parallel import (
 from course_lib.models.gpt import GPT, GPTConfig
 
 __all__ = ["COLLECTIVES", "against_one_process", "against_torch", "full_slice",
-           "measure_memory", "recording_collectives", "trace_collectives"]
+           "measure_memory", "recording_collectives", "trace_collectives", "train_split"]
 
 #: the torch.distributed functions ``recording_collectives`` watches
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
@@ -50,11 +57,28 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _models(config: dict, dtype: torch.dtype, seed: int) -> tuple[GPT, GPT]:
-    """(the whole model, its tensor-parallel copy), the same on every rank."""
+def _models(config: dict, dtype: torch.dtype, seed: int,
+            mine: dict | None = None) -> tuple[GPT, GPT]:
+    """(the whole model, its tensor-parallel copy), the same on every rank. With ``mine``
+    (``{"folder": ..., "linears": "my_linears", "loss": "my_loss"}``) the blocks' four linears
+    are the learner's ``ColumnParallelLinear`` / ``RowParallelLinear`` and the loss theirs."""
     torch.manual_seed(seed)
     one = GPT(GPTConfig(**config)).to(_device(), dtype)
-    return one, parallelize_gpt(copy.deepcopy(one))
+    tp = parallelize_gpt(copy.deepcopy(one))
+    if mine:
+        if mine["folder"] not in sys.path:
+            sys.path.insert(0, mine["folder"])
+        importlib.invalidate_caches()
+        if mine.get("linears"):
+            layers = importlib.import_module(mine["linears"])
+            for whole, split in zip(one.blocks, tp.blocks):
+                split.attn.qkv = layers.ColumnParallelLinear(copy.deepcopy(whole.attn.qkv))
+                split.attn.out_proj = layers.RowParallelLinear(copy.deepcopy(whole.attn.out_proj))
+                split.mlp.fc = layers.ColumnParallelLinear(copy.deepcopy(whole.mlp.fc))
+                split.mlp.proj = layers.RowParallelLinear(copy.deepcopy(whole.mlp.proj))
+        if mine.get("loss"):
+            tp.loss_fn = importlib.import_module(mine["loss"]).vocab_parallel_cross_entropy
+    return one, tp
 
 
 def full_slice(tp: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
@@ -63,9 +87,10 @@ def full_slice(tp: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
     module_name, _, attr = name.rpartition(".")
     module = tp.get_submodule(module_name)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if isinstance(module, RowParallelLinear) and attr == "weight":
+    kind = type(module).__name__                    # the course's layers or the learner's
+    if kind == RowParallelLinear.__name__ and attr == "weight":
         return full.chunk(world, dim=1)[rank]         # columns: the input features
-    if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+    if kind in (ColumnParallelLinear.__name__, VocabParallelEmbedding.__name__):
         return full.chunk(world, dim=0)[rank]         # rows: output features, or vocabulary
     return full
 
@@ -76,7 +101,7 @@ def _largest_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def against_one_process(config: dict, batch_size: int, seq_len: int, steps: int,
                         dtype: str = "float64", lr: float = 3e-3, seed: int = 0,
-                        text_bytes: int | None = None) -> list[dict]:
+                        text_bytes: int | None = None, mine: dict | None = None) -> list[dict]:
     """Train the whole model and its tensor-parallel copy side by side, AdamW, same batches.
 
     Every rank draws the same batches of the real text (one generator, one seed). Per step:
@@ -86,7 +111,7 @@ def against_one_process(config: dict, batch_size: int, seq_len: int, steps: int,
     """
     torch.set_default_dtype(torch.float32)
     tokens = load_text(max_bytes=text_bytes)
-    one, tp = _models(config, getattr(torch, dtype), seed)
+    one, tp = _models(config, getattr(torch, dtype), seed, mine)
     opt_one = torch.optim.AdamW(one.parameters(), lr=lr)
     opt_tp = torch.optim.AdamW(tp.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -290,3 +315,23 @@ def measure_memory(config_kwargs: dict, batch_size: int, seq_len: int, seed: int
             "parameters": _nbytes(params), "gradients": _nbytes(p.grad for p in params
                                                                if p.grad is not None),
             "optimizer": _nbytes(state), "activations": int(activations)}
+
+
+def train_split(config: dict, batch_size: int, seq_len: int, steps: int, lr: float = 1e-3,
+                seed: int = 0, mine: dict | None = None) -> list[float]:
+    """The split model trained alone, float32, AdamW(lr), on exactly the batches of the
+    one-process baseline (``batch_schedule`` of the first 90 % of the text, ``seed``): its loss
+    per step, the same on every rank, to set beside the baseline's."""
+    _, tp = _models(config, torch.float32, seed, mine)
+    opt = torch.optim.AdamW(tp.parameters(), lr=lr)
+    train, _ = split_tokens(load_text())
+    batches = batch_schedule(train, batch_size, seq_len, seed=seed)
+    losses = []
+    for _ in range(steps):
+        X, Y = (t.to(_device()) for t in next(batches))
+        _, loss = tp(X, Y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
