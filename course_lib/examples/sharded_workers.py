@@ -6,7 +6,10 @@ returns small picklable results. The model is an MLP of ``Linear`` layers of the
 (``widths=[a, b, c]``: Linear(a, b), Tanh, Linear(b, c)), the same on every rank.
 
 - ``memory_per_rank``: bytes in parameters, gradients and optimizer state, and the peak of one
-  training step, for DDP, ZeRO-1 and FSDP (AdamW), measured on this rank.
+  training step, for DDP, ZeRO-1 and FSDP (AdamW), measured on this rank; with the number of
+  parameter elements whose optimizer state this rank keeps (ZeRO-1's share of the state).
+- ``compare_zero_with_unsharded``: ZeRO-1 against the unsharded AdamW, both under DDP, compared
+  with ``torch.equal`` after a few steps.
 - ``step_times``: the three timed interleaved in the same processes (``course_lib.timing.compare``).
 - ``compare_with_torch_fsdp``: the course's FSDP against torch's ``fully_shard`` and against one
   process on the whole batch, after a few steps.
@@ -31,7 +34,8 @@ from course_lib.distributed.memory import (
 from course_lib.distributed.optim import ZeroRedundancyOptimizer
 from course_lib.parallel.ddp import DistributedDataParallel
 
-__all__ = ["KINDS", "compare_with_torch_fsdp", "memory_per_rank", "mlp", "step_times"]
+__all__ = ["KINDS", "compare_with_torch_fsdp", "compare_zero_with_unsharded", "memory_per_rank",
+           "mlp", "step_times"]
 
 KINDS = ("DDP", "ZeRO-1", "FSDP")
 
@@ -91,7 +95,11 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
     one is deleted and collected first.
 
     Returns:
-        One dict per kind: ``kind, world, rank, num_params, params, grads, optimizer, peak``.
+        One dict per kind: ``kind, world, rank, num_params, largest_param, params, grads,
+        optimizer, state_elements, peak``. ``num_params`` and ``largest_param``: the elements
+        of the unsharded model and of its largest parameter; ``state_elements``: the elements
+        of the parameters (or flat shards) whose optimizer state this rank keeps (all of them
+        under DDP; under ZeRO-1 those this rank owns).
     """
     out = []
     for kind in kinds:
@@ -102,12 +110,38 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
         with PeakMemory(_device()) as measured:
             _step(model, opt, X, y)
         params = list(model.parameters())
+        sizes = [p.numel() for p in mlp(widths).parameters()]
         out.append({"kind": kind, "world": dist.get_world_size(), "rank": dist.get_rank(),
-                    "num_params": sum(p.numel() for p in mlp(widths).parameters()),
+                    "num_params": sum(sizes), "largest_param": max(sizes),
                     "params": tensor_bytes(params), "grads": grad_bytes(params),
-                    "optimizer": optimizer_state_bytes(local), "peak": measured.peak})
+                    "optimizer": optimizer_state_bytes(local),
+                    "state_elements": sum(p.numel() for p in local.state),
+                    "peak": measured.peak})
         del model, opt, local, params
     return out
+
+
+def compare_zero_with_unsharded(widths: list[int], per_rank: int = 8, steps: int = 3) -> dict:
+    """DDP with AdamW and DDP with ``ZeroRedundancyOptimizer(AdamW)``, from the same weights,
+    ``steps`` steps on the same batches (each rank its own); then every parameter compared.
+
+    Returns:
+        ``{"steps", "equal", "max_difference"}``, the same on every rank: ``equal`` is True when
+        every parameter is ``torch.equal`` to the unsharded run's on every rank;
+        ``max_difference`` the largest absolute difference of an element over the ranks.
+    """
+    runs = [_setup(kind, widths)[:2] for kind in ("DDP", "ZeRO-1")]
+    for step in range(steps):
+        X, y = _batch(widths, per_rank, seed=step)
+        for model, opt in runs:
+            _step(model, opt, X, y)
+    pairs = list(zip(runs[0][0].parameters(), runs[1][0].parameters()))
+    unequal = sum(not torch.equal(a, b) for a, b in pairs)
+    difference = max((a.detach() - b.detach()).abs().max().item() for a, b in pairs)
+    summary = torch.tensor([float(unequal), difference], dtype=torch.float64, device=_device())
+    dist.all_reduce(summary, op=dist.ReduceOp.MAX)  # gloo and NCCL both take float64
+    return {"steps": steps, "equal": summary[0].item() == 0,
+            "max_difference": summary[1].item()}
 
 
 def step_times(widths: list[int], per_rank: int = 8, samples: int = 10,
