@@ -287,6 +287,8 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
     tp_model = parallelize_gpt(copy.deepcopy(base))
     dp_model = DistributedDataParallel(copy.deepcopy(base), strategy="bucketed")
     tp_opt, dp_opt = _optimizer(tp_model.parameters(), lr), _optimizer(dp_model.parameters(), lr)
+    alone = parallelize_gpt(copy.deepcopy(base))      # the same split, its all-reduces skipped
+    alone_opt = _optimizer(alone.parameters(), lr)
     phase = ["forward"]
 
     def tp_step(i: int) -> torch.Tensor:
@@ -311,6 +313,20 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
         dp_opt.step()
         return loss
 
+    def tp_compute_step(i: int) -> torch.Tensor:
+        """The tensor-parallel step with every all-reduce skipped: the same arithmetic on the
+        same shapes (its numbers are wrong: nothing is summed), without the communication."""
+        X, Y = batches[i]
+        all_reduce, dist.all_reduce = dist.all_reduce, lambda *args, **kwargs: None
+        try:
+            alone_opt.zero_grad(set_to_none=True)
+            _, loss = alone(X, Y)
+            loss.backward()
+            alone_opt.step()
+        finally:
+            dist.all_reduce = all_reduce
+        return loss
+
     # step 1: the same work? The TP loss is the whole batch's; DP's mean over ranks is too.
     first = {"tensor_parallel": tp_step(0).item(), "data_parallel": _mean_over_ranks(
         dp_step(0).item())}
@@ -333,7 +349,8 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
 
     # interleaved, the first variant alternating round by round; a barrier before each sample,
     # the slowest rank's time after; one call (steps_per_sample steps) per sample
-    timed = compare({"tensor_parallel": run(tp_step), "data_parallel": run(dp_step)},
+    timed = compare({"tensor_parallel": run(tp_step), "data_parallel": run(dp_step),
+                     "tensor_parallel_compute": run(tp_compute_step)},
                     samples=samples, baseline="data_parallel", warmup=warmup,
                     min_sample_seconds=0.0, calibration_calls=1, device=device,
                     before=dist.barrier, reduce=_slowest)
@@ -347,6 +364,8 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
     return {"backend": dist.get_backend(), "first": first, "last": last, "counts": counts,
             "param_bytes": param_bytes, "comparison": timed.to_json(),
             "verdict": timed.verdict("tensor_parallel", "data_parallel"),
+            "compute_verdict": timed.verdict("tensor_parallel_compute", "data_parallel"),
+            "comm_verdict": timed.verdict("tensor_parallel", "tensor_parallel_compute"),
             "seconds": per_step, "order": timed.order}
 
 
@@ -420,6 +439,10 @@ def tp_vs_dp(world_size: int = 2, batch_size: int = TP_VS_DP_DEFAULTS["batch_siz
                steps_per_sample, seed, lr, warmup, max_bytes, timeout=timeout)[0]
     seconds = r["seconds"]
     ratio, low, high = bootstrap_ratio(seconds["tensor_parallel"], seconds["data_parallel"])
+    split = {"compute_over_dp": bootstrap_ratio(seconds["tensor_parallel_compute"],
+                                                seconds["data_parallel"]),
+             "tp_over_compute": bootstrap_ratio(seconds["tensor_parallel"],
+                                                seconds["tensor_parallel_compute"])}
     medians = {n: statistics.median(s) for n, s in seconds.items()}
     winner = None if low <= 1 <= high else ("tensor_parallel" if high < 1 else "data_parallel")
     first = r["first"]
@@ -439,7 +462,10 @@ def tp_vs_dp(world_size: int = 2, batch_size: int = TP_VS_DP_DEFAULTS["batch_siz
             "tensor_parallel": "parallelize_gpt(model) over the world; every rank the whole "
                                "batch",
             "data_parallel": "the whole model on every rank, rank r rows r*B/w to (r+1)*B/w; "
-                             + DP_NOTE},
+                             + DP_NOTE,
+            "tensor_parallel_compute": "the tensor-parallel step with dist.all_reduce replaced "
+                                       "by a no-op: its arithmetic without its communication "
+                                       "(its numbers are wrong; only its time is used)"},
         "data": "batch_schedule(first 90 % of the corpus, batch_size, seq_len, seed=seed): the "
                 "first steps_per_sample batches, the same every sample",
         "method": "both variants in the same processes, interleaved with course_lib.timing."
@@ -451,6 +477,9 @@ def tp_vs_dp(world_size: int = 2, batch_size: int = TP_VS_DP_DEFAULTS["batch_siz
         "tokens_per_s": {n: batch_size * seq_len / m for n, m in medians.items()},
         "ratio_tp_over_dp": ratio, "ratio_interval": [low, high], "winner": winner,
         "verdict": r["verdict"],
+        "split": {"compute_over_dp": list(split["compute_over_dp"]),
+                  "tp_over_compute": list(split["tp_over_compute"]),
+                  "compute_verdict": r["compute_verdict"], "comm_verdict": r["comm_verdict"]},
         "first_step_loss": {**first, "abs_diff": diff, "tolerance": tol, "equal": diff <= tol},
         "loss_after_run": r["last"],
         "all_reduces_per_step": counts,

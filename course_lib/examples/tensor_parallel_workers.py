@@ -295,13 +295,15 @@ def measure_memory(config_kwargs: dict, batch_size: int, seq_len: int, seed: int
     rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(seed)
     config = GPTConfig(**config_kwargs)
-    model = GPT(config)
+    device = _device() if world > 1 else torch.device("cpu")
+    model = GPT(config).to(device)
     if world > 1:
         parallelize_gpt(model)
     params = list(model.parameters())
     generator = torch.Generator().manual_seed(seed + 1)
     idx = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
     targets = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
+    idx, targets = idx.to(device), targets.to(device)
 
     with ActivationMeter(exclude=params) as meter:
         _, loss = model(idx, targets)
