@@ -161,12 +161,14 @@ _FSDP_HINT = ("flatten [weight, bias] into one vector, pad it with zeros to a mu
               "all-gather, compute, and save only X and the shard for backward; in backward "
               "all-gather again, then reduce-scatter the flat gradient and divide by the world "
               "size.")
-_SIZES = [(16, 12), (12, 5)]  # 204 and 65 elements: 3 divides neither 65 nor 2 and 4 65
+# 204 and 65 elements: 2, 3 and 4 all divide 204 (no padding) and none of them divides 65 (its
+# flat vector is padded with zeros, the last rank's shard ending in them, at every world size)
+_SIZES = [(16, 12), (12, 5)]
 
 
 def _flat(linear: nn.Linear, grad: bool = False) -> torch.Tensor:
     w, b = (linear.weight.grad, linear.bias.grad) if grad else (linear.weight, linear.bias)
-    return torch.cat([w.detach().flatten(), b.detach()])  # (N,)
+    return torch.cat([w.detach().flatten(), b.detach()])  # (n,): n = out * in + out
 
 
 def _kept_since(before: set[int], sizes: set[int]) -> list[int]:
@@ -279,13 +281,14 @@ def check_fsdp(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
     """Exercise 11.2: ``cls(linear)``, one Linear layer as a simplified FSDP unit.
 
     For each world size, a process group of that many worker processes; each wraps
-    Linear(16, 12) and
-    Linear(12, 5) (204 and 65 elements: 3 and 4 do not divide them) in your class, checks each
-    ``self.shard`` (a 1-D ``nn.Parameter`` of ``ceil(N / world_size)`` elements: rank's slice of
-    ``[weight.flatten(), bias]`` padded with zeros), trains ``steps`` SGD steps with each rank on
-    its slice of the batch, and compares with one process on the whole batch: each shard's
-    ``.grad`` must be the slice of the whole-batch gradient (the average over ranks). Between
-    forward and backward, no full weight may stay alive (gathered, used, freed).
+    Linear(16, 12) and Linear(12, 5) in your class (n = 204 and 65 elements: 2, 3 and 4 all
+    divide 204, so it needs no padding, and none of them divides 65, so its last rank's shard
+    ends in zeros), checks each ``self.shard`` (a 1-D ``nn.Parameter`` of
+    ``ceil(n / world_size)`` elements: rank's slice of ``[weight.flatten(), bias]`` padded with
+    zeros), trains ``steps`` SGD steps with each rank on its slice of the batch, and compares
+    with one process on the whole batch: each shard's ``.grad`` must be the slice of the
+    whole-batch gradient (the average over ranks). Between forward and backward, no full weight
+    may stay alive (gathered, used, freed).
 
     Args:
         cls: your class (importable by worker processes) or ``"module:ClassName"``; None: not
