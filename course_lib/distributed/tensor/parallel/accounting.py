@@ -51,7 +51,7 @@ elements); their 10 is the four whole inputs above (8 bytes at 2 bytes an elemen
 1-byte dropout masks after attention and after the MLP, which this model (no dropout) has not.
 So ``(paper - 2 N C - 3 a N T / t) * e / 2`` is our count without the two terms the paper leaves
 out: the LayerNorm statistics (4 N elements) and the causal mask (T^2 bytes). At t = 1 this is
-lesson 15's count (``tests/test_checkpoint.py``).
+the count ``tests/test_checkpoint.py`` checks for recomputation.
 
 Outside the layers:
 
