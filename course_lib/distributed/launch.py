@@ -305,10 +305,21 @@ def _peer_lost(what: str) -> bool:
     return any(text in what for text in _PEER_LOST)
 
 
-def _root_cause(pending: dict, rank: int, what: str, tb: str, deadline: float,
+def _died(procs, rank: int) -> WorkerError:
+    """The error for a rank whose process ended without reporting a result."""
+    procs[rank].join(timeout=5)
+    code = procs[rank].exitcode
+    how = (f"was killed by signal {-code}" if code is not None and code < 0
+           else f"exited with code {code}")
+    return WorkerError(f"rank {rank} {how} without reporting a result (see its stderr above).",
+                       rank)
+
+
+def _root_cause(procs, pending: dict, rank: int, what: str, tb: str, deadline: float,
                 grace: float = 3.0) -> tuple[int, str, str]:
     """A rank lost its peer: give the others ``grace`` seconds to report why (the rank that
-    raised first and closed its connections), and name that one instead when it does."""
+    raised first and closed its connections), and name that one instead when it does. A rank
+    that died without a word (its pipe closed) is the cause: that is raised at once."""
     until = min(deadline, time.monotonic() + grace)
     while pending and time.monotonic() < until:
         for c in wait_for_any(list(pending), timeout=max(0.0, until - time.monotonic())):
@@ -316,7 +327,7 @@ def _root_cause(pending: dict, rank: int, what: str, tb: str, deadline: float,
             try:
                 reply = c.recv()
             except EOFError:
-                continue
+                raise _died(procs, other) from None
             if reply[0] == "error" and not _peer_lost(reply[1]):
                 return other, reply[1], reply[2]
     return rank, what, tb
@@ -338,16 +349,11 @@ def _collect(procs, conns, deadline: float, timeout: float) -> list:
             try:
                 reply = c.recv()
             except EOFError:
-                procs[rank].join(timeout=5)
-                code = procs[rank].exitcode
-                how = (f"was killed by signal {-code}" if code is not None and code < 0
-                       else f"exited with code {code}")
-                raise WorkerError(f"rank {rank} {how} without reporting a result "
-                                  "(see its stderr above).", rank) from None
+                raise _died(procs, rank) from None
             if reply[0] == "error":
                 _, what, tb = reply
                 if _peer_lost(what):  # a consequence: wait a moment for the rank that caused it
-                    rank, what, tb = _root_cause(pending, rank, what, tb, deadline)
+                    rank, what, tb = _root_cause(procs, pending, rank, what, tb, deadline)
                 raise WorkerError(f"rank {rank} raised {what}\n\nTraceback in rank {rank}:\n{tb}",
                                   rank)
             results[rank] = pickle.loads(reply[1])
