@@ -10,6 +10,7 @@ pass reshuffled. After the last step rank 0 checks that all ranks hold the same 
 prints one line: the steps that ran and how many passes over the data they made.
 """
 import argparse
+import gc
 import sys
 from itertools import chain, islice, repeat
 
@@ -57,6 +58,11 @@ def main(steps: int = 20, per_rank: int = 64, lr: float = 0.1) -> None:
               f"({ran / len(train_iter):.2f} passes over {len(train_iter)} batches); "
               f"rank 0's loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
               f"weights equal on every rank: {same}", flush=True)
+    # Drop the wrapper (and the communication work it still references) while the interpreter
+    # is whole, then tear the group down: gloo work objects destroyed during interpreter
+    # shutdown can abort the process after a successful run.
+    del model, opt
+    gc.collect()
     cleanup()
     if not same:
         sys.exit("the ranks' weights differ")
