@@ -676,7 +676,8 @@ def _tracked(args: tuple, kwargs: dict) -> bool:
 
 @contextlib.contextmanager
 def _counting(calls: list[tuple[str, int]],
-              tracked: list[tuple[str, object]] | None = None) -> Iterator[None]:
+              tracked: list[tuple[str, object]] | None = None, *,
+              collectives: tuple[str, ...] = _COLLECTIVES) -> Iterator[None]:
     """Note ``(name, elements)`` of every collective called inside: ``torch.distributed``'s
     functions are replaced for the duration, there and wherever a module outside torch imported
     them by name (``from torch.distributed import all_reduce``); restored in ``finally``. A
@@ -684,7 +685,7 @@ def _counting(calls: list[tuple[str, int]],
     (if given) gets ``(name, op)`` of each call handed a tensor that requires grad."""
     from torch.distributed import distributed_c10d as c10d
 
-    originals = {n: getattr(c10d, n) for n in _COLLECTIVES if callable(getattr(c10d, n, None))}
+    originals = {n: getattr(c10d, n) for n in collectives if callable(getattr(c10d, n, None))}
     names = {id(fn): n for n, fn in originals.items()}
     depth = [0]
 

@@ -24,9 +24,7 @@ and name: write them to a file (``%%writefile my_sequence.py``) and pass them as
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import sys
 from collections.abc import Callable, Iterator
 
 import torch
@@ -43,6 +41,7 @@ from ..models.gpt import MLP, Block, GPTConfig
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 from ._launch import UNANSWERED, load_answer
 from .lesson14 import _alone, _call, _check_several, _close, _in_step, _short, _Stop
+from .lesson14 import _counting as _count_collectives
 
 __all__ = ["check_checkpoint", "check_scaler_update", "check_sequence_parallel_block"]
 
@@ -566,62 +565,11 @@ _COLLECTIVES = (*_GATHERS, *_SCATTERS, "all_reduce", "all_to_all", "all_to_all_s
                 "batch_isend_irecv", "all_gather_object", "broadcast_object_list")
 
 
-def _elements(args: tuple, kwargs: dict) -> int:
-    """The size of a collective's call: its first tensor argument, else its first list's."""
-    values = list(args) + list(kwargs.values())
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            return v.numel()
-    for v in values:
-        if isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
-            return sum(t.numel() for t in v)
-    return 0
-
-
-@contextlib.contextmanager
-def _counting(calls: list[tuple[str, int]]) -> Iterator[None]:
+def _counting(calls: list[tuple[str, int]]):
     """Note ``(name, elements)`` of every collective called inside, wherever the learner's code
-    finds it (``dist.``, ``compat.``, a name imported from torch.distributed); a collective
-    called by another (the old name calling the new one) counts once. Restored in ``finally``."""
-    from torch.distributed import distributed_c10d as c10d
-
-    originals = {n: getattr(c10d, n) for n in _COLLECTIVES if callable(getattr(c10d, n, None))}
-    names = {id(fn): n for n, fn in originals.items()}
-    depth = [0]
-
-    def counted(name: str, fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            if depth[0] == 0:
-                calls.append((name, _elements(args, kwargs)))
-            depth[0] += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-        return call
-
-    stand_ins = {n: counted(n, fn) for n, fn in originals.items()}
-    replaced: list[tuple[dict, str, Callable]] = []
-    for module in list(sys.modules.values()):
-        name = getattr(module, "__name__", None)
-        if not isinstance(name, str) or (name.startswith("torch") and module not in (dist, c10d)):
-            continue
-        try:
-            namespace = vars(module)
-        except TypeError:
-            continue
-        for key, value in list(namespace.items()):
-            n = names.get(id(value))
-            if n is not None and value is originals[n]:
-                replaced.append((namespace, key, value))
-    try:
-        for namespace, key, value in replaced:
-            namespace[key] = stand_ins[names[id(value)]]
-        yield
-    finally:
-        for namespace, key, value in replaced:
-            namespace[key] = value
+    finds it (``dist.``, ``compat.``, a name imported from torch.distributed): lesson 14's
+    counter, over this lesson's list, which adds the flat collectives' names."""
+    return _count_collectives(calls, collectives=_COLLECTIVES)
 
 
 def _said(calls: list[tuple[str, int]]) -> str:
