@@ -34,7 +34,6 @@ per cent of torch's (``bench ddp``). PyTorch counterpart: none (torch's DDP and
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import json
@@ -42,7 +41,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -50,6 +49,7 @@ import torch.distributed as dist
 from ..data_text import HELD_OUT, batch_schedule, find_text, load_text, split_tokens
 from ..devices import cpu_cores, cpu_threads
 from ..distributed import current_device, launch
+from ..distributed.recording import record_collectives
 from ..distributed.tensor.parallel import parallelize_gpt
 from ..models.gpt import GPT, GPTConfig
 from ..parallel.ddp import DistributedDataParallel
@@ -229,31 +229,16 @@ _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast
                 "reduce_scatter", "reduce_scatter_tensor", "all_to_all")
 
 
-@contextlib.contextmanager
-def _counting_collectives(phase: list[str]) -> Iterator[tuple[list, list]]:
-    """While inside, every ``dist.all_reduce`` is recorded as ``(phase, elements, bytes)`` in the
-    first list, the name of any other collective in the second."""
-    calls: list[tuple[str, int, int]] = []
-    others: list[str] = []
-    real = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
-
-    def counting(tensor, *args, **kwargs):
-        calls.append((phase[0], tensor.numel(), tensor.numel() * tensor.element_size()))
-        return real["all_reduce"](tensor, *args, **kwargs)
-
-    def other(name):
-        def call(*args, **kwargs):
-            others.append(name)
-            return real[name](*args, **kwargs)
-        return call
-
-    for name in real:
-        setattr(dist, name, counting if name == "all_reduce" else other(name))
-    try:
-        yield calls, others
-    finally:
-        for name, fn in real.items():
-            setattr(dist, name, fn)
+def _counted(records: list) -> dict:
+    """What one step sent (``record_collectives``' records): the all-reduces counted, their
+    elements and bytes, by phase, and the names of any other collective."""
+    calls = [(r.context, r.elements, r.bytes) for r in records if r.name == "all_reduce"]
+    return {"count": len(calls), "elements": sum(n for _, n, _ in calls),
+            "bytes": sum(b for _, _, b in calls),
+            "by_phase": {p: sum(1 for q, _, _ in calls if q == p)
+                         for p in ("forward", "backward", "optimizer")},
+            "calls": [list(c) for c in calls],
+            "other_collectives": [r.name for r in records if r.name != "all_reduce"]}
 
 
 def _slowest(seconds: float) -> float:
@@ -333,13 +318,9 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
     # step 2: what each sends (DDP's buckets are rebuilt after its first backward)
     counts = {}
     for name, step in (("tensor_parallel", tp_step), ("data_parallel", dp_step)):
-        with _counting_collectives(phase) as (calls, others):
+        with record_collectives(_COLLECTIVES, context=lambda: phase[0]) as records:
             step(1 % steps_per_sample)
-        counts[name] = {"count": len(calls), "elements": sum(n for _, n, _ in calls),
-                        "bytes": sum(b for _, _, b in calls),
-                        "by_phase": {p: sum(1 for q, _, _ in calls if q == p)
-                                     for p in ("forward", "backward", "optimizer")},
-                        "calls": [list(c) for c in calls], "other_collectives": others}
+        counts[name] = _counted(records)
 
     def run(step: Callable[[int], torch.Tensor]) -> Callable[[], None]:
         def steps() -> None:

@@ -55,10 +55,13 @@ def verdict(name: str, ok: bool | None, message: str, strict: bool) -> ExerciseR
     return result
 
 
-def unanswered(name: str, strict: bool) -> ExerciseResult:
-    """The verdict for a scaffold whose body still raises ``NotImplementedError``."""
-    return verdict(name, None, "your function still raises NotImplementedError: write its body "
-                   "in place of that line and run the cell again.", strict)
+def unanswered(name: str, strict: bool, what: str = "function") -> ExerciseResult:
+    """The verdict for a scaffold whose body still raises ``NotImplementedError`` (``what``:
+    "function", or "class" for an exercise that asks for one)."""
+    where = ("its body in place of that line" if what == "function" else
+             "the bodies of its methods in place of those lines")
+    return verdict(name, None, f"your {what} still raises NotImplementedError: write {where} "
+                   "and run the cell again.", strict)
 
 
 class CheckTimeout(Exception):
@@ -228,15 +231,3 @@ def check_function(name: str, fn: Callable | None, oracle: Callable,
 def _short(case: tuple) -> str:
     parts = [f"tensor{tuple(c.shape)}" if isinstance(c, torch.Tensor) else repr(c) for c in case]
     return "(" + ", ".join(parts) + ")"
-
-
-def __getattr__(name: str) -> Any:
-    """The launch helpers' old home: they moved to ``course_lib.checks._launch``."""
-    if name in _MOVED:
-        from . import _launch
-
-        return getattr(_launch, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_MOVED = ("first_failure_in_ranks", "resolve", "worker_spec")

@@ -3,8 +3,11 @@
 ``python -m course_lib.checks.grade path/to/copy.ipynb`` (or ``make grade NB=...``) executes the
 notebook in a fresh kernel in quick mode (``COURSE_QUICK=1``), each cell under a time bound,
 collects the verdict of every checker it runs, and prints a table: right, wrong (with the first
-failing case), not answered. The exit status is 1 when an answered exercise is wrong or a cell
-raised an error, 0 otherwise. PyTorch counterpart: none (nbgrader does this for whole courses).
+failing case), not answered. Cells are numbered from 1, as JupyterLab counts them. The copy runs
+in a fresh temporary folder, so the files its cells write (``%%writefile my_ddp.py``) are not
+left beside it (two learners graded in one folder do not share answers). The exit status is 1
+when an answered exercise is wrong or a cell raised an error, 0 otherwise. PyTorch counterpart:
+none (nbgrader does this for whole courses).
 
 Each exercise cell declares itself with a comment line that this module (and the reveal test,
 ``tests/test_reveal.py``) reads::
@@ -24,7 +27,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +55,7 @@ class Exercise:
 
 @dataclass(frozen=True)
 class Row:
-    """One line of the grade table."""
+    """One line of the grade table (``cell`` counted from 1, as JupyterLab does)."""
 
     cell: int
     name: str
@@ -117,14 +120,21 @@ def _first_line(text: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
-def grade(path: str | os.PathLike, *, timeout: int = CELL_TIMEOUT,
-          quick: bool = True) -> GradeReport:
+#: ipykernel's own log (its warning that it talks to the grader over local TCP without
+#: encryption) is not the learner's: only errors of the kernel itself are shown.
+_KERNEL_QUIET = ["--IPKernelApp.log_level=ERROR"]
+
+
+def grade(path: str | os.PathLike, *, timeout: int = CELL_TIMEOUT, quick: bool = True,
+          progress: Callable[[str], None] | None = None) -> GradeReport:
     """Execute the notebook at ``path`` (a copy; the file is not modified) and grade it.
 
     Args:
         path: the learner's notebook.
         timeout: seconds each cell may run.
         quick: run in quick mode (``COURSE_QUICK=1``: a slice of the data, few epochs).
+        progress: called with a line as each exercise cell starts (the command line prints
+            it, so that a minute of running does not look like nothing).
 
     Returns:
         A ``GradeReport``: a row per verdict, in the order the checkers ran (only the cells that
@@ -146,34 +156,40 @@ def grade(path: str | os.PathLike, *, timeout: int = CELL_TIMEOUT,
     with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:
         log = Path(tmp) / "verdicts.jsonl"
         log.touch()
+        work = Path(tmp) / "work"              # the kernel's folder: what the cells write
+        work.mkdir()
         env = {GRADE_LOG: str(log), "COURSE_QUICK": "1" if quick else "0", "TQDM_DISABLE": "1",
                "MPLBACKEND": "agg", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME",
                                                                           "lo")}
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                                resources={"metadata": {"path": str(path.parent.resolve())}})
+                                extra_arguments=_KERNEL_QUIET,
+                                resources={"metadata": {"path": str(work)}})
         with _environment(**env), client.setup_kernel():
             seen = 0
             for i, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":
                     continue
+                names = [e.name for e in declared if e.cell == i]
+                if progress is not None and names:
+                    progress(f"cell {i + 1}: checking {', '.join(names)} ...")
                 try:
                     client.execute_cell(cell, i)
                 except Exception as exc:  # noqa: BLE001 - a timeout or a dead kernel: a row
-                    report.rows.append(Row(i, "(cell)", "error", _first_line(
+                    report.rows.append(Row(i + 1, "(cell)", "error", _first_line(
                         f"{type(exc).__name__}: {exc}")))
                     break
                 lines = log.read_text(encoding="utf-8").splitlines()
                 verdicts = [json.loads(line) for line in lines[seen:]]
                 seen = len(lines)
                 if not declared or any(e.cell == i for e in declared):
-                    report.rows += [Row(i, v["name"], _status(v["ok"]), v["message"])
+                    report.rows += [Row(i + 1, v["name"], _status(v["ok"]), v["message"])
                                     for v in verdicts]
                 errors = [o for o in cell.outputs if o.output_type == "error"]
                 for o in errors:
-                    report.rows.append(Row(i, "(cell)", "error",
+                    report.rows.append(Row(i + 1, "(cell)", "error",
                                            _first_line(f"{o.ename}: {o.evalue}")))
                 if not verdicts and not errors:
-                    report.rows += [Row(i, e.name, "error", "this exercise cell ran no checker")
+                    report.rows += [Row(i + 1, e.name, "error", "this exercise cell ran no checker")
                                     for e in declared if e.cell == i]
     return report
 
@@ -189,8 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true",
                         help="run in full mode (all the data, every epoch) instead of quick mode")
     args = parser.parse_args(argv)
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    say(f"grading {args.notebook}: running it in a fresh kernel "
+        f"({'full' if args.full else 'quick'} mode), cell by cell ...")
     try:
-        report = grade(args.notebook, timeout=args.timeout, quick=not args.full)
+        report = grade(args.notebook, timeout=args.timeout, quick=not args.full, progress=say)
     except FileNotFoundError as e:
         print(e, file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ..devices import cpu_threads, devices
 from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
+from .harness import keeps_kernel_state
 
 __all__ = ["check_lr_for_shard_means", "check_scaled_batch", "check_train_batch"]
 
@@ -177,6 +178,7 @@ def _tb_diagnose(got: list[torch.Tensor], replicas: list[list[torch.Tensor]],
     return ""
 
 
+@keeps_kernel_state
 def check_train_batch(fn: Callable | None, *, lr: float = 0.5,
                       cases: tuple[tuple[int, int], ...] = _TB_CASES,
                       strict: bool = False) -> ExerciseResult:

@@ -8,6 +8,7 @@ from torch import nn
 
 from ..devices import cpu_threads, devices
 from ._core import ExerciseResult, call_bounded, check_answer, failure, verdict
+from .harness import keeps_kernel_state
 
 __all__ = ["check_bn_examples_seen", "check_data_parallel_fn", "check_module_calls"]
 
@@ -105,6 +106,7 @@ def _dp_case(fn: Callable, k: int, B: int, seed: int) -> str | None:
     return None
 
 
+@keeps_kernel_state
 def check_data_parallel_fn(fn: Callable | None, *,
                            cases: tuple[tuple[int, int], ...] = _DP_CASES,
                            strict: bool = False) -> ExerciseResult:

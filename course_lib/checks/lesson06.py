@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..distributed.compat import FLAT_COLLECTIVE_NAMES
-from ._core import (
+from .harness import (
     ExerciseResult,
     check_function,
     first_failure_in_ranks,
@@ -71,8 +71,6 @@ def _run_worker(spec, rank: int, world_size: int, init_method: str, results, con
     through ``conn`` (the checker's own channel) what it returned and whether its group is left.
     """
     import torch.distributed as dist
-
-    from ._core import resolve
 
     try:
         returned = resolve(spec)(rank, world_size, init_method, results)

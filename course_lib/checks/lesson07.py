@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ._core import ExerciseResult, verdict
-from ._launch import UNANSWERED, check_in_ranks, load_answer
+from ..distributed.recording import record_collectives
+from .harness import UNANSWERED, ExerciseResult, check_in_ranks, load_answer, verdict
 
 __all__ = ["check_average_gradients", "check_ddp"]
 
@@ -67,11 +67,20 @@ def _frozen() -> nn.Module:
     return net
 
 
+def _unused() -> nn.Module:
+    """The MLP with a layer forward never calls: its parameters require grad, their .grad
+    stays None (skipping them only when ``not p.requires_grad`` is not enough)."""
+    net = _MLP()
+    net.spare = nn.Linear(3, 2)
+    return net
+
+
 #: case name -> (model builder, shape of one example)
 _MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "mlp": (_MLP, (7,)),
     "conv": (_Conv, (1, 5, 5)),
     "frozen fc1": (_frozen, (7,)),
+    "unused layer": (_unused, (7,)),
 }
 
 
@@ -119,11 +128,16 @@ def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) ->
                  for name, p in net.named_parameters()}
         where = f"world_size={world}, model {case!r}, rank {rank}"
         try:
-            average_gradients(net)
+            with record_collectives() as calls:
+                average_gradients(net)
         except NotImplementedError:
             return UNANSWERED
         except Exception as e:
             return f"{where}: your function raised {type(e).__name__}: {' '.join(str(e).split())}"
+        if not calls and world > 1 and any(local[n] is not None for n in local):
+            return (f"{where}: rank {rank} called no collective (no all_reduce, no send): the "
+                    "others wait for it in theirs. Every rank must call all_reduce on every "
+                    "gradient, in the same order.")
         wrong = _first_wrong_grad(net, oracle, local, world, where, "", _diagnose)
         if wrong is not None:
             return wrong
@@ -159,10 +173,11 @@ def check_average_gradients(fn: Callable | str | None, *,
     """Exercise 07: ``fn(model)`` averages every ``p.grad`` over the ranks, in place.
 
     For each world size, a process group of that many worker processes; each builds the same small
-    model (an MLP, a conv net, an MLP with a frozen layer: parameter sizes 35, 5, 15, 3, 27, ...
-    that no world size divides), computes the gradient of its own shard of a global batch, calls
-    ``fn(model)``, and compares every ``.grad`` with the gradient one process gets on the whole
-    batch (frozen parameters must keep ``.grad`` None).
+    model (an MLP, a conv net, an MLP with a frozen layer, one with a layer forward never uses:
+    parameter sizes 35, 5, 15, 3, 27, ... that no world size divides), computes the gradient of
+    its own shard of a global batch, calls ``fn(model)``, and compares every ``.grad`` with the
+    gradient one process gets on the whole batch (frozen and unused parameters must keep
+    ``.grad`` None). A rank that calls no collective is named.
 
     Args:
         fn: the learner's function, importable by worker processes, or ``"module:function"``
@@ -190,7 +205,7 @@ def check_average_gradients(fn: Callable | str | None, *,
 # check_ddp: the learner's DDP class, step by step against torch's DistributedDataParallel
 # ================================================================================================
 
-_DDP_NAME = "ddp"
+_DDP_NAME = "OverlapDDP"
 _DDP_HINT = ("register p.register_post_accumulate_grad_hook on every parameter that requires "
              "grad (the hook receives the parameter: all-reduce p.grad), start the all-reduces "
              "in one fixed order (bucket 0, 1, 2, ... whatever order the gradients arrive in), "
@@ -448,7 +463,7 @@ def check_ddp(cls: type | str | None, *, bucket_cap_mb: float | None = None,
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    name = _DDP_NAME if bucket_cap_mb is None else "bucketed ddp"
+    name = _DDP_NAME if bucket_cap_mb is None else "BucketedDDP"
     if cls is None:
         return verdict(name, None, "write your class to a file and pass it here.", strict)
     if bucket_cap_mb is not None and not bucket_cap_mb > 0:

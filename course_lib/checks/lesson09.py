@@ -29,7 +29,7 @@ __all__ = ["check_resume", "check_syncbn"]
 # check_syncbn
 # ================================================================================================
 
-_BN_NAME = "sync_batchnorm"
+_BN_NAME = "SyncBatchNorm"
 _BN_HINT = ("forward: all-reduce each channel's [count, sum x, sum x^2], normalise with the "
             "global mean and biased variance, update running_var with the unbiased one "
             "(times n / (n - 1), n the global count); backward: all-reduce each channel's "

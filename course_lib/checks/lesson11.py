@@ -140,7 +140,7 @@ def check_zero(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
         timeout: seconds for each world size (a class that hangs fails, it does not hang).
         strict: raise ``AssertionError`` on a wrong answer.
     """
-    name = "ZeRO-1"
+    name = "ZeRO1"
     if cls is None:
         return verdict(name, None, "write your class to a file and pass it here.", strict)
     return check_in_ranks(
@@ -298,7 +298,7 @@ def check_fsdp(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
         timeout: seconds for each world size.
         strict: raise ``AssertionError`` on a wrong answer.
     """
-    name = "FSDP unit"
+    name = "ShardedLinear"
     if cls is None:
         return verdict(name, None, "write your class to a file and pass it here.", strict)
     return check_in_ranks(

@@ -23,6 +23,7 @@ from torch import nn
 from ..deploy import WRAPPER_PREFIXES, fit_state_dict, load_matching, strip_prefix
 from ..models.lenet import LeNet
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
+from .harness import keeps_kernel_state
 
 __all__ = ["check_load_matching", "check_strip_prefix"]
 
@@ -97,6 +98,7 @@ def _compare(got: object, want: Mapping, given: Mapping, prefix: str) -> str | N
     return None
 
 
+@keeps_kernel_state
 def check_strip_prefix(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise 12: ``fn(state_dict, prefix)`` returns the state dict without the prefix.
 
@@ -295,6 +297,7 @@ def _mismatched(model: nn.Module, given: dict) -> list[tuple[str, tuple, tuple]]
     return fit_state_dict(model, given).mismatched
 
 
+@keeps_kernel_state
 def check_load_matching(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise 13: ``fn(model, state_dict)`` loads what matches and reports the rest.
 

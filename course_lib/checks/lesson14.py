@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import math
-import sys
 from collections.abc import Callable, Iterator
 
 import torch
@@ -36,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed.recording import record_collectives
 from ..models.gpt import MLP, GPTConfig
 from ._core import ExerciseResult, unanswered, verdict
 from ._launch import UNANSWERED, check_in_ranks, first_failure_in_ranks, load_answer, worker_spec
@@ -643,88 +642,23 @@ _MLP_HINT = ("GELU acts on each number alone, but GELU(a + b) is not GELU(a) + G
              "rather than parts of a sum, and proj must take exactly that as its input, so that "
              "nothing is sent between the two layers. Which of your two layers gives that, and "
              "which takes it? Then the MLP needs one all-reduce forward and one backward.")
-#: what counts as communication while the learner's MLP runs
-_COLLECTIVES = ("all_gather", "all_gather_coalesced", "all_gather_into_tensor",
-                "all_gather_object", "all_reduce", "all_reduce_coalesced", "all_to_all",
-                "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast",
-                "broadcast_object_list", "gather", "gather_object", "irecv", "isend", "recv",
-                "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-                "scatter_object_list", "send", "_all_gather_base", "_reduce_scatter_base")
-
-
-def _elements(args: tuple, kwargs: dict) -> int:
-    """The size of a collective's call: its first tensor argument, else its first list's."""
-    values = list(args) + list(kwargs.values())
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            return v.numel()
-    for v in values:
-        if isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
-            return sum(t.numel() for t in v)
-    return 0
-
-
-def _tracked(args: tuple, kwargs: dict) -> bool:
-    """Whether a collective's call was handed a tensor that requires grad (autograd cannot
-    follow a collective called directly)."""
-    for v in list(args) + list(kwargs.values()):
-        for x in (v if isinstance(v, (list, tuple)) else (v,)):
-            if isinstance(x, torch.Tensor) and x.requires_grad:
-                return True
-    return False
 
 
 @contextlib.contextmanager
 def _counting(calls: list[tuple[str, int]],
               tracked: list[tuple[str, object]] | None = None, *,
-              collectives: tuple[str, ...] = _COLLECTIVES) -> Iterator[None]:
-    """Note ``(name, elements)`` of every collective called inside: ``torch.distributed``'s
-    functions are replaced for the duration, there and wherever a module outside torch imported
-    them by name (``from torch.distributed import all_reduce``); restored in ``finally``. A
-    collective called inside another (all_gather_object's all_gather) counts once. ``tracked``
-    (if given) gets ``(name, op)`` of each call handed a tensor that requires grad."""
-    from torch.distributed import distributed_c10d as c10d
-
-    originals = {n: getattr(c10d, n) for n in collectives if callable(getattr(c10d, n, None))}
-    names = {id(fn): n for n, fn in originals.items()}
-    depth = [0]
-
-    def counted(name: str, fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            if depth[0] == 0:
-                calls.append((name, _elements(args, kwargs)))
-                if tracked is not None and _tracked(args, kwargs):
-                    op = kwargs.get("op", args[1] if len(args) > 1 else None)
-                    tracked.append((name, op))
-            depth[0] += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-        return call
-
-    stand_ins = {n: counted(n, fn) for n, fn in originals.items()}
-    replaced: list[tuple[dict, str, Callable]] = []
-    for module in list(sys.modules.values()):
-        name = getattr(module, "__name__", None)
-        if not isinstance(name, str) or (name.startswith("torch") and module not in (dist, c10d)):
-            continue
+              collectives: tuple[str, ...] | None = None) -> Iterator[None]:
+    """Note ``(name, elements)`` of every collective called inside (``record_collectives``:
+    wherever the learner's code finds it, a collective inside another counted once);
+    ``tracked`` (if given) gets ``(name, op)`` of each call handed a tensor that requires
+    grad."""
+    with record_collectives(collectives) as records:
         try:
-            namespace = vars(module)
-        except TypeError:
-            continue
-        for key, value in list(namespace.items()):
-            n = names.get(id(value))
-            if n is not None and value is originals[n]:
-                replaced.append((namespace, key, value))
-    try:
-        for namespace, key, value in replaced:
-            namespace[key] = stand_ins[names[id(value)]]
-        yield
-    finally:
-        for namespace, key, value in replaced:
-            namespace[key] = value
+            yield
+        finally:
+            calls.extend((r.name, r.elements) for r in records)
+            if tracked is not None:
+                tracked.extend((r.name, r.op) for r in records if r.requires_grad)
 
 
 def _said(calls: list[tuple[str, int]]) -> str:

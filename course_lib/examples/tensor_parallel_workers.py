@@ -25,8 +25,6 @@ from __future__ import annotations
 import copy
 import importlib
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -34,6 +32,7 @@ from torch import nn
 
 from course_lib.data_text import batch_schedule, load_text, split_tokens, text_batch
 from course_lib.distributed.pipelining import ActivationMeter
+from course_lib.distributed.recording import record_collectives
 from course_lib.distributed.tensor.parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -43,9 +42,9 @@ from course_lib.distributed.tensor.parallel import (
 from course_lib.models.gpt import GPT, GPTConfig
 
 __all__ = ["COLLECTIVES", "against_one_process", "against_torch", "full_slice",
-           "measure_memory", "recording_collectives", "trace_collectives", "train_split"]
+           "measure_memory", "trace_collectives", "train_split"]
 
-#: the torch.distributed functions ``recording_collectives`` watches
+#: the torch.distributed functions ``trace_collectives`` records
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
                "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
                "all_to_all", "send", "recv")
@@ -180,32 +179,6 @@ def against_torch(config: dict, batch_size: int, seq_len: int, seed: int = 0) ->
             "torch_param_type": type(theirs.blocks[0].mlp.fc.weight).__name__}
 
 
-@contextmanager
-def recording_collectives(events: list, where: list) -> Iterator[None]:
-    """Append ``(where[0], where[1], op, elements, bytes)`` to ``events`` for every call of a
-    ``torch.distributed`` collective inside the block (``where`` holds the phase and layer that
-    the caller keeps current). The layers call them by attribute, so the replacements see every
-    call; the originals are restored in ``finally``."""
-    real = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
-
-    def recording(name):
-        def call(tensor, *args, **kwargs):
-            t = tensor[0] if isinstance(tensor, list) else tensor   # all_gather(list, x)
-            if name == "all_gather":
-                t = args[0]
-            events.append((where[0], where[1], name, t.numel(), t.numel() * t.element_size()))
-            return real[name](tensor, *args, **kwargs)
-        return call
-
-    for name in real:
-        setattr(dist, name, recording(name))
-    try:
-        yield
-    finally:
-        for name, fn in real.items():
-            setattr(dist, name, fn)
-
-
 def trace_collectives(config: dict, batch_size: int, seq_len: int, seed: int = 0) -> dict:
     """One forward and backward of the tensor-parallel model on random tokens, traced.
 
@@ -218,7 +191,6 @@ def trace_collectives(config: dict, batch_size: int, seq_len: int, seed: int = 0
     collectives, the order in which layers ran forward and backward, and how each is split.
     """
     _, tp = _models(config, torch.float32, seed)
-    events: list = []
     layers: list = []
     where = ["forward", "input"]
 
@@ -253,9 +225,10 @@ def trace_collectives(config: dict, batch_size: int, seq_len: int, seed: int = 0
 
     tp.loss_fn = traced_loss
     try:
-        with recording_collectives(events, where):
+        with record_collectives(COLLECTIVES, context=lambda: tuple(where)) as records:
             _, loss = tp(X, X)
             loss.backward()
+        events = [(*r.context, r.name, r.elements, r.bytes) for r in records]
     finally:
         for h in handles:
             h.remove()

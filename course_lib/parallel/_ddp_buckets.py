@@ -2,11 +2,17 @@
 reducer (torch/csrc/distributed/c10d/reducer.cpp):
 
 * ``GradBucketInterface``: ``torch.distributed.GradBucket``'s methods, so that communication
-  hooks written for torch's DDP run on ``ddp.Bucket`` unchanged;
+  hooks written for torch's DDP run on ``ddp.Bucket`` unchanged, and the bucket's small helpers
+  (views shaped like each parameter, the parameters still awaited, its repr);
 * ``Rebuild``: the buckets rebuilt once, in the order the first synchronised backward produced
-  the gradients (rank 0's), and the parameters that no rank used in a step (left alone).
+  the gradients (rank 0's), and the parameters that no rank used in a step (left alone);
+* ``weak_hook``: a DDP method as an autograd hook that does not keep the DDP object alive.
 """
 from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +42,20 @@ class GradBucketInterface:
 
     def gradients(self) -> list[torch.Tensor]:
         return list(self._views)
+
+    def unready(self) -> list[torch.Tensor]:
+        """The parameters whose gradient has not arrived in this backward."""
+        return [p for p, ready in zip(self._params, self.ready) if not ready]
+
+    def _shaped(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Views of ``flat`` shaped like each parameter."""
+        return [flat[o:o + n].view(p.shape)
+                for o, n, p in zip(self.offsets, self.numels, self._params)]
+
+    def __repr__(self) -> str:
+        return (f"Bucket(index={self._index}, {len(self._params)} params, "
+                f"{self._buffer.numel() * self._buffer.element_size() / 2**20:.2f} MB: "
+                f"{', '.join(self.names)})")
 
 
 class Rebuild:
@@ -92,3 +112,10 @@ class Rebuild:
                             device=self.buckets[0].buffer().device)  # (P,) 1 where used here
         dist.all_reduce(used, group=self.process_group)             # (P,) ranks that used it
         return {id(p) for p, count in zip(self.params, used.tolist()) if count == 0}
+
+
+def weak_hook(ddp: Any, method: str) -> Callable[[torch.Tensor], None]:
+    """``ddp.<method>`` as a hook that does not keep ``ddp`` alive once the caller drops it
+    (re-wrapping a model to try another strategy must not keep the old wrapper at work)."""
+    ref = weakref.WeakMethod(getattr(ddp, method))
+    return lambda tensor: None if (bound := ref()) is None else bound(tensor)

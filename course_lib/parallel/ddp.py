@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import sys
-import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import accumulate
@@ -42,7 +41,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from ..distributed._same_tensors import verify_same_model
 from . import _ddp_checks as checks
 from ._ddp_accounting import bytes_on_wire, gradient_memory_bytes
-from ._ddp_buckets import GradBucketInterface, Rebuild
+from ._ddp_buckets import GradBucketInterface, Rebuild, weak_hook
 
 __all__ = ["STRATEGIES", "Bucket", "BucketedStrategy", "DistributedDataParallel",
            "NaiveStrategy", "OverlapStrategy", "allreduce_hook", "assign_buckets",
@@ -144,7 +143,8 @@ class Bucket(GradBucketInterface):
     of the buffer: autograd accumulates into the buffer itself, nothing is copied in or out, and
     the gradients take half the memory. ``index`` is the position in launch order, ``names``
     the parameters' names (for messages). It also offers torch's ``GradBucket`` methods
-    (``buffer``, ``index``, ``parameters``, ``gradients``, ...), so torch's hooks run on it.
+    (``buffer``, ``index``, ``parameters``, ``gradients``, ...), so torch's hooks run on it,
+    and ``unready()`` (``_ddp_buckets``).
     """
 
     def __init__(self, index: int, params: Sequence[torch.Tensor], names: Sequence[str],
@@ -216,19 +216,6 @@ class Bucket(GradBucketInterface):
             else:
                 p.grad.copy_(average)
 
-    def unready(self) -> list[torch.Tensor]:
-        """The parameters whose gradient has not arrived in this backward."""
-        return [p for p, ready in zip(self._params, self.ready) if not ready]
-
-    def _shaped(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Views of ``flat`` shaped like each parameter."""
-        return [flat[o:o + n].view(p.shape)
-                for o, n, p in zip(self.offsets, self.numels, self._params)]
-
-    def __repr__(self) -> str:
-        return (f"Bucket(index={self._index}, {len(self._params)} params, "
-                f"{self._buffer.numel() * self._buffer.element_size() / MB:.2f} MB: "
-                f"{', '.join(self.names)})")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -483,7 +470,7 @@ class DistributedDataParallel(nn.Module):
         self._expect_hooks = False     # a synchronised forward ran: its backward averages
         self._grads_arrived = False    # a gradient of this backward reached DDP's hook
         self._callback_queued = False  # the end-of-backward callback of this backward
-        hook = _weak_hook(self, "_grad_ready")
+        hook = weak_hook(self, "_grad_ready")
         self._hook_handles = [p.register_post_accumulate_grad_hook(hook) for _, p in self._named]
 
     def forward(self, *inputs, **kwargs):
@@ -503,7 +490,7 @@ class DistributedDataParallel(nn.Module):
             self.require_forward_param_sync = True
             self._expect_hooks, self._grads_arrived, self._callback_queued = True, False, False
             self.reducer.reset()
-            hook = _weak_hook(self, "_backward_started")  # on the outputs: see _backward_started
+            hook = weak_hook(self, "_backward_started")  # on the outputs: see _backward_started
             for tensor in tree_leaves(output):
                 if torch.is_tensor(tensor) and tensor.requires_grad:
                     tensor.register_hook(hook)
@@ -570,10 +557,3 @@ class DistributedDataParallel(nn.Module):
         self._expect_hooks = False
         with torch.no_grad():
             self.reducer.finish()
-
-
-def _weak_hook(ddp: DistributedDataParallel, method: str) -> Callable[[torch.Tensor], None]:
-    """``ddp.<method>`` as a hook that does not keep ``ddp`` alive once the caller drops it
-    (re-wrapping a model to try another strategy must not keep the old wrapper at work)."""
-    ref = weakref.WeakMethod(getattr(ddp, method))
-    return lambda tensor: None if (bound := ref()) is None else bound(tensor)

@@ -1,0 +1,345 @@
+"""The checking harness: run a learner's answer in worker processes, compare it with an oracle,
+print the verdict. Every multi-process checker of the course is built on it, and so can a
+homework author's.
+
+A check has two halves. In every rank, a **worker** ``worker(spec, *args)`` loads the answer
+(``load_answer(spec)``), runs it on the cases next to the oracle (the same computation in one
+process, or torch's own), and returns None when every case matched, ``UNANSWERED`` when the
+answer still raises ``NotImplementedError``, or one sentence saying what was wrong and where. In
+the notebook, ``check_in_ranks`` ships the answer (a class or function defined in a file, or a
+``"module:name"`` string) to one launch of worker processes that forms a process group of each
+world size in turn, and turns the first failure into the printed verdict::
+
+    from course_lib.checks.harness import UNANSWERED, check_in_ranks, load_answer
+
+    def _cases(spec):                          # module level: worker processes import it
+        rank, world = dist.get_rank(), dist.get_world_size()
+        my_sum, error = load_answer(spec)
+        if error:
+            return error
+        t = torch.full((3,), float(rank))
+        try:
+            my_sum(t)
+        except NotImplementedError:
+            return UNANSWERED
+        want = torch.full((3,), float(sum(range(world))))
+        return None if torch.equal(t, want) else f"rank {rank}: got {t.tolist()}"
+
+    def check_my_sum(fn, *, strict=False):
+        return check_in_ranks("my_sum", fn, "my_sum:my_sum", _cases, (), world_sizes=(2, 3),
+                              timeout=30, hint="all-reduce in place.",
+                              hang_hint="does every rank call the collective?",
+                              passed="every rank holds the sum.", strict=strict)
+
+Also here: ``verdict`` / ``ExerciseResult`` (a one-line verdict, logged for ``make grade``),
+``call_bounded`` (a learner's function in this process under a deadline), ``check_answer`` /
+``check_function`` (a value, or a function on cases, against the oracle),
+``keeps_kernel_state`` (a checker leaves the learner's random state and grad mode as found),
+``first_failure_in_ranks`` (the launch alone, its first failure as text).
+
+Why one launch for all world sizes: a fresh worker process pays seconds the first time it builds
+torch's DDP or steps an optimizer (both import ``torch._dynamo``). One launch of
+``max(world_sizes)`` processes forms a group of each size in turn from the same processes (the
+ranks beyond it wait), so 2, 3 and 4 ranks cost 4 process starts instead of 9. Each world size
+stays bounded by ``timeout`` on its own: a watchdog in every process ends the launch when one
+overruns, and the verdict names that world size. PyTorch counterpart: none (torch's own tests
+use ``MultiProcessTestCase``, one process group per test).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import pickle
+import re
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..devices import cpu_cores
+from ._core import (
+    GRADE_LOG,
+    CheckTimeout,
+    ExerciseResult,
+    call_bounded,
+    check_answer,
+    check_function,
+    failure,
+    unanswered,
+    verdict,
+)
+
+__all__ = ["GRADE_LOG", "UNANSWERED", "CheckTimeout", "ExerciseResult", "call_bounded",
+           "answer_kind", "check_answer", "check_function", "check_in_ranks", "failure",
+           "first_failure_in_ranks", "keeps_kernel_state", "load_answer", "resolve",
+           "unanswered", "unguarded_script", "verdict", "worker_spec"]
+
+#: What a rank's worker returns when the learner's code still raises NotImplementedError.
+UNANSWERED = "not answered: NotImplementedError"
+#: Exit code of a worker whose world size ran past its time (the launch then stops them all).
+_OVERRAN = 70
+#: Prefix of a check's folder (rendezvous store, progress marks); the launcher's pid follows.
+_PREFIX = "course_check_"
+
+
+# ---- the learner's kernel, left as found -----------------------------------------------------
+
+def keeps_kernel_state(checker: Callable) -> Callable:
+    """Decorate a checker that runs in the learner's kernel: it runs with gradients on (an
+    earlier cell may have switched them off; the oracle needs them), and torch's random state
+    (CPU, and CUDA's where initialised) and grad mode are put back as found afterwards, so
+    that ``torch.manual_seed(1); check(...); torch.rand(1)`` draws what it would without the
+    check."""
+    @functools.wraps(checker)
+    def kept(*args, **kwargs):
+        cpu = torch.get_rng_state()
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        grad = torch.is_grad_enabled()
+        try:
+            with torch.enable_grad():
+                return checker(*args, **kwargs)
+        finally:
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
+            torch.set_grad_enabled(grad)
+    return kept
+
+
+_GUARD = re.compile(r"""if\s+(__name__\s*==\s*['"]__main__['"]"""
+                    r"""|['"]__main__['"]\s*==\s*__name__)""")
+
+
+def unguarded_script() -> str | None:
+    """What to do when this process runs a Python script whose code is not under
+    ``if __name__ == "__main__":`` (worker processes import that script again as they start, so
+    each would run the check again and fail); None in a notebook or a guarded script."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py"):
+        return None                                     # a notebook, or python -c
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except OSError:
+        return None
+    if _GUARD.search(source):
+        return None
+    return (f"your script {os.path.basename(path)} runs its code when it is imported, and each "
+            "worker process imports the script that started it (Python's multiprocessing "
+            "does), so every rank would start the check again. Put the script's code under "
+            "if __name__ == \"__main__\": and run it again.")
+
+
+# ---- the learner's function, as worker processes receive and import it -------------------------
+
+def worker_spec(fn: Callable | str, example: str) -> Callable | tuple[str, str, str] | str:
+    """What worker processes receive for the learner's ``fn``: the function itself, or
+    ``(module, name, folder)`` for a ``"module:function"`` string (imported afresh in each
+    worker from the current folder, so an edited file needs no kernel restart), or an error
+    message (str) saying what to do. ``example`` is the string form to suggest.
+    """
+    if isinstance(fn, str):
+        module_name, sep, attr = fn.partition(":")
+        if not sep or not module_name or not attr:
+            return (f"expected a function or a string 'module:function' such as {example!r}, "
+                    f"got {fn!r}.")
+        return (module_name, attr, os.getcwd())
+    if not callable(fn):
+        return f"expected a function or a string 'module:function', got {type(fn).__name__}."
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
+        file = example.partition(":")[0]
+        return ("worker processes cannot import a function defined in a notebook cell (or "
+                f"inside another function). Write it to a file with %%writefile {file}.py and "
+                f"pass {example!r}.")
+    return fn
+
+
+def resolve(spec: Callable | tuple[str, str, str]) -> Callable:
+    """In a worker: the learner's function, given or imported from (module, name, folder)."""
+    if callable(spec):
+        return spec
+    module_name, attr, folder = spec
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    importlib.invalidate_caches()
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def load_answer(spec: Callable | tuple[str, str, str],
+                what: str = "function") -> tuple[Callable | None, str | None]:
+    """In a worker: ``(the learner's function or class, None)``, or ``(None, what went wrong)``
+    when its file is missing or does not define it."""
+    try:
+        return resolve(spec), None
+    except Exception as e:  # noqa: BLE001 - any import error is the learner's, said in words
+        return None, (f"could not import your {what} in the workers: {type(e).__name__}: {e} "
+                      "(did the %%writefile cell run?)")
+
+
+# ---- one launch, a process group of each world size in turn ------------------------------------
+
+def _new_folder() -> str:
+    """A fresh folder for one check, named after this process; folders of checks whose process
+    is gone (killed before its ``finally`` ran) are removed first."""
+    from ..distributed.processes import pid_temp_folder
+
+    return pid_temp_folder(_PREFIX)
+
+
+def _mark(folder: str, name: str) -> None:
+    """Leave an empty file ``name`` in ``folder``: how workers tell the launcher where they were."""
+    with open(os.path.join(folder, name), "a"):
+        pass
+
+
+def _marked(folder: str, prefix: str) -> int | None:
+    """The largest N of the files ``prefix-N`` in ``folder`` (None if there is none)."""
+    found = [int(name.rpartition("-")[2]) for name in os.listdir(folder)
+             if name.startswith(prefix + "-")]
+    return max(found, default=None)
+
+
+def _overran(folder: str, index: int) -> None:
+    """The watchdog's end: world size number ``index`` ran past its time; stop this process
+    (the launch then kills the others and the launcher reads the mark)."""
+    _mark(folder, f"overran-{index}")
+    os._exit(_OVERRAN)
+
+
+def _in_each_world(worker: Callable, spec: Any, world_sizes: list[int], args: tuple,
+                   folder: str, timeout: float) -> tuple[int, dict[int, str | None]] | None:
+    """In every process of the launch: ``worker(spec, *args)`` in a group of each world size.
+
+    The ranks below the world size form a fresh default group (a file rendezvous in
+    ``folder``), so the learner's code sees ``dist.get_world_size()`` equal to it; the others
+    wait. Each world size starts from torch's random state as a fresh worker has it (the same
+    on every rank, as a launch of its own would give). A rank that found a failure publishes
+    it and returns at once: its process ends, so a peer still waiting for it inside a
+    collective fails at once too, as in a launch of its own. The others read every rank's
+    result. Returns ``(index of the world size, {rank: result})`` where a failure stopped this
+    process, or None when every world size passed.
+    """
+    rank = dist.get_rank()
+    fresh = torch.get_rng_state()  # a rank of an earlier world size has drawn from it since
+    dist.destroy_process_group()  # launch's group of every process: each size gets its own
+    store = dist.FileStore(os.path.join(folder, "store"), max(world_sizes))
+    store.set_timeout(timedelta(seconds=timeout * (len(world_sizes) + 1)))
+    for index, world in enumerate(world_sizes):
+        watchdog = threading.Timer(timeout, _overran, args=(folder, index))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            if rank < world:
+                _mark(folder, f"entered-{index}")
+                torch.set_num_threads(max(1, cpu_cores() // world))
+                torch.set_rng_state(fresh)
+                dist.init_process_group("gloo", store=dist.PrefixStore(f"group{index}/", store),
+                                        rank=rank, world_size=world,
+                                        timeout=timedelta(seconds=2 * timeout))
+                # every rank fully connected before any may return and exit (as in launch):
+                # else a rank whose answer fails at once leaves while a peer still connects
+                # to it, and the peer's "connectFullMesh failed" hides the learner's verdict
+                dist.barrier()
+                try:
+                    found = worker(spec, *args)
+                finally:
+                    dist.destroy_process_group()
+                store.set(f"result{index}/{rank}", pickle.dumps(found))
+                if found is not None:
+                    return index, {rank: found}
+            results = {r: pickle.loads(store.get(f"result{index}/{r}")) for r in range(world)}
+        finally:
+            watchdog.cancel()
+        if any(r is not None for r in results.values()):
+            return index, results
+    return None
+
+
+def first_failure_in_ranks(worker: Callable, spec: Any, world_sizes: Sequence[int],
+                           args: tuple, *, timeout: float, hang_hint: str,
+                           hint: str) -> str | None:
+    """Run ``worker(spec, *args)`` in a process group of each world size; the first failure.
+
+    One ``launch`` of ``max(world_sizes)`` processes (gloo: the checkers' cases are small CPU
+    tensors) forms a group of each size in turn. Each rank's worker returns None or a
+    description of what it found wrong. A world size that takes more than ``timeout`` seconds
+    becomes "no result within N s" with ``hang_hint``; a rank that raised or died, its first
+    line; a wrong value, the description followed by ``hint``. None when every rank of every
+    world size was right.
+    """
+    from ..distributed.launch import LaunchTimeout, WorkerError, launch
+
+    world_sizes = list(world_sizes)
+    if not world_sizes:  # the checker's author's mistake: "correct for no world size"
+        raise ValueError("first_failure_in_ranks needs at least one world size, got none.")
+    unguarded = unguarded_script()
+    if unguarded is not None:
+        return unguarded
+    folder = _new_folder()
+    hung = f"no result within {timeout:g} s. {hang_hint}"
+    try:
+        try:
+            results = launch(_in_each_world, max(world_sizes), worker, spec, world_sizes, args,
+                             folder, timeout, backend="gloo",
+                             timeout=timeout * (len(world_sizes) + 1))
+        except LaunchTimeout:
+            return f"world_size={world_sizes[_marked(folder, 'entered') or 0]}: {hung}"
+        except WorkerError as e:
+            index = _marked(folder, "overran")
+            if index is not None:
+                return f"world_size={world_sizes[index]}: {hung}"
+            index = _marked(folder, "entered") or 0
+            return f"world_size={world_sizes[index]}: {str(e).splitlines()[0]}"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    stopped = [r for r in results if r is not None]  # (world size index, {rank: result})
+    if not stopped:
+        return None
+    first = min(index for index, _ in stopped)
+    failures = [f for index, found in stopped if index == first for f in found.values()
+                if f is not None]
+    # a rank that saw a wrong value says more than a peer whose collective then broke
+    return f"{sorted(failures, key=lambda f: 'raised' in f)[0]} Hint: {hint}"
+
+
+def answer_kind(answer: Callable | str, example: str) -> str:
+    """"class" when ``answer`` is a class (or names one: ``"my_ddp:OverlapDDP"``, or the
+    ``example`` does), else "function": how verdicts speak of the learner's answer."""
+    if isinstance(answer, type):
+        return "class"
+    named = answer if isinstance(answer, str) and ":" in answer else example
+    return "class" if named.partition(":")[2][:1].isupper() else "function"
+
+
+# ---- the whole check ---------------------------------------------------------------------------
+
+def check_in_ranks(name: str, answer: Callable | str, example: str, worker: Callable,
+                   args: tuple, *, world_sizes: Sequence[int], timeout: float, hint: str,
+                   hang_hint: str, passed: str, strict: bool) -> ExerciseResult:
+    """The verdict on a learner's ``answer`` (a function, a class or ``"module:name"``) that
+    ``worker(spec, *args)`` judges in every rank of each world size.
+
+    A function workers cannot import is refused with what to do (``example`` is the string to
+    suggest); a worker that returns ``UNANSWERED`` (the learner's code still raises
+    ``NotImplementedError``) makes it "not answered yet" ("your class" when the answer is a
+    class: ``answer_kind``); the first failure, "not yet right";
+    else ``passed``, "correct".
+    """
+    spec = worker_spec(answer, example)
+    if isinstance(spec, str):
+        return verdict(name, False, spec, strict)
+    found = first_failure_in_ranks(worker, spec, world_sizes, args, timeout=timeout,
+                                   hang_hint=hang_hint, hint=hint)
+    if found is not None and UNANSWERED in found:
+        return unanswered(name, strict, what=answer_kind(answer, example))
+    if found is not None:
+        return verdict(name, False, found, strict)
+    return verdict(name, True, passed, strict)
