@@ -6,7 +6,7 @@ when right). An answer left as ``None`` is reported as "not answered yet" instea
 notebooks that ship with open exercises still run top to bottom. Pass ``strict=True`` to raise
 ``AssertionError`` on a wrong answer (what an autograder wants).
 
-One module per lesson (``lesson00`` ... ``lesson15``); every checker is importable from here:
+One module per lesson (``lesson00`` ... ``lesson16``); every checker is importable from here:
 ``from course_lib import checks; checks.check_allreduce_fn(my_allreduce)``.
 """
 from ._core import (
@@ -18,7 +18,7 @@ from ._core import (
     failure,
     verdict,
 )
-from .lesson00 import check_matmul_flops, check_try_all_gpus
+from .lesson00 import check_matmul_flops, check_time_queued, check_try_all_gpus
 from .lesson01 import check_accuracy_fn, check_initial_loss, check_sgd_fn
 from .lesson02 import (
     check_allreduce_fn,
@@ -43,7 +43,7 @@ from .lesson06 import (
 from .lesson07 import check_average_gradients, check_ddp
 from .lesson08 import check_epoch_shards, check_exact_accuracy
 from .lesson09 import check_resume, check_syncbn
-from .lesson10 import check_bus_bandwidth
+from .lesson10 import check_alpha_beta_fit, check_bus_bandwidth
 from .lesson11 import check_fsdp, check_zero
 from .lesson12 import check_one_f_one_b, max_in_flight
 from .lesson13 import check_load_matching, check_strip_prefix
@@ -54,11 +54,12 @@ from .lesson14 import (
     check_vocab_parallel_cross_entropy,
 )
 from .lesson15 import check_checkpoint, check_scaler_update, check_sequence_parallel_block
+from .lesson16 import check_merge, check_ring_step
 
 __all__ = [
     "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
     "failure", "verdict",
-    "check_matmul_flops", "check_try_all_gpus",               # lesson 00
+    "check_matmul_flops", "check_time_queued", "check_try_all_gpus",  # lesson 00
     "check_accuracy_fn", "check_initial_loss", "check_sgd_fn",  # 01
     "check_allreduce_fn", "check_ring_sends",                 # 02
     "check_butterfly", "check_ring_allreduce",
@@ -71,11 +72,12 @@ __all__ = [
     "check_average_gradients", "check_ddp",                   # 07
     "check_epoch_shards", "check_exact_accuracy",             # 08
     "check_resume", "check_syncbn",                           # 09
-    "check_bus_bandwidth",                                    # 10
+    "check_alpha_beta_fit", "check_bus_bandwidth",            # 10
     "check_zero", "check_fsdp",                              # 11 (sharded)
     "check_one_f_one_b", "max_in_flight",                     # 11
     "check_load_matching", "check_strip_prefix",              # 13
     "check_conjugates", "check_parallel_linears", "check_megatron_mlp",  # 14
     "check_vocab_parallel_cross_entropy",
     "check_checkpoint", "check_scaler_update", "check_sequence_parallel_block",  # 15
+    "check_merge", "check_ring_step",                         # 16
 ]
