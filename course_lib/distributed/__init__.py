@@ -11,6 +11,8 @@ Where each idea lives (the same split as torch's package):
 - ``optim``: ``ZeroRedundancyOptimizer`` (ZeRO-1); ``fsdp``: ``FullyShardedDataParallel``;
   ``memory``: bytes per rank measured (``PeakMemory``) beside the ZeRO paper's count
   (``zero_formula``) (lesson 11).
+- ``device_mesh``: ``init_device_mesh`` and ``DeviceMesh``, the ranks laid out with named
+  dimensions, one process group per row of each (lesson 16).
 
 Every public name of those modules is importable from here: ``from course_lib.distributed
 import launch, init_distributed_mode``.
@@ -22,6 +24,7 @@ from .collectives import (
     ring_chunk_bounds,
     tree_broadcast,
 )
+from .device_mesh import DeviceMesh, init_device_mesh
 from .env import (
     BackendChoice,
     DistInfo,
@@ -42,6 +45,7 @@ from .run import EXAMPLES, example_path, mpirun, run_commands, torchrun
 __all__ = [
     "EXAMPLES",
     "BackendChoice",
+    "DeviceMesh",
     "DistInfo",
     "FullyShardedDataParallel",
     "LaunchTimeout",
@@ -54,6 +58,7 @@ __all__ = [
     "example_path",
     "find_free_port",
     "first_host",
+    "init_device_mesh",
     "init_distributed_mode",
     "is_main_process",
     "launch",
