@@ -74,3 +74,67 @@ def test_autocast_support_probe_and_bad_mode():
     assert W.autocast_supports("cpu", torch.bfloat16) == (True, "")
     with pytest.raises(ValueError, match="mode must be one of"):
         W.precision_memory(CONFIG, B, T, "fp8")
+
+
+# ------------------------------------------------------------------------------------------------
+# layer_memory, formula_per_layer, with_recomputation (notebook 15's figure and timing)
+# ------------------------------------------------------------------------------------------------
+
+LAYER = dict(vocab_size=48, block_size=12, n_layer=2, n_head=6, n_embd=24)
+LB, LT = 2, 12
+
+
+def _launched_layer_memory():
+    from course_lib.distributed import launch
+    return launch(W.layer_memory, 3, LAYER, LB, LT)
+
+
+def test_layer_memory_equals_the_formula_plus_its_named_extras():
+    """One process and, in one launch, 3 ranks (TP and TP + SP): every measurement equals the
+    paper's formula without its dropout terms plus the LayerNorm statistics and causal mask,
+    byte for byte; the split model's loss equals one process's; SP sends TP's bytes plus one
+    all-gather per column-parallel layer (backward's re-gather) and small all-reduces."""
+    one = W.layer_memory(LAYER, LB, LT)
+    ranks = _launched_layer_memory()
+    settings = {"one": dict(t=1), "tp": dict(t=3), "sp": dict(t=3, sequence_parallel=True)}
+    for r in [one, *ranks]:
+        for variant in set(r) & set(settings):
+            for recompute in W.RECOMPUTE:
+                f = W.formula_per_layer(LAYER, LB, LT, recompute=recompute, **settings[variant])
+                assert r[variant][recompute] == f["expected"], (variant, recompute, f)
+                assert abs(r[variant][recompute] - f["formula"]) <= 0.05 * f["formula"]
+    full = one["one"]["full"]
+    assert full == LB * LT * LAYER["n_embd"] * 4                       # the input, float32
+    assert ranks[0]["sp"]["full"] * 3 == full and ranks[0]["tp"]["full"] == full
+    assert ranks[0]["sp"]["none"] < ranks[0]["tp"]["none"] < one["one"]["none"]
+    n = LB * LT * LAYER["n_embd"]
+    for r in ranks:
+        assert max(v for k, v in r["loss"].items() if k != "one") < 1e-5, r["loss"]
+        tp = sum(b for kind, e, b in r["wire"]["tp"] if e == n)
+        pairs = sum(b for kind, e, b in r["wire"]["sp"] if e == n and kind != "all_reduce")
+        k = 2 * LAYER["n_layer"] + 1                                  # column-parallel layers
+        assert abs(pairs - tp * (1 + 1 / 4)) < 1e-6 * tp, (pairs, tp, k)
+        assert sum(kind == "all_gather" and e == n for kind, e, _ in r["wire"]["sp"]) == 3 * k
+
+
+def test_formula_per_layer_terms_and_with_recomputation_gradients():
+    f = W.formula_per_layer(LAYER, LB, LT)
+    s, b, h, a = LT, LB, LAYER["n_embd"], LAYER["n_head"]
+    assert f["paper"] == s * b * h * (34 + 5 * a * s / h)
+    assert f["dropout"] == 2 * s * b * h + 3 * a * s * s * b
+    assert f["formula"] == 4 * (16 * s * b * h + a * s * s * b)       # float32, no dropout
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**LAYER)).double()
+    idx = torch.randint(LAYER["vocab_size"], (LB, LT))
+    grads = {}
+    for recompute in W.RECOMPUTE:
+        m = W.with_recomputation(model, recompute)
+        m(idx, idx)[1].backward()
+        grads[recompute] = [p.grad for p in m.parameters()]
+    assert isinstance(W.with_recomputation(model, "full").blocks[0], W.Recomputed)
+    assert model.blocks[0].attn.core_attention.__name__ == "causal_attention"   # a copy
+    for recompute in ("selective", "full"):
+        for g, want in zip(grads[recompute], grads["none"]):
+            torch.testing.assert_close(g, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        W.with_recomputation(model, "half")

@@ -3,6 +3,13 @@
 - ``precision_memory``: one training step of the GPT in one precision, its memory measured piece
   by piece (weights, gradients, optimizer state, activations saved for backward), beside the
   bytes per parameter the ZeRO paper counts for mixed-precision Adam, 2 + 2 + 12.
+- ``layer_memory``: the bytes one transformer layer saves for backward, without recomputation,
+  with selective and with full recomputation: in one process, or, launched on t ranks, with
+  tensor parallelism and with tensor + sequence parallelism (then also the losses of the three
+  against each other and the bytes each sends); ``formula_per_layer`` is Korthikanti et al.'s
+  count for the same sizes, term by term, beside it.
+- ``with_recomputation``: a copy of a GPT whose blocks recompute (``"full"``) or whose attention
+  cores do (``"selective"``), for timing a training step with and without it.
 
 The four modes:
 
@@ -32,16 +39,28 @@ copies. Read more: Rajbhandari et al. (2020), "ZeRO", section 3.1; Micikevicius 
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from course_lib.amp import GradScaler
 from course_lib.distributed.pipelining import ActivationMeter
+from course_lib.distributed.recording import record_collectives
+from course_lib.distributed.tensor.parallel import parallelize_gpt
 from course_lib.models.gpt import GPT, GPTConfig
+from course_lib.utils import (
+    activation_memory_per_layer,
+    checkpoint,
+    saved_tensor_bytes,
+    selective_recompute,
+)
 
-__all__ = ["MODES", "PAPER_BYTES_PER_PARAM", "autocast_supports", "precision_memory"]
+__all__ = ["MODES", "PAPER_BYTES_PER_PARAM", "RECOMPUTE", "Recomputed", "autocast_supports",
+           "formula_per_layer", "layer_memory", "precision_memory", "with_recomputation"]
 
 MODES = ("float32", "bf16-autocast", "fp16-autocast+scaler", "bf16-weights+fp32-master")
 
@@ -245,3 +264,140 @@ _NOTES = {
         "a parameter; float32 gradients of the master copy exist only during the step "
         "(transient_master_gradients)."),
 }
+
+
+# ------------------------------------------------------------------------------------------------
+# activation memory per layer, measured, and the paper's count beside it
+# ------------------------------------------------------------------------------------------------
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+class Recomputed(nn.Module):
+    """``block(x)`` through ``course_lib.utils.checkpoint``: only ``x`` is kept for backward."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.block, x)
+
+
+def with_recomputation(model: GPT, recompute: str) -> GPT:
+    """A deep copy of ``model`` whose blocks recompute in backward: ``"none"``, ``"selective"``
+    (attention's core only) or ``"full"`` (every block, from its input)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"with_recomputation: recompute must be one of {RECOMPUTE}, got "
+                         f"{recompute!r}.")
+    model = copy.deepcopy(model)
+    if recompute == "selective":
+        selective_recompute(model)
+    elif recompute == "full":
+        model.blocks = nn.ModuleList(Recomputed(b) for b in model.blocks)
+    return model
+
+
+def _block_bytes(block: nn.Module, x: torch.Tensor) -> dict[str, int]:
+    """Bytes ``block`` saves for backward on input ``x``, for each way of recomputing."""
+    params = list(block.parameters())
+    out = {"none": saved_tensor_bytes(block, x)}
+    selective_recompute(block)
+    out["selective"] = saved_tensor_bytes(block, x)
+    selective_recompute(block, enabled=False)
+    out["full"] = saved_tensor_bytes(lambda y: checkpoint(block, y), x, exclude=params)
+    return out
+
+
+def formula_per_layer(config_kwargs: dict, batch_size: int, seq_len: int, *, t: int = 1,
+                      sequence_parallel: bool = False, recompute: str = "none",
+                      bytes_per_element: int = 4) -> dict:
+    """Korthikanti et al.'s bytes per layer for these sizes, and what this model should save.
+
+    The paper counts 16-bit activations (2 bytes) and 1-byte dropout masks, with dropout after
+    the attention's softmax (its mask, as^2b bytes, and output, 2as^2b) and after each residual
+    branch (two masks, 2sbh). The course GPT has no dropout, runs in ``bytes_per_element`` bytes,
+    and saves two things the paper leaves out: each LayerNorm's mean and 1/std (4sb elements a
+    layer) and the (s, s) boolean causal mask of ``masked_fill`` (s^2 bytes, whole on every
+    rank). Divisions by t follow the paper's table 2.
+
+    Returns:
+        ``paper`` (the formula, 16-bit, with dropout), ``dropout`` (its dropout terms),
+        ``formula`` ((paper - dropout) in ``bytes_per_element``: the formula for this model),
+        ``extra`` (LayerNorm statistics and causal mask, where still saved) and ``expected``
+        (``formula + extra``: what the measurement must be, byte for byte).
+    """
+    config = GPTConfig(**config_kwargs)
+    s, b, h, a, e = seq_len, batch_size, config.n_embd, config.n_head, bytes_per_element
+    paper = activation_memory_per_layer(s, b, h, a, t=t, sequence_parallel=sequence_parallel,
+                                        recompute=recompute)
+    sp = t if sequence_parallel else 1                   # what the sequence split divides
+    masks, softmax_dropout = 2 * s * b * h / sp, 3 * a * s * s * b / t
+    dropout = {"none": masks + softmax_dropout, "selective": masks, "full": 0}[recompute]
+    stats = 4 * s * b * e / sp
+    extra = {"none": stats + s * s, "selective": stats, "full": 0}[recompute]
+    formula = (paper - dropout) * e / 2
+    return {"paper": paper, "dropout": dropout, "formula": formula, "extra": extra,
+            "expected": formula + extra}
+
+
+def _ring_bytes(name: str, nbytes: int, world: int) -> float:
+    """Bytes one rank sends in a ring for a call of ``name`` whose record measured ``nbytes``
+    (all-reduce of n: 2(t-1)/t n; all-gather into an output of n: (t-1)/t n; reduce-scatter into
+    a block of m: (t-1) m)."""
+    if name == "all_reduce":
+        return 2 * (world - 1) / world * nbytes
+    if name.startswith("all_gather"):
+        return (world - 1) / world * nbytes
+    if name.startswith("reduce_scatter"):
+        return float((world - 1) * nbytes)
+    return 0.0
+
+
+def layer_memory(config_kwargs: dict, batch_size: int, seq_len: int, seed: int = 0) -> dict:
+    """The bytes one transformer layer saves for backward (float32, parameters excluded), for
+    ``RECOMPUTE``'s three ways, on this process.
+
+    Called in one process (no process group): ``{"t": 1, "one": {...}}``. Launched on t ranks:
+    ``{"t": t, "tp": {...}, "sp": {...}}`` for block 0 of ``parallelize_gpt`` without and with
+    ``sequence_parallel=True`` (fed this rank's positions), plus ``loss`` (the one-process
+    model's loss on a batch and the largest gaps of the TP's and SP's losses and logits from
+    it) and ``wire``: for each of ``"tp"`` and ``"sp"``, every collective of one forward and
+    backward of the model (``record_collectives``) as ``(kind, elements of the activation it
+    carries, bytes this rank sends in a ring)``, kind ``"all_reduce"``, ``"all_gather"`` or
+    ``"reduce_scatter"``; elements are the whole (B, T, C) tensor's for all three.
+    """
+    config = GPTConfig(**config_kwargs)
+    torch.manual_seed(seed)
+    one = GPT(config)
+    x = torch.randn(batch_size, seq_len, config.n_embd, generator=torch.Generator()
+                    .manual_seed(seed + 1)).requires_grad_()              # (B, T, C)
+    if not dist.is_initialized():
+        return {"t": 1, "one": _block_bytes(one.blocks[0], x)}
+    rank, t = dist.get_rank(), dist.get_world_size()
+    tp = parallelize_gpt(copy.deepcopy(one))
+    sp = parallelize_gpt(copy.deepcopy(one), sequence_parallel=True)
+    mine = x.detach().chunk(t, dim=1)[rank].clone().requires_grad_()    # (B, T/t, C)
+    result = {"t": t, "tp": _block_bytes(tp.blocks[0], x), "sp": _block_bytes(sp.blocks[0], mine)}
+
+    gen = torch.Generator().manual_seed(seed + 2)
+    idx = torch.randint(config.vocab_size, (batch_size, seq_len), generator=gen)
+    targets = torch.randint(config.vocab_size, (batch_size, seq_len), generator=gen)
+    logits, loss = one(idx, targets)
+    want = logits.detach().chunk(t, dim=-1)[rank]                    # this rank's vocabulary
+    result["loss"] = {"one": loss.item()}
+    result["wire"] = {}
+    for name, model in (("tp", tp), ("sp", sp)):
+        with record_collectives() as records:
+            got_logits, got = model(idx, targets)
+            got.backward()
+        result["loss"][name] = abs(got.item() - loss.item())
+        result["loss"][f"{name}_logits"] = float((got_logits.detach() - want).abs().max())
+        calls = []
+        for r in records:
+            kind = ("all_gather" if r.name.startswith("all_gather") else "reduce_scatter"
+                    if r.name.startswith("reduce_scatter") else r.name)
+            whole = r.elements * t if kind == "reduce_scatter" else r.elements
+            calls.append((kind, whole, _ring_bytes(r.name, r.bytes, t)))
+        result["wire"][name] = calls
+    return result
