@@ -60,15 +60,18 @@ def try_all_gpus() -> list[torch.device]:
     return gpus if gpus else [torch.device("cpu")]
 
 
-def devices(n: int, *, warn: bool = True) -> list[torch.device]:
+def devices(n: int, *, warn: bool = False) -> list[torch.device]:
     """Exactly ``n`` devices: the real GPUs first, then repeats of what exists.
 
     With fewer than ``n`` GPUs, the list repeats devices (on a CPU-only machine: ``n`` times the
-    CPU) and warns: such a run proves that the algorithm is correct, not that it is fast.
+    CPU): such a run proves that the algorithm is correct, not that it is fast. The lessons print
+    the list they get, which shows the repeats; ``warn=True`` also emits a ``UserWarning``
+    (off by default: a warning prints on a notebook's stderr as "FILE:LINE: UserWarning", noise
+    in every lesson that asks for devices).
 
     Args:
         n: how many devices the lesson wants (>= 1).
-        warn: warn when devices repeat (a lesson shows the warning once, then passes False).
+        warn: warn when devices repeat.
 
     Returns:
         A list of ``n`` ``torch.device`` objects.

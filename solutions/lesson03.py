@@ -1,7 +1,9 @@
-"""Lesson 03, exercises: a balanced split that gives every device work; devices torch.chunk uses.
+"""Lesson 03, exercises: ``split_batch`` with torch's chunks; a balanced split that gives every
+device work; the devices torch.chunk uses.
 
-Checked by ``course_lib.checks.lesson03``: ``check_balanced_sizes``, ``check_scatter`` (with
-``balanced=True``), ``check_split_batch`` and ``check_devices_used``. The names are those the
+Checked by ``course_lib.checks.lesson03``: ``check_split_batch`` (``sizes="chunk"`` for
+``split_batch``, ``"balanced"`` for ``balanced_split_batch``), ``check_balanced_sizes``,
+``check_scatter`` (with ``balanced=True``) and ``check_devices_used``. The names are those the
 notebook's exercise cells define (``# EXERCISE: name``).
 """
 from __future__ import annotations
@@ -12,17 +14,31 @@ from collections.abc import Sequence
 import torch
 
 __all__ = ["balanced_scatter", "balanced_sizes", "balanced_split_batch", "devices_used",
-           "used_17_over_8", "used_9_over_8"]
+           "split_batch", "used_17_over_8", "used_9_over_8"]
+
+
+def split_batch(X: torch.Tensor, y: torch.Tensor, devices: Sequence[torch.device]
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Exercise 1: X and y cut alike by ``torch.chunk`` along dim 0, shard i on ``devices[i]``.
+
+    The chunks of ``nn.parallel.scatter`` on any device list (it refuses the CPU). There may be
+    fewer shards than devices: ``torch.chunk`` stops when the batch runs out.
+    """
+    n = len(devices)
+    X_shards = [c.to(d) for c, d in zip(torch.chunk(X, n), devices)]   # (ceil(B/n), ...) each
+    y_shards = [c.to(d) for c, d in zip(torch.chunk(y, n), devices)]   # the same sizes
+    return X_shards, y_shards
 
 
 def balanced_sizes(B: int, n: int) -> list[int]:
-    """Exercise 1: n shard sizes summing to B, each ``B // n`` or ``B // n + 1``."""
+    """Exercise 2: n shard sizes summing to B, each ``B // n`` or ``B // n + 1``."""
     base, extra = divmod(B, n)
     return [base + 1 if i < extra else base for i in range(n)]
 
 
 def balanced_scatter(tensor: torch.Tensor, devices: Sequence[torch.device]) -> list[torch.Tensor]:
-    """Exercise 2: ``tensor`` split along dim 0 in balanced sizes, chunk i on ``devices[i]``."""
+    """Exercise 3, its first half: ``tensor`` cut along dim 0 in balanced sizes, chunk i on
+    ``devices[i]``."""
     chunks = torch.split(tensor, balanced_sizes(tensor.shape[0], len(devices)))
     return [c.to(d) for c, d in zip(chunks, devices)]       # (B // n or B // n + 1, ...) each
 

@@ -194,8 +194,8 @@ def test_check_scatter():
     assert checks.check_scatter(scatter)                              # the course's: torch.chunk
     assert checks.check_scatter(lesson03.balanced_scatter, balanced=True)
     assert not checks.check_scatter(scatter, balanced=True)           # leaves devices idle
-    for wrong, says in [(duplicates_an_example, "each once, in order"),
-                        (drops_the_remainder, "each once, in order")]:
+    for wrong, says in [(duplicates_an_example, "are in more than one chunk"),
+                        (drops_the_remainder, "are in no chunk")]:
         result = checks.check_scatter(wrong)
         assert result.ok is False and says in result.message and "10 over 4" in result.message
 
@@ -205,7 +205,7 @@ def test_check_split_batch():
     assert checks.check_split_batch(lesson03.balanced_split_batch)
     assert not checks.check_split_batch(split_batch)                 # torch.chunk's sizes
     with pytest.warns(UserWarning, match="without examples"):        # ... leave devices idle
-        assert checks.check_split_batch(split_batch, balanced=False)
+        assert checks.check_split_batch(split_batch, sizes="chunk")
     result = checks.check_split_batch(labels_split_differently)
     assert result.ok is False and "same sizes" in result.message
     result = checks.check_split_batch(lambda X, y, d: (drops_the_remainder(X, d),
@@ -213,6 +213,68 @@ def test_check_split_batch():
     assert result.ok is False
     with pytest.raises(AssertionError):
         checks.check_split_batch(labels_split_differently, strict=True)
+    with pytest.raises(ValueError, match="sizes must be one of"):
+        checks.check_split_batch(split_batch, sizes="even")
+
+
+# ---- exercise 1: split_batch with torch.chunk's shards (nn.parallel.scatter's), any devices ----
+
+def split_batch_scaffold(X, y, devices):  # the notebook's cell as committed
+    raise NotImplementedError
+
+
+def drops_the_short_shard(X, y, devices):  # keeps only full-size chunks: the tail is lost
+    Xs, ys = torch.chunk(X, len(devices)), torch.chunk(y, len(devices))
+    keep = [i for i in range(len(Xs)) if len(Xs[i]) == len(Xs[0])]
+    return [Xs[i].to(devices[i]) for i in keep], [ys[i].to(devices[i]) for i in keep]
+
+
+def along_dim_1(X, y, devices):  # the features cut, not the examples
+    n = len(devices)
+    return ([c.to(d) for c, d in zip(torch.chunk(X, n, dim=1), devices)],
+            [c.to(d) for c, d in zip(torch.chunk(y, n), devices)])
+
+
+def labels_tensor_split(X, y, devices):  # images by torch.chunk, labels by tensor_split
+    n = len(devices)
+    return ([c.to(d) for c, d in zip(torch.chunk(X, n), devices)],
+            [c.to(d) for c, d in zip(torch.tensor_split(y, n), devices)])
+
+
+def torchs_scatter(X, y, devices):  # nn.parallel.scatter: GPUs only
+    return list(torch.nn.parallel.scatter(X, devices)), list(torch.nn.parallel.scatter(y, devices))
+
+
+def swapped(X, y, devices):  # (y_shards, X_shards)
+    X_shards, y_shards = lesson03.split_batch(X, y, devices)
+    return y_shards, X_shards
+
+
+def test_split_batch_exercise_accepts_the_reference_and_the_course_version():
+    assert checks.check_split_batch(split_batch_scaffold, sizes="chunk").ok is None
+    assert checks.check_split_batch(lesson03.split_batch, sizes="chunk")
+    with pytest.warns(UserWarning, match="without examples"):        # 5 over 4 leaves one idle
+        assert checks.check_split_batch(split_batch, sizes="chunk")   # course_lib's own
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (drops_the_short_shard, "are in no chunk"),
+    (lambda X, y, d: (drops_the_remainder(X, d), drops_the_remainder(y, d)), "are in no chunk"),
+    (along_dim_1, "split along dim 0"),
+    (labels_tensor_split, "split X and y with the same sizes"),
+    (lesson03.balanced_split_batch, "expected torch.chunk's [3, 3, 3, 1]"),
+    (swapped, "return the images' shards first"),
+])
+def test_split_batch_exercise_names_the_usual_mistakes(wrong, says):
+    result = checks.check_split_batch(wrong, sizes="chunk")
+    assert result.ok is False and says in result.message, result.message
+    assert "10 over 4" in result.message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="nn.parallel.scatter works on GPUs")
+def test_split_batch_exercise_explains_torchs_scatter_on_a_cpu():
+    result = checks.check_split_batch(torchs_scatter, sizes="chunk")
+    assert result.ok is False and "GPUs only" in result.message
 
 
 @settings(max_examples=40, deadline=None)

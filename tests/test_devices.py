@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -17,10 +18,17 @@ def test_cpu_fallbacks(no_gpus):
 
 
 @pytest.mark.parametrize("n", [1, 2, 5])
-def test_devices_repeats_the_cpu_with_a_warning(no_gpus, n):
+def test_devices_repeats_the_cpu_with_a_warning_when_asked(no_gpus, n):
     with pytest.warns(UserWarning, match="correctness, not speed"):
-        devs = D.devices(n)
+        devs = D.devices(n, warn=True)
     assert devs == [torch.device("cpu")] * n
+
+
+def test_devices_is_silent_by_default(no_gpus):
+    """No "course_lib/devices.py:NN: UserWarning" line in the lessons' outputs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert D.devices(4) == [torch.device("cpu")] * 4
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, "2", True])

@@ -70,13 +70,26 @@ def _chunks_problem(chunks, whole: torch.Tensor, devs: list[torch.device]) -> st
     for i, c in enumerate(chunks):
         if i < len(devs) and c.device != devs[i]:
             return f"chunk {i} is on {c.device}, expected on {devs[i]}"
-        if c.shape[1:] != whole.shape[1:]:
-            return f"chunk {i} has shape {tuple(c.shape)}; split along dim 0 only"
+        if c.dim() != whole.dim() or c.shape[1:] != whole.shape[1:]:
+            return (f"chunk {i} has shape {tuple(c.shape)} where the batch is "
+                    f"{tuple(whole.shape)}; split along dim 0 (the examples) only")
     got = torch.cat([c.cpu() for c in chunks]) if chunks else whole[:0]
     if not torch.equal(got, whole.cpu()):
-        return (f"the chunks put together hold examples {_first_example(got).long().tolist()}, "
-                f"expected 0 ... {whole.shape[0] - 1}, each once, in order")
+        return _examples_problem(_first_example(got).long().tolist(), whole.shape[0])
     return None
+
+
+def _examples_problem(ids: list[int], B: int) -> str:
+    """What is wrong with the example numbers ``ids`` found in the chunks of a batch of B."""
+    missing = sorted(set(range(B)) - set(ids))
+    twice = sorted({j for j in ids if ids.count(j) > 1})
+    if missing:
+        return (f"example(s) {missing[:8]}{' ...' if len(missing) > 8 else ''} are in no chunk "
+                f"(every one of the {B} examples must go to some device, the short last chunk "
+                "too)")
+    if twice:
+        return f"example(s) {twice[:8]} are in more than one chunk"
+    return "the chunks put together hold every example once, but not in order"
 
 
 def _example_batch(B: int, n: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.device]]:
@@ -126,16 +139,27 @@ def check_scatter(fn: Callable | None, *, balanced: bool = False,
                    "batches.", strict)
 
 
-def check_split_batch(fn: Callable | None, *, balanced: bool = True,
+#: How ``check_split_batch`` wants the batch cut: "chunk" as ``torch.chunk`` (the chunks of
+#: ``nn.parallel.scatter``: ceil(B / n) examples each, fewer chunks than devices when the batch
+#: runs out), "balanced" B // n or B // n + 1 on every device.
+_SPLITS = ("chunk", "balanced")
+
+
+def check_split_batch(fn: Callable | None, *, sizes: str = "balanced",
                       strict: bool = False) -> ExerciseResult:
     """Exercise 03: ``fn(X, y, devices)`` returns ``(X_shards, y_shards)``, shard i on
     ``devices[i]``, each example with its own label, every example once and in order.
 
-    With ``balanced=True`` (the default: the exercise's ``split_batch`` that gives every device
-    work) each of the n devices gets ``B // n`` or ``B // n + 1`` examples; the course's
-    ``comm.split_batch`` keeps ``torch.chunk``'s sizes and passes only with ``balanced=False``.
-    Batches of B >= n examples (1 to 256) over 1 to 8 devices.
+    ``sizes="chunk"`` (the lesson's first exercise, ``split_batch``): the shards of ``torch.chunk``
+    along dim 0, which ``nn.parallel.scatter`` makes on GPUs (the oracle). ``sizes="balanced"``
+    (the later ``balanced_split_batch``): each of the n devices gets ``B // n`` or
+    ``B // n + 1`` examples. Batches of B >= n examples (1 to 256) over 1 to 8 devices, sizes
+    n does not divide and splits that leave devices idle included. Names the usual mistakes:
+    a short last shard dropped, a split along another dim, labels cut differently from the
+    images, ``nn.parallel.scatter`` on a CPU.
     """
+    if sizes not in _SPLITS:
+        raise ValueError(f"check_split_batch: sizes must be one of {_SPLITS}, got {sizes!r}.")
     name = getattr(fn, "__name__", "split_batch")
     if fn is None:
         return verdict(name, None, "define your function and pass it here.", strict)
@@ -150,9 +174,19 @@ def check_split_batch(fn: Callable | None, *, balanced: bool = True,
         except NotImplementedError:
             return unanswered(name, strict)
         except BaseException as exc:  # noqa: B036 - a verdict, never a crash
+            hint = ""
+            if "non cpu device" in str(exc):
+                hint = (" nn.parallel.scatter accepts GPUs only: cut with torch.chunk and move "
+                        "each chunk with .to(device).")
             return verdict(name, False, f"{where}: {failure(exc)} (expected (X_shards, "
-                           "y_shards)).", strict)
-        problem = (_chunks_problem(X_shards, X, devs) or _chunks_problem(y_shards, y, devs))
+                           f"y_shards)).{hint}", strict)
+        problem = None
+        if (isinstance(X_shards, (list, tuple)) and X_shards
+                and all(isinstance(c, torch.Tensor) and c.dim() == 1 for c in X_shards)
+                and not _chunks_problem(X_shards, y, devs)):
+            problem = "returned (y_shards, X_shards): return the images' shards first"
+        problem = problem or _chunks_problem(X_shards, X, devs) or _chunks_problem(y_shards, y,
+                                                                                   devs)
         if problem is None and len(X_shards) != len(y_shards):
             problem = f"{len(X_shards)} X shards but {len(y_shards)} y shards"
         if problem is None:
@@ -164,9 +198,17 @@ def check_split_batch(fn: Callable | None, *, balanced: bool = True,
                                "split X and y with the same sizes")
                     break
         if problem is None:
-            problem = _sizes_problem([c.shape[0] for c in X_shards], B, n, balanced)
+            got = [c.shape[0] for c in X_shards]
+            if sizes == "balanced":
+                problem = _sizes_problem(got, B, n, balanced=True)
+            else:
+                want = [c.shape[0] for c in torch.chunk(torch.empty(B), n)]  # the oracle
+                if got != want:
+                    problem = (f"shard sizes {got}: expected torch.chunk's {want} (the chunks "
+                               "nn.parallel.scatter makes: ceil(B / n) examples each until the "
+                               "batch runs out, no empty ones)")
         if problem is not None:
             return verdict(name, False, f"{where}: {problem}.", strict)
-    kind = "balanced shards" if balanced else "shards"
+    kind = "balanced shards" if sizes == "balanced" else "torch.chunk's shards"
     return verdict(name, True, f"{kind}, each example with its label, on {len(_SPLIT_CASES)} "
                    "batches.", strict)
