@@ -2,6 +2,9 @@
 compare variants interleaved, with a confidence interval; say when the machine was busy.
 
 - ``Timer`` and ``benchmark``: one piece of work, synchronized, median of several runs.
+- ``WorkQueue``: a CUDA stream's behaviour on a CPU (``submit`` returns at once, a background
+  thread runs the work in order, ``synchronize`` waits for it), so lesson 00 can show a timer
+  that reads the clock too early on a machine without a GPU.
 - ``compare``: several variants of one piece of work, interleaved in the same process (A B C,
   B C A, C A B, ...), each sample a loop long enough to rise above the timer's and the
   scheduler's noise, a bootstrap interval on each ratio, a winner named only when its interval
@@ -21,9 +24,11 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import random
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,8 +37,63 @@ import torch
 
 from .devices import cpu_cores, synchronize
 
-__all__ = ["BenchResult", "Comparison", "LoadStamp", "Timer", "benchmark", "bootstrap_ratio",
-           "compare", "load_average", "wait_for_quiet"]
+__all__ = ["BenchResult", "Comparison", "LoadStamp", "Timer", "WorkQueue", "benchmark",
+           "bootstrap_ratio", "compare", "load_average", "wait_for_quiet"]
+
+
+class WorkQueue:
+    """A stand-in for a CUDA stream on a CPU: ``submit`` queues work and returns at once.
+
+    One background thread runs the submitted calls one after another, in order, as a GPU runs
+    the kernels of one stream; ``synchronize`` blocks until everything submitted so far has run
+    (``torch.cuda.Stream.synchronize``). An exception raised by queued work is re-raised by the
+    next ``synchronize``, as CUDA reports a kernel's error at the next synchronizing call.
+    ``close`` (or leaving a ``with`` block) stops the thread.
+    """
+
+    def __init__(self) -> None:
+        self._todo: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="work-queue", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            fn = self._todo.get()
+            try:
+                if fn is None:
+                    return
+                fn()
+            except BaseException as exc:  # noqa: B036 - kept for synchronize() to re-raise
+                self._error = self._error or exc
+            finally:
+                self._todo.task_done()
+
+    def submit(self, fn: Callable[[], object]) -> None:
+        """Queue ``fn()`` to run after everything queued before it; return without waiting."""
+        if not self._thread.is_alive():
+            raise RuntimeError("WorkQueue.submit: the queue is closed; make a new WorkQueue.")
+        self._todo.put(fn)
+
+    def synchronize(self) -> None:
+        """Wait until every submitted call has run; re-raise the first error one raised."""
+        self._todo.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"WorkQueue: queued work raised {type(error).__name__}: "
+                               f"{error}") from error
+
+    def close(self) -> None:
+        """Run what is queued, then stop the background thread."""
+        if self._thread.is_alive():
+            self._todo.put(None)
+            self._thread.join()
+
+    def __enter__(self) -> WorkQueue:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class Timer:
@@ -44,24 +104,31 @@ class Timer:
 
     Args:
         device: the device whose queued work must finish before the clock is read
-            (None: every GPU; a no-op on a CPU-only machine).
+            (None: every GPU; a no-op on a CPU-only machine), or anything with a
+            ``synchronize()`` method: a ``torch.cuda.Stream``, a ``WorkQueue``.
     """
 
-    def __init__(self, device: torch.device | str | None = None):
+    def __init__(self, device: torch.device | str | WorkQueue | None = None):
         self.device = device
         self.times: list[float] = []
         self._start: float | None = None
         self.elapsed: float = 0.0
 
+    def _wait(self) -> None:
+        if hasattr(self.device, "synchronize"):   # a stream or a WorkQueue
+            self.device.synchronize()
+        else:
+            synchronize(self.device)
+
     def start(self) -> Timer:
-        synchronize(self.device)
+        self._wait()
         self._start = time.perf_counter()
         return self
 
     def stop(self) -> float:
         if self._start is None:
             raise RuntimeError("Timer.stop() called before Timer.start().")
-        synchronize(self.device)
+        self._wait()
         self.elapsed = time.perf_counter() - self._start
         self.times.append(self.elapsed)
         self._start = None
@@ -97,14 +164,15 @@ class BenchResult:
 
 
 def benchmark(fn: Callable[[], object], *, warmup: int = 2, repeat: int = 5,
-              device: torch.device | str | None = None) -> BenchResult:
+              device: torch.device | str | WorkQueue | None = None) -> BenchResult:
     """Time ``fn()``: ``warmup`` untimed calls, then ``repeat`` timed ones.
 
     Args:
         fn: the work to time, called with no arguments.
         warmup: calls before timing (caches, allocator, lazy CUDA initialisation).
         repeat: timed calls; the median is the result.
-        device: synchronized before and after each timed call (see ``Timer``).
+        device: synchronized before and after each timed call (see ``Timer``): a device, a
+            ``torch.cuda.Stream`` or a ``WorkQueue``.
     """
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}.")

@@ -1,12 +1,24 @@
-"""Lesson 10, exercise: the bus bandwidth of one raw row of a collectives results file.
+"""Lesson 10, exercises: the alpha-beta fit of a ring all-reduce; the bus bandwidth of one raw
+row of a collectives results file.
 
-Checked by ``course_lib.checks.lesson10.check_bus_bandwidth``.
+Checked by ``course_lib.checks.lesson10.check_alpha_beta_fit`` and ``check_bus_bandwidth``.
 """
 from __future__ import annotations
 
 import statistics
 
-__all__ = ["bus_bandwidth"]
+import numpy as np
+
+__all__ = ["alpha_beta_fit", "bus_bandwidth"]
+
+
+def alpha_beta_fit(sizes: list[float], times: list[float], p: int) -> tuple[float, float]:
+    """Latency (s) and inverse bandwidth (s/byte) of a ring all-reduce over p ranks, from the
+    line ``t = a + b n`` fitted on the relative error: ``t_ring = 2 (p - 1) alpha
+    + 2 (p - 1) / p n beta``."""
+    n, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    b, a = np.polyfit(n, t, 1, w=1 / t)      # residuals weighted by 1 / t: relative errors
+    return float(a / (2 * (p - 1))), float(b * p / (2 * (p - 1)))
 
 
 def bus_bandwidth(row: dict) -> float:

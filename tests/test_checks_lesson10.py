@@ -7,16 +7,19 @@ import math
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from course_lib.bench import cost_model
 from course_lib.checks.lesson10 import (
     _cases,
+    _fit_cases,
+    check_alpha_beta_fit,
     check_bus_bandwidth,
     link_bytes_by_schedule,
     median_by_sorting,
 )
-from solutions.lesson10 import bus_bandwidth
+from solutions.lesson10 import alpha_beta_fit, bus_bandwidth
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -121,3 +124,44 @@ def test_the_library_reproduces_the_stored_column():
         for row in cost_model.load_results(path)["results"]:
             assert math.isclose(cost_model.bus_bandwidth_gbps(row), row["busbw_GBps"],
                                 rel_tol=1e-9), (path.name, row["op"], row["bytes"])
+
+
+def _fit(weight, convert=True):
+    """A fit with numpy: np.polyfit's w multiplies the residuals (weights ``weight(t)``)."""
+    def fit(sizes, times, p):
+        t = np.asarray(times)
+        b, a = np.polyfit(sizes, t, 1, w=weight(t))
+        return (a / (2 * (p - 1)), b * p / (2 * (p - 1))) if convert else (a, b)
+    return fit
+
+
+def _open_fit(sizes, times, p):
+    raise NotImplementedError("alpha_beta_fit")
+
+
+def test_alpha_beta_fit_checker_accepts_the_reference_and_names_the_usual_mistakes(capsys):
+    assert check_alpha_beta_fit(alpha_beta_fit)
+    assert check_alpha_beta_fit(lambda s, t, p: (lambda m: (m.alpha, m.beta))(
+        cost_model.fit_ring(s, t, p)))                                   # the library agrees
+    assert check_alpha_beta_fit(None).ok is None
+    assert check_alpha_beta_fit(_open_fit).ok is None
+    for wrong, words in ((_fit(lambda t: np.ones_like(t)), "unweighted"),
+                         (_fit(lambda t: 1 / t ** 2), "np.polyfit squares its weights"),
+                         (_fit(lambda t: 1 / t, convert=False), "intercept and slope"),
+                         (lambda s, t, p: alpha_beta_fit(s, t, p)[::-1], "return (alpha, beta)"),
+                         (lambda s, t, p: alpha_beta_fit(s, t, 2), "p=3"),   # right at 2 only
+                         (lambda s, t, p: 1.0, "two numbers"),
+                         (lambda s, t, p: 1 / 0, "ZeroDivisionError")):
+        capsys.readouterr()
+        result = check_alpha_beta_fit(wrong)
+        assert result.ok is False, wrong
+        assert words in result.message, result.message
+
+
+def test_alpha_beta_fit_noisy_cases_separate_the_weighted_from_the_plain_fit():
+    noisy = _fit_cases()[3:]                         # the last two carry a pattern of noise
+    assert noisy                                     # some cases are not exact lines
+    for sizes, times, p in noisy:
+        good = alpha_beta_fit(sizes, times, p)
+        plain = _fit(lambda t: np.ones_like(t))(sizes, times, p)
+        assert not math.isclose(good[0], plain[0], rel_tol=0.05)   # alpha differs by > 5 %

@@ -327,11 +327,13 @@ def data_parallel_step_time(compute_s: float, launch_s: float, message_bytes: li
 
     ``compute_s / k + launches + (1 - overlap) * communication``, where ``compute_s`` is the
     whole batch's arithmetic on one device and ``launch_s`` what one device's step costs
-    whatever its batch (Python, kernel launches). With ``one_thread`` (``nn.DataParallel``,
-    d2l's loop over GPUs) one Python thread launches every kernel on every device in turn:
+    whatever its batch (Python, kernel launches). With ``one_thread`` (d2l's from-scratch loop
+    over GPUs) one Python thread launches every kernel on every device in turn:
     ``k * launch_s``; with one process per device (DDP) the launches run side by side:
-    ``launch_s``. A larger batch does not shrink the launch cost, it amortizes it over more
-    images; what shrinks it is fewer launches (CUDA graphs, ``torch.compile``) or more
+    ``launch_s``. ``nn.DataParallel`` lies between: ``parallel_apply`` runs each replica's
+    forward in a thread of its own, but the threads share the interpreter lock, so their Python
+    work still takes turns. A larger batch does not shrink the launch cost, it amortizes it over
+    more images; what shrinks it is fewer launches (CUDA graphs, ``torch.compile``) or more
     threads issuing them (one process per device).
 
     Args:
@@ -341,7 +343,7 @@ def data_parallel_step_time(compute_s: float, launch_s: float, message_bytes: li
         k: devices (1: no communication).
         model: alpha and beta of the link.
         algorithm: a name from ``ALGORITHMS``.
-        one_thread: one Python thread drives all k devices (True) or one process each.
+        one_thread: one Python thread drives all k devices in turn (True) or one process each.
         overlap: the fraction of the communication hidden behind backward.
     """
     if k < 1:

@@ -1,13 +1,16 @@
 """Checkers for the exercises of lesson 00 (setup and devices)."""
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 import torch
 
-from ._core import ExerciseResult, call_bounded, failure, verdict
+from ..timing import WorkQueue
+from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 
-__all__ = ["check_matmul_flops", "check_try_all_gpus"]
+__all__ = ["check_matmul_flops", "check_time_queued", "check_try_all_gpus"]
 
 #: GPU counts the checker pretends to have: none, one, several.
 _FAKE_GPU_COUNTS = (0, 1, 4)
@@ -45,6 +48,8 @@ def check_try_all_gpus(fn: Callable[[], list] | None, *, strict: bool = False) -
             got = _with_gpus(k, fn)
         except KeyboardInterrupt:
             raise
+        except NotImplementedError:
+            return unanswered(name, strict)
         except BaseException as exc:  # noqa: B036 - the learner's code failed: a verdict
             return verdict(name, False, f"on a machine with {k} GPU(s): {failure(exc)}.", strict)
         try:
@@ -81,3 +86,103 @@ def check_matmul_flops(fn: Callable[[int, int, int], int] | None, *,
     return check_function("matmul flops", fn, matmul_flops_counted, cases,
                           hint="Each of the n*m outputs is a dot product of length k.",
                           strict=strict)
+
+
+#: The checker's queued work: it sleeps this long (a kernel of known length).
+_WORK_S = 0.02
+#: What the first call on a fresh queue costs on top (CUDA's lazy initialisation, in miniature).
+_FIRST_CALL_S = 0.25
+#: Work already queued when the learner's function is called.
+_PENDING_S = 0.25
+
+
+class _FirstCallQueue(WorkQueue):
+    """A ``WorkQueue`` whose first submitted call pays a one-time cost, as a GPU's first kernel
+    pays for lazy initialisation; ``submitted`` counts the calls."""
+
+    def __init__(self, first_call_s: float) -> None:
+        super().__init__()
+        self.first_call_s, self.submitted = first_call_s, 0
+
+    def submit(self, fn: Callable[[], object]) -> None:
+        if self.submitted == 0 and self.first_call_s:
+            cost = self.first_call_s
+
+            def first() -> None:
+                time.sleep(cost)
+                fn()
+            super().submit(first)
+        else:
+            super().submit(fn)
+        self.submitted += 1
+
+
+def _queued_work() -> None:
+    """The work the checker asks you to time: it must run on the queue, not in your thread."""
+    if threading.current_thread().name != "work-queue":
+        raise RuntimeError("work() was called directly: hand it to the queue with "
+                           "queue.submit(work), and time what the queue does")
+    time.sleep(_WORK_S)
+
+
+def check_time_queued(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise 00: ``fn(queue, work, repeat)`` returns ``repeat`` timings, in seconds, of one
+    ``work`` call run on ``queue`` (a ``WorkQueue``: ``submit`` returns at once).
+
+    The checker's ``work`` sleeps 20 ms; the first call on a fresh queue costs 250 ms more (a
+    warm-up must absorb it); in a second case 250 ms of earlier work is already queued when
+    ``fn`` is called (the clock must start after it). Every timing must lie between half the
+    work's time and the work's time plus 100 ms.
+    """
+    name = "time_queued"
+    if fn is None:
+        return verdict(name, None, "define your function and pass it here.", strict)
+    repeat = 3
+    low, high = 0.5 * _WORK_S, _WORK_S + 0.1
+    for case, (first_call_s, pending_s) in (("a fresh queue", (_FIRST_CALL_S, 0.0)),
+                                            ("a queue still busy with earlier work",
+                                             (0.0, _PENDING_S))):
+        q = _FirstCallQueue(first_call_s)
+        try:
+            if pending_s:
+                q.submit(lambda s=pending_s: time.sleep(s))
+            try:
+                times = call_bounded(fn, q, _queued_work, repeat)
+                q.synchronize()
+            except KeyboardInterrupt:
+                raise
+            except NotImplementedError:
+                return unanswered(name, strict)
+            except BaseException as exc:  # noqa: B036 - the learner's code failed: a verdict
+                return verdict(name, False, f"on {case}: {failure(exc)}.", strict)
+        finally:
+            q.close()
+        try:
+            times = [float(t) for t in times]
+        except (TypeError, ValueError):
+            return verdict(name, False, f"expected a list of {repeat} numbers (seconds), "
+                           f"received {times!r}.", strict)
+        if len(times) != repeat:
+            return verdict(name, False, f"asked for repeat={repeat} timings, received "
+                           f"{len(times)}: {times!r}.", strict)
+        shown = ", ".join(f"{t * 1e3:.1f}" for t in times)
+        if min(times) < low:
+            return verdict(name, False, f"on {case} your timings were [{shown}] ms for work "
+                           f"that takes {_WORK_S * 1e3:.0f} ms: the clock was read while the "
+                           "work was still queued. Call queue.synchronize() after submitting "
+                           "and before reading the clock.", strict)
+        if max(times) > high:
+            first = f"the one-time cost of the queue's first call ({_FIRST_CALL_S * 1e3:.0f} ms)"
+            if pending_s:
+                why = (f"{pending_s * 1e3:.0f} ms of work queued before your function was "
+                       "called: call queue.synchronize() before starting the clock too")
+            elif q.submitted > repeat:   # it warmed up, but started the clock too early
+                why = (f"{first}, paid by your warm-up, which was still running when the clock "
+                       "started: call queue.synchronize() before starting the clock too")
+            else:
+                why = (f"{first}: run the work once, untimed, and wait for it, before timing "
+                       "(a warm-up)")
+            return verdict(name, False, f"on {case} your timings were [{shown}] ms for work "
+                           f"that takes {_WORK_S * 1e3:.0f} ms: they include {why}.", strict)
+    return verdict(name, True, f"every timing within the work's {_WORK_S * 1e3:.0f} ms (+ "
+                   f"scheduling), on a fresh queue and on a busy one.", strict)

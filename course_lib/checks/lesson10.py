@@ -6,6 +6,12 @@ nccl-tests defines it (``doc/PERFORMANCE.md`` of NVIDIA/nccl-tests). Its oracle 
 ``course_lib.bench.cost_model.bus_bandwidth_gbps``: it walks the ring's schedule to count the
 bytes one rank's link carries (``2 (p - 1)`` steps of one chunk of ``n / p`` bytes) and takes
 the median of the samples by sorting them. The tests check that both agree.
+
+``check_alpha_beta_fit`` asks for the latency and inverse bandwidth of a ring all-reduce fitted
+to measured (bytes, seconds): the line ``t = a + b n`` that minimises the relative error, then
+``alpha = a / (2 (p - 1))`` and ``beta = b p / (2 (p - 1))``. Its oracle solves the weighted
+normal equations itself (not ``course_lib.bench.cost_model.fit_ring``); the tests check that
+both agree.
 """
 from __future__ import annotations
 
@@ -15,7 +21,8 @@ from collections.abc import Callable
 
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 
-__all__ = ["check_bus_bandwidth", "link_bytes_by_schedule", "median_by_sorting"]
+__all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "fit_line", "link_bytes_by_schedule",
+           "median_by_sorting"]
 
 _NAME = "bus_bandwidth"
 _HINT = ("the time is the median of row['seconds'] (already seconds per operation); the "
@@ -124,3 +131,109 @@ def check_bus_bandwidth(fn: Callable | None, *, strict: bool = False) -> Exercis
                            f"{got:.6g}. {_diagnose(row, got)}", strict)
     return verdict(_NAME, True, f"matches nccl-tests' bus bandwidth on {len(cases)} rows "
                    f"(2 to 8 ranks).", strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# the alpha-beta fit
+# ------------------------------------------------------------------------------------------------
+
+_FIT = "alpha_beta_fit"
+_FIT_HINT = ("fit t = a + b n minimising sum(((a + b n_i) - t_i) / t_i) ** 2 (for example "
+             "np.polyfit(sizes, times, 1, w=1 / times)), then alpha = a / (2 (p - 1)) and "
+             "beta = b p / (2 (p - 1)), from t_ring = 2 (p - 1) alpha + 2 (p - 1) / p n beta.")
+
+
+def fit_line(sizes: list[float], times: list[float], weights: list[float]) -> tuple[float, float]:
+    """``(a, b)`` of the line ``a + b n`` minimising ``sum(w_i (a + b n_i - t_i) ** 2)``."""
+    s0 = sum(weights)
+    s1 = sum(w * n for w, n in zip(weights, sizes))
+    s2 = sum(w * n * n for w, n in zip(weights, sizes))
+    y0 = sum(w * t for w, t in zip(weights, times))
+    y1 = sum(w * n * t for w, n, t in zip(weights, sizes, times))
+    det = s0 * s2 - s1 * s1
+    return (s2 * y0 - s1 * y1) / det, (s0 * y1 - s1 * y0) / det
+
+
+def _alpha_beta(a: float, b: float, p: int) -> tuple[float, float]:
+    return a / (2 * (p - 1)), b * p / (2 * (p - 1))
+
+
+def _fit_cases() -> list[tuple[list[float], list[float], int]]:
+    """(sizes, times, p): exact ring times at 2, 3 and 8 ranks, then noisy ones at 2 and 4 ranks
+    (a fixed pattern of up to 8 % slower samples, as a loaded machine adds), where an unweighted
+    line follows the largest messages and misses alpha."""
+    sizes = [4096 * 4 ** i for i in range(8)]                 # 4 KB to 64 MB
+    noise = [1.00, 1.06, 1.01, 1.08, 1.00, 1.05, 1.02, 1.07]
+    cases = []
+    for p, alpha, beta, wobble in ((2, 120e-6, 0.5e-9, False), (3, 30e-6, 2e-9, False),
+                                   (8, 5e-6, 0.02e-9, False), (2, 140e-6, 0.48e-9, True),
+                                   (4, 60e-6, 1e-9, True)):
+        times = [2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta for n in sizes]
+        if wobble:
+            times = [t * f for t, f in zip(times, noise)]
+        cases.append((list(sizes), times, p))
+    return cases
+
+
+def _fit_diagnose(sizes: list[float], times: list[float], p: int,
+                  got: tuple[float, float]) -> str:
+    """A likely mistake behind ``got``, when one of the usual ones reproduces it."""
+    weighted = fit_line(sizes, times, [1 / t ** 2 for t in times])
+    plain = fit_line(sizes, times, [1.0] * len(sizes))
+    usual = {
+        "the line's intercept and slope (a, b): alpha = a / (2 (p - 1)), beta = b p / (2 (p - 1))":
+            weighted,
+        "the fit of an unweighted line: it follows the largest messages, whose times are a "
+        "thousand times the smallest; minimise the relative error (weights 1 / t**2 on the "
+        "squares, w=1 / times in np.polyfit)": _alpha_beta(*plain, p),
+        "weighted by 1 / t on the squares, not 1 / t**2": _alpha_beta(
+            *fit_line(sizes, times, [1 / t for t in times]), p),
+        "weighted by 1 / t**4 on the squares: np.polyfit squares its weights, pass "
+        "w=1 / times": _alpha_beta(*fit_line(sizes, times, [1 / t ** 4 for t in times]), p),
+        "(beta, alpha): return (alpha, beta)": _alpha_beta(*weighted, p)[::-1],
+        "alpha right but beta = b / (2 (p - 1)): the ring sends 2 (p - 1) chunks of n / p bytes,"
+        " so b = 2 (p - 1) / p beta": (_alpha_beta(*weighted, p)[0],
+                                       weighted[1] / (2 * (p - 1))),
+    }
+    for why, value in usual.items():
+        if all(math.isclose(g, v, rel_tol=1e-6) for g, v in zip(got, value)):
+            return f"That is {why}."
+    return _FIT_HINT
+
+
+def check_alpha_beta_fit(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise: ``fn(sizes, times, p)`` returns ``(alpha, beta)`` of a ring all-reduce over p
+    ranks fitted to the measured (bytes, seconds) by least squares on the relative error.
+
+    Run on exact ring times at 2, 3 and 8 ranks and on noisy ones at 2 and 4 ranks; each call
+    gets its own copies of the lists. Relative tolerance 1e-6 against the weighted normal
+    equations; the first failing case is printed with the usual mistake that explains it.
+    """
+    if fn is None:
+        return verdict(_FIT, None, "define your function and pass it here.", strict)
+    cases = _fit_cases()
+    for sizes, times, p in cases:
+        want = _alpha_beta(*fit_line(sizes, times, [1 / t ** 2 for t in times]), p)
+        shown = f"p={p}, {len(sizes)} sizes from {sizes[0]} to {sizes[-1]} bytes"
+        try:
+            got = call_bounded(fn, list(sizes), list(times), p)
+        except NotImplementedError:
+            return unanswered(_FIT, strict)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+            return verdict(_FIT, False, f"{failure(exc)} on {shown}. {_FIT_HINT}", strict)
+        try:
+            got = tuple(float(x) for x in got)
+        except (TypeError, ValueError):
+            got = None
+        if got is None or len(got) != 2:
+            return verdict(_FIT, False, f"on {shown} returned something other than two numbers "
+                           "(alpha, beta); return a tuple (alpha, beta) in seconds and seconds "
+                           "per byte.", strict)
+        if not all(math.isclose(g, w, rel_tol=1e-6) for g, w in zip(got, want)):
+            return verdict(_FIT, False, f"on {shown}: expected alpha = {want[0]:.6g} s, beta = "
+                           f"{want[1]:.6g} s/byte, got alpha = {got[0]:.6g}, beta = "
+                           f"{got[1]:.6g}. {_fit_diagnose(sizes, times, p, got)}", strict)
+    return verdict(_FIT, True, f"matches the relative-error fit on {len(cases)} cases (2 to 8 "
+                   "ranks, exact and noisy times).", strict)
