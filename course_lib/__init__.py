@@ -1,4 +1,4 @@
-"""course_lib: the importable half of the course "Data-parallel training in PyTorch from scratch".
+"""course_lib: the importable half of the course "Parallel training in PyTorch from scratch".
 
 The package mirrors PyTorch, so that a learner who opens torch's source afterwards finds each idea
 in the same place: ``course_lib.parallel`` is ``torch.nn.parallel`` (one process, several
