@@ -11,8 +11,8 @@ import re
 import matplotlib.pyplot as plt
 
 __all__ = ["TrainingPlot", "draw_async_queue", "draw_collective_trace", "draw_collectives",
-           "draw_parallelism", "draw_pipeline_timeline", "draw_ring", "draw_ring_processes",
-           "plot_history", "show"]
+           "draw_cost_model", "draw_mesh", "draw_parallelism", "draw_pipeline_timeline",
+           "draw_ring", "draw_ring_processes", "plot_history", "show"]
 
 
 def _in_notebook() -> bool:
@@ -236,6 +236,40 @@ def draw_ring(tables: list[tuple[str, list[list[str]]]], n: int) -> plt.Figure:
     return fig
 
 
+def draw_cost_model(ps: list[int], panels: dict[str, dict[str, list[float]]], *,
+                    title: str = "") -> plt.Figure:
+    """Modelled seconds of each all-reduce against the number of devices, one panel per message
+    size (lesson 02), both axes logarithmic.
+
+    ``panels`` maps a panel title (the message size) to ``{algorithm: [seconds per p]}``, as
+    ``course_lib.bench.cost_model.allreduce_model_curves`` returns; a name starting with
+    "bound" is drawn as a dashed black line (a lower bound, not an algorithm).
+    """
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.0), squeeze=False)
+    markers = "osD^vx"
+    for ax, (panel, curves) in zip(axes[0], panels.items()):
+        algorithms = [name for name in curves if not name.startswith("bound")]
+        for k, name in enumerate(algorithms):
+            ax.plot(ps, [t * 1e6 for t in curves[name]], marker=markers[k % len(markers)],
+                    markersize=4, label=name)
+        for name in curves:
+            if name.startswith("bound"):
+                ax.plot(ps, [t * 1e6 for t in curves[name]], "k--", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(ps, [str(p) for p in ps])
+        ax.set_xlabel("devices n")
+        ax.set_ylabel("modelled time of one all-reduce (us)")
+        ax.set_title(panel, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)   # below, off the curves
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
+    return fig
+
+
 def show(*objs) -> None:
     """Display the source of functions or classes in a notebook: the library is the lesson's code.
 
@@ -420,5 +454,50 @@ def draw_collective_trace(trace: dict, prefix: str = "blocks.0.", *,
     ax.axis("off")
     if title:
         ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def draw_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> plt.Figure:
+    """A mesh of ranks (lesson 16), one panel per dimension: the ranks laid out row-major as
+    ``init_device_mesh`` lays them (the last dimension innermost, drawn left to right; the one
+    before it upwards; a third, outermost, as a second layer drawn behind), and in each panel a
+    line joining the ranks of every group of that dimension: who talks to whom in it."""
+    import itertools
+    import math
+
+    if not 1 <= len(shape) <= 3 or len(names) != len(shape):
+        raise ValueError(f"draw_mesh draws meshes of 1 to 3 dimensions with one name each, got "
+                         f"shape {tuple(shape)} and names {tuple(names)}.")
+    full = (1,) * (3 - len(shape)) + tuple(shape)                  # (outer, middle, inner)
+
+    def where(coord: tuple[int, ...]) -> tuple[float, float]:
+        outer, middle, inner = (0,) * (3 - len(coord)) + tuple(coord)
+        return inner + 0.45 * outer, middle + 0.3 * outer          # the outer layer: behind
+
+    coords = list(itertools.product(*(range(s) for s in shape)))
+    rank = {c: i for i, c in enumerate(coords)}                    # row-major: arange(world)
+    fig, axes = plt.subplots(1, len(shape), figsize=(3.1 * len(shape), 2.8), squeeze=False)
+    for dim, (ax, name) in enumerate(zip(axes[0], names)):
+        colour = f"C{dim}"
+        others = [range(s) if d != dim else [None] for d, s in enumerate(shape)]
+        for fixed in itertools.product(*others):                   # one group per fixed rest
+            members = [tuple(i if d == dim else f for d, f in enumerate(fixed))
+                       for i in range(shape[dim])]
+            xs, ys = zip(*(where(m) for m in members))
+            ax.plot(xs, ys, "-", color=colour, lw=2.5, alpha=0.7, zorder=1)
+        for c in coords:
+            x, y = where(c)
+            ax.scatter([x], [y], s=420, color="white", edgecolor="black", zorder=2)
+            ax.text(x, y, str(rank[c]), ha="center", va="center", fontsize=9, zorder=3)
+        groups = math.prod(shape) // shape[dim]
+        ax.set_title(f'"{name}": {groups} group{"s" * (groups > 1)} of {shape[dim]}',
+                     fontsize=9, color=colour)
+        ax.set_xlim(-0.5, full[2] - 0.5 + 0.45 * (full[0] - 1) + 0.1)
+        ax.set_ylim(-0.5, full[1] - 0.5 + 0.3 * (full[0] - 1) + 0.1)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    fig.suptitle(f"mesh {' x '.join(map(str, shape))} ({', '.join(names)}): the ranks of each "
+                 "group joined by a line", fontsize=9)
     fig.tight_layout()
     return fig

@@ -30,3 +30,36 @@ def test_ring_over_processes_labels_the_chunk_each_rank_sends():
     labels = sorted(t.get_text() for t in fig.axes[0].texts if t.get_text().startswith("chunk"))
     assert labels == ["chunk 0", "chunk 1", "chunk 2", "chunk 3"]    # rank r sends r - 1
     plt.close(fig)
+
+
+def test_mesh_joins_the_ranks_of_every_group_of_each_dimension():
+    from course_lib.plots import draw_mesh
+
+    fig = draw_mesh((2, 2, 2), ("pp", "dp", "tp"))
+    assert [len(ax.lines) for ax in fig.axes] == [4, 4, 4]          # 8 / 2 groups per dimension
+    tp = fig.axes[2]
+    ends = sorted(tuple(line.get_xdata()) for line in tp.lines)
+    assert all(b - a == 1 for a, b in ends)                        # tp: neighbours in a row
+    assert sorted(t.get_text() for t in tp.texts) == [str(r) for r in range(8)]
+    assert draw_mesh((2, 3), ("dp", "tp")).axes[0].get_title() == '"dp": 3 groups of 2'
+    with pytest.raises(ValueError, match="one name each"):
+        draw_mesh((2, 2), ("dp",))
+    plt.close("all")
+
+
+def test_cost_model_figure_has_one_log_log_panel_per_size_and_a_dashed_bound():
+    from course_lib.bench.cost_model import allreduce_model_curves
+    from course_lib.plots import draw_cost_model
+    ps = [2, 4, 8]
+    panels = {f"{n} bytes": allreduce_model_curves(n, ps, 1e-5, 1e-10) for n in (4096, 1e8)}
+    fig = draw_cost_model(ps, panels, title="model")
+    try:
+        axes = fig.get_axes()
+        assert len(axes) == 2
+        for ax in axes:
+            assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+            labels = [line.get_label() for line in ax.get_lines()]
+            assert "ring" in labels and labels[-1].startswith("bound")
+            assert ax.get_lines()[-1].get_linestyle() == "--"
+    finally:
+        plt.close(fig)
