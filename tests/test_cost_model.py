@@ -218,3 +218,47 @@ def test_tensor_parallel_stays_inside_the_node():
     n = 2048 * 12288 * 2
     assert inside[-1].comm_s == pytest.approx(
         4 * cost_model.ring_time(n, 8, nvlink.alpha, 1 / nvlink.link_bandwidth))
+
+
+@pytest.mark.parametrize("p", [2, 3, 8, 64])
+def test_sharded_parameter_server(p):
+    """Li et al.'s sharded servers: one server is the strawman (2 p n beta), k = p servers leave
+    each worker its own n bytes each way; a server receives p n / k."""
+    n, a, b = 1e8, 5e-6, 1e-10
+    assert cost_model.ps_time(n, p, a, b, servers=1) == cost_model.ps_time(n, p, a, b)
+    assert cost_model.ps_time(n, p, a, b) == pytest.approx(2 * (a + p * n * b))
+    assert cost_model.ps_time(n, p, a, b, servers=p) == pytest.approx(2 * (a + n * b))
+    assert cost_model.ps_time(n, p, a, b, servers=2 * p) == pytest.approx(2 * (a + n * b))
+    assert cost_model.ps_server_bytes(n, p, servers=p) == pytest.approx(n)
+    assert cost_model.ps_server_bytes(n, p) == pytest.approx(p * n)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="servers must be a positive integer"):
+            cost_model.ps_time(n, p, a, b, servers=bad)
+
+
+@pytest.mark.parametrize("p", [2, 3, 8, 64])
+def test_ring_meets_the_bandwidth_bound_the_naive_and_one_server_do_not(p):
+    n, b = 1e8, 1e-10
+    bound = cost_model.allreduce_bytes_lower_bound(n, p)
+    assert bound == pytest.approx(2 * (p - 1) / p * n)
+    assert cost_model.ring_time(n, p, 0.0, b) == pytest.approx(bound * b)
+    for slower in (cost_model.naive_time(n, p, 0.0, b), cost_model.ps_time(n, p, 0.0, b)):
+        assert slower > bound * b * (1 + 1e-9)
+    curves = cost_model.allreduce_model_curves(n, [p], 1e-5, b)
+    assert curves["ring"] == [cost_model.ring_time(n, p, 1e-5, b)]
+    assert all(t[0] >= curves["bound 2(n-1)/n N beta"][0] for t in curves.values())
+
+
+def test_model_curves_ring_flat_naive_linear_and_ring_latency_grows():
+    """Lesson 02's figure: at large messages the ring's time barely moves from 8 to 64 devices
+    while the naive one and one server grow about 8-fold; at small ones the ring's 2 (p - 1)
+    alpha grows too, and NCCL's tree (2 log2 p alpha) pays less of it."""
+    a, b = 10e-6, 1 / 32e9
+    big = cost_model.allreduce_model_curves(256 * MB, [8, 64], a, b)
+    assert big["ring"][1] / big["ring"][0] < 1.2
+    assert big["naive (reduce to one + broadcast)"][1] / \
+        big["naive (reduce to one + broadcast)"][0] > 7
+    assert big["parameter server, 1 server"][1] / big["parameter server, 1 server"][0] > 7
+    small = cost_model.allreduce_model_curves(4 * KB, [8, 64], a, b)
+    assert small["ring"][1] / small["ring"][0] > 7
+    assert small["tree (NCCL's pipelined)"][1] < small["ring"][1]

@@ -35,6 +35,7 @@ from course_lib.distributed.pipelining import (
     simulate_schedule,
     split_microbatches,
     split_sequential,
+    stage_costs,
 )
 from course_lib.examples import pipeline_workers as W
 from course_lib.models.lenet import LeNet
@@ -85,6 +86,39 @@ def test_layer_costs_by_time_runs_each_layer_as_the_pipeline_does():
         timed.setdefault(index, set()).add(requires_grad)
     # the model's input needs no gradient (no stage computes it); later layers' inputs do
     assert timed == {0: {False}, 1: {True}, 2: {True}}
+
+
+class _Slow(nn.Module):
+    """Sleeps ``seconds`` per forward: a layer whose cost is known."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds, self.linear = seconds, nn.Linear(4, 4)
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.linear(x)
+
+
+def test_stage_costs_times_each_stage_whole_as_the_pipeline_runs_it():
+    _Seen.seen.clear()
+    net = nn.Sequential(_Seen(0), _Seen(1), _Seen(2))
+    before = [p.detach().clone() for p in net.parameters()]
+    costs = stage_costs(net, [1, 2], torch.randn(8, 4), repeat=2)
+    assert len(costs) == 2 and all(c > 0 for c in costs)
+    timed = {}
+    for index, requires_grad in _Seen.seen:
+        timed.setdefault(index, set()).add(requires_grad)
+    # stage 0 gets the model's input without gradient, stage 1 its input with one
+    assert timed[0] == {False} and timed[1] == {True} and True in timed[2]
+    assert all(p.grad is None for p in net.parameters())          # timed on a copy
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    # a stage holding the slow layer costs at least its sleep; the other stage far less
+    slow = nn.Sequential(nn.Linear(4, 4), _Slow(0.02), nn.Linear(4, 4))
+    fast_stage, slow_stage = stage_costs(slow, [1, 2], torch.randn(8, 4), repeat=2)
+    assert slow_stage >= 0.02 > 4 * fast_stage
+    with pytest.raises(ValueError, match="example="):
+        stage_costs(slow, [1, 2], None)
 
 
 @pytest.mark.parametrize("call, error, says", [

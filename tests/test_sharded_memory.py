@@ -112,3 +112,19 @@ def test_course_fsdp_equals_torch_fully_shard(world):
         pytest.skip(f"torch's fully_shard does not run here: {result['error']}")
     assert result["ours_vs_torch"] <= 1e-6, result
     assert result["ours_vs_one_process"] <= 1e-6, result
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_traffic_per_step_counts_each_collective(world):
+    """One step's collectives: DDP one all-reduce of Ψ, ZeRO-1 that plus broadcasts of Ψ, FSDP
+    two all-gathers and one reduce-scatter of Ψ padded to a multiple of the world size."""
+    widths = [7, 13, 5]
+    t = launch(W.traffic_per_step, world, widths, 4, timeout=180)[0]
+    psi = t["num_params"]
+    assert psi == 7 * 13 + 13 + 13 * 5 + 5
+    assert t["DDP"] == {"all_reduce": psi}
+    assert t["ZeRO-1"] == {"all_reduce": psi, "broadcast": psi}
+    padded = sum(-(-n // world) * world for n in (7 * 13 + 13, 13 * 5 + 5))   # per unit
+    gathers = {k: v for k, v in t["FSDP"].items() if k.startswith(("all_gather", "_all_gather"))}
+    scatters = {k: v for k, v in t["FSDP"].items() if "reduce_scatter" in k}
+    assert sum(gathers.values()) == 2 * padded and sum(scatters.values()) == padded

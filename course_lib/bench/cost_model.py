@@ -42,6 +42,8 @@ __all__ = [
     "AlphaBeta",
     "Interconnect",
     "TensorParallelProjection",
+    "allreduce_bytes_lower_bound",
+    "allreduce_model_curves",
     "binomial_tree_time",
     "bus_bandwidth_gbps",
     "data_parallel_speedup",
@@ -53,6 +55,7 @@ __all__ = [
     "naive_time",
     "predict",
     "predicted_step_time",
+    "ps_server_bytes",
     "ps_time",
     "ring_time",
     "tensor_parallel_comm_bytes",
@@ -114,14 +117,69 @@ def naive_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
     return 2 * (p - 1) * (alpha + n_bytes * beta)
 
 
-def ps_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
+def ps_time(n_bytes: float, p: int, alpha: float, beta: float, servers: int = 1) -> float:
     """A parameter server outside the p workers: all push n bytes to it, then all pull the sum.
 
-    The workers send at once, so their latencies overlap, but the server's one link carries
+    The workers send at once, so their latencies overlap (a generous assumption: a real server
+    also pays a software cost per message, p of them), but the server's one link carries
     ``p n`` bytes in and ``p n`` out: ``2 (alpha + p n beta)``. (With the server on one of the
-    workers it is ``naive_time``; sharding the server over the p ranks gives the ring's bytes.)
+    workers it moves what ``naive_time`` moves; sharding the server over the p ranks themselves
+    gives the ring's bytes.)
+
+    With ``servers = k``, the parameters are split into k shards, one per server machine, as Li
+    et al. ("Scaling Distributed Machine Learning with the Parameter Server", OSDI 2014) design
+    it: each worker pushes n / k bytes to each server (n in all through its own link), and each
+    server receives ``p n / k`` and sends as much back. The busier link sets the pace:
+    ``2 (alpha + max(n, p n / k) beta)``; from ``k = p`` on, a worker's own n bytes each way.
     """
-    return 2 * (alpha + p * n_bytes * beta) if p > 1 else 0.0
+    if not isinstance(servers, int) or isinstance(servers, bool) or servers < 1:
+        raise ValueError(f"ps_time: servers must be a positive integer (the number of server "
+                         f"machines the parameters are sharded over), got {servers!r}.")
+    return 2 * (alpha + max(1.0, p / servers) * n_bytes * beta) if p > 1 else 0.0
+
+
+def ps_server_bytes(n_bytes: float, p: int, servers: int = 1) -> float:
+    """Bytes one of k parameter servers receives (and sends back) per all-reduce: ``p n / k``.
+
+    Each of the p workers pushes its n / k bytes of that server's shard; the server returns as
+    many. Both directions together: ``2 p n / k``.
+    """
+    if not isinstance(servers, int) or isinstance(servers, bool) or servers < 1:
+        raise ValueError(f"ps_server_bytes: servers must be a positive integer, got "
+                         f"{servers!r}.")
+    return p * n_bytes / servers
+
+
+def allreduce_bytes_lower_bound(n_bytes: float, p: int) -> float:
+    """The fewest bytes some device must send (and receive) in an all-reduce among p devices
+    that do the reduction themselves: ``2 (p - 1) / p * n``.
+
+    Patarasuk & Yuan (2009) prove this bound and show that the ring meets it: every device sends
+    exactly this much (``ring_time``'s bandwidth term). Extra machines that only add (sharded
+    parameter servers, switches that reduce in the network) are outside the bound: a worker
+    then sends its n bytes once and receives the sum once.
+    """
+    return 2 * (p - 1) / p * n_bytes if p > 1 else 0.0
+
+
+def allreduce_model_curves(n_bytes: float, ps: Sequence[int], alpha: float,
+                           beta: float) -> dict[str, list[float]]:
+    """Modelled seconds of one all-reduce of ``n_bytes`` for each device count in ``ps``.
+
+    Lesson 02's comparison: the naive all-reduce (reduce to one device, broadcast back), a
+    parameter server with one server and with as many servers as workers (``ps_time``), the
+    ring, NCCL's pipelined tree (``tree_time``), and the ring's bandwidth lower bound in seconds
+    (``allreduce_bytes_lower_bound * beta``, no latency). Returns name -> one time per p.
+    """
+    return {
+        "naive (reduce to one + broadcast)": [naive_time(n_bytes, p, alpha, beta) for p in ps],
+        "parameter server, 1 server": [ps_time(n_bytes, p, alpha, beta) for p in ps],
+        "parameter server, k = n servers": [ps_time(n_bytes, p, alpha, beta, servers=p)
+                                            for p in ps],
+        "ring": [ring_time(n_bytes, p, alpha, beta) for p in ps],
+        "tree (NCCL's pipelined)": [tree_time(n_bytes, p, alpha, beta) for p in ps],
+        "bound 2(n-1)/n N beta": [allreduce_bytes_lower_bound(n_bytes, p) * beta for p in ps],
+    }
 
 
 #: name -> cost function ``f(n_bytes, p, alpha, beta)``, in the order the notebook plots them.

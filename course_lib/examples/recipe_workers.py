@@ -97,7 +97,8 @@ def one_rank_leaves(wait_s: float = 2.0) -> dict:
     dist.all_reduce(t, group=group)                      # step 1: every rank takes part
     if rank != 0:
         time.sleep(wait_s + 1)                           # left the loop; never all-reduces again
-        return {"rank": rank, "did": "left the loop after step 1 (sys.exit(1) in the seed)"}
+        return {"rank": rank,
+                "did": "left the loop after step 1 (stays alive, never all-reduces again)"}
     start = time.perf_counter()
     try:
         dist.all_reduce(t, group=group)                  # step 2: waits for rank 1
@@ -180,9 +181,10 @@ def sync_bn_against_global(sizes: list[int], channels: int = 4, use_torch: bool 
     Every rank builds the same global batch (N = sum(sizes) images of ``channels`` x 5 x 5)
     and the same upstream gradient, takes its shard (``sizes[rank]`` images), runs forward and
     backward through SyncBatchNorm, and compares with one BatchNorm2d on the whole batch: the
-    output, the input gradient, the weight and bias gradients (summed over ranks, as DDP would
-    combine them) and the running statistics (asserted equal). Also a plain ``BatchNorm2d`` on
-    the shard alone, what each rank computes without synchronisation.
+    output, the input gradient, the weight and bias gradients (summed over ranks: each rank holds
+    its shard's share of the batch's gradient; DDP would average instead, each rank's loss being
+    a mean over its shard) and the running statistics (asserted equal). Also a plain
+    ``BatchNorm2d`` on the shard alone, what each rank computes without synchronisation.
 
     ``use_torch``: torch's ``nn.SyncBatchNorm`` on ``cuda:rank`` (NCCL) instead of the course's.
 

@@ -207,3 +207,26 @@ def compare_with_torch_fsdp(widths: list[int], per_rank: int = 4, steps: int = 3
     return {"ours_vs_one_process": diff(full_ours, want),
             "torch_vs_one_process": diff(full_theirs, want),
             "ours_vs_torch": diff(full_ours, full_theirs)}
+
+
+def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
+    """The collectives of one training step of each kind (after one warm-up step), recorded with
+    ``record_collectives`` on every rank: {kind: {collective: elements}}, where ``elements`` is
+    the size of the whole vector each call reduces, gathers or broadcasts (a reduce-scatter's
+    output slice times the world size). Rank 0's result, with ``num_params``."""
+    from course_lib.distributed.recording import record_collectives
+
+    world = dist.get_world_size()
+    X, y = _batch(widths, per_rank, seed=1)
+    out: dict = {"num_params": sum(p.numel() for p in mlp(widths).parameters()), "world": world}
+    for kind in KINDS:
+        model, opt, _ = _setup(kind, widths)
+        _step(model, opt, X, y)                      # warm-up: lazily built state and buckets
+        with record_collectives() as records:
+            _step(model, opt, X, y)
+        totals: dict[str, int] = {}
+        for r in records:
+            scale = world if r.name.startswith(("reduce_scatter", "_reduce_scatter")) else 1
+            totals[r.name] = totals.get(r.name, 0) + r.elements * scale
+        out[kind] = totals
+    return out

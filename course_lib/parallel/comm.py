@@ -180,8 +180,9 @@ def _check_replicas(tensors: Sequence[torch.Tensor], who: str) -> None:
             if a == b and a0 < b1 and b0 < a1:
                 raise ValueError(
                     f"{who} needs one buffer per device, but tensors {i} and {j} share memory "
-                    "(the same tensor twice, or overlapping views of one): every update would "
-                    "count twice. Pass copies, e.g. from replicate_params or broadcast.")
+                    "(the same tensor twice, or overlapping views of one): they are one buffer, "
+                    "not one replica per device, and the sum would count it once per entry. "
+                    "Pass copies, e.g. from replicate_params or broadcast.")
 
 
 def _check_independent_replicas(device_params: Sequence[Sequence[torch.Tensor]],

@@ -4,7 +4,7 @@ PyTorch counterpart: ``torch.distributed.pipelining`` (``PipelineStage``, ``Sche
 ``Schedule1F1B``). Lesson 12. The modules, in the order the lesson uses them:
 
 - ``split``: ``split_sequential``, ``balance_stages`` (by parameter count or measured time),
-  ``layer_costs``, ``flatten_sequential``;
+  ``layer_costs``, ``stage_costs``, ``flatten_sequential``;
 - ``model_parallel``: ``ModelParallel``, stage i on device i in one process;
 - ``microbatch``: ``split_microbatches``;
 - ``stage``: ``PipelineStage`` (one stage per process: activations forward, gradients back with
@@ -29,7 +29,7 @@ from .schedules import (
     p2p_program,
     simulate_schedule,
 )
-from .split import balance_stages, flatten_sequential, layer_costs, split_sequential
+from .split import balance_stages, flatten_sequential, layer_costs, split_sequential, stage_costs
 from .stage import PipeEvent, PipelineStage
 
 __all__ = [
@@ -51,4 +51,5 @@ __all__ = [
     "simulate_schedule",
     "split_microbatches",
     "split_sequential",
+    "stage_costs",
 ]

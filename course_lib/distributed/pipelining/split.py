@@ -15,7 +15,8 @@ from torch import nn
 
 from ...timing import benchmark
 
-__all__ = ["balance_stages", "flatten_sequential", "layer_costs", "split_sequential"]
+__all__ = ["balance_stages", "flatten_sequential", "layer_costs", "split_sequential",
+           "stage_costs"]
 
 
 def _check_sequential(model: nn.Module, who: str) -> None:
@@ -92,6 +93,48 @@ def layer_costs(model: nn.Sequential, by: str = "params", example: torch.Tensor 
         costs.append(benchmark(fwd_bwd, warmup=1, repeat=repeat, device=X.device).median)
         with torch.no_grad():
             X = layer(X_in)  # the next layer's input
+    return costs
+
+
+def stage_costs(model: nn.Sequential, balance: Sequence[int], example: torch.Tensor, *,
+                repeat: int = 5) -> list[float]:
+    """Each stage's measured forward + backward time, every stage timed as one piece.
+
+    Per-layer times (``layer_costs(by="time")``) are taken one layer at a time, each call with
+    its own fixed costs and its own noise; their sum need not be what a stage of those layers
+    costs. This times the stages of a given split as the pipeline runs them: stage 0 on
+    ``example`` without input gradient, every later stage on the previous stage's output with
+    one, each backward from a gradient of its output's shape (on a copy of the model, so its
+    gradients and batch-norm statistics stay untouched).
+
+    Args:
+        model: the layers, in order.
+        balance: layers per stage (as for ``split_sequential``).
+        example: a batch of inputs for the first layer.
+        repeat: timed calls per stage (median).
+
+    Returns:
+        One median time in seconds per stage.
+    """
+    _check_sequential(model, "stage_costs")
+    if not isinstance(example, torch.Tensor):
+        raise ValueError("stage_costs measures each stage on real inputs: pass example=a batch "
+                         f"of inputs for the first layer (found {type(example).__name__}).")
+    stages = split_sequential(copy.deepcopy(model), balance=balance)
+    costs, X = [], example
+    for k, stage in enumerate(stages):
+        X_in = X.detach().requires_grad_(k > 0 and X.is_floating_point())
+        with torch.no_grad():
+            out = stage(X_in)
+        grad = torch.ones_like(out)
+
+        def fwd_bwd(stage=stage, X_in=X_in, grad=grad) -> None:
+            y = stage(X_in)
+            if y.requires_grad:
+                y.backward(grad)
+
+        costs.append(benchmark(fwd_bwd, warmup=1, repeat=repeat, device=X.device).median)
+        X = out
     return costs
 
 
