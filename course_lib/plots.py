@@ -106,7 +106,7 @@ def draw_parallelism(num_devices: int = 2) -> plt.Figure:
     d2l's figure 12.5.1): data parallelism (the whole model on every device, the batch split,
     every layer's gradients allreduced), model parallelism (the layers split over the devices,
     activations passed along) and splitting within a layer (every layer's units split over the
-    devices, activations gathered after each layer)."""
+    devices in column/row pairs, one all-reduce of the activation after each pair)."""
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
     fig, (ax_d, ax_m, ax_t) = plt.subplots(1, 3, figsize=(14, 3.9))
@@ -159,19 +159,22 @@ def draw_parallelism(num_devices: int = 2) -> plt.Figure:
               ha="center", fontsize=8, color="crimson")
     ax_m.set_title("model parallelism: split the layers", fontsize=10)
 
-    # within a layer: device i holds 1/k of every layer's units; after each layer the devices
-    # exchange their parts of the activation (an all-gather) before the next layer
+    # within a layer (Megatron-LM): layers go in pairs, the first split by its output units
+    # (columns), the second by its input units (rows); device i's partial output of the pair is
+    # summed over the devices by one all-reduce after the pair, none in between
     cols = columns(ax_t, 0.6)
     for i, (x, w) in enumerate(cols):
         for j, name in enumerate(layers):
-            box(ax_t, x, 4.3 - j * 0.9, w, 0.7, f"{name}\nunits {i + 1}/{k}", colors[1 + j % 3])
+            part = "outputs" if j % 2 == 0 else "inputs"
+            box(ax_t, x, 4.3 - j * 0.9, w, 0.7, f"{name}\n{part} {i + 1}/{k}", colors[1 + j % 3])
     for i in range(k - 1):
         x0 = cols[i][0] + cols[i][1]
-        for j in range(len(layers) - 1):
+        for j in range(1, len(layers), 2):             # after each pair only
             y = 4.3 - j * 0.9 - 0.1
             arrow(ax_t, (x0, y), (x0 + 0.6, y), style="<|-|>", color="crimson")
-    ax_t.text(5, 0.7, "whole batch; the parts of each activation\n"
-              "exchanged after every layer (red)", ha="center", fontsize=8, color="crimson")
+    ax_t.text(5, 0.7, "whole batch; layers in pairs (columns, then rows):\n"
+              "one all-reduce after each pair in the forward pass (red)", ha="center",
+              fontsize=8, color="crimson")
     ax_t.set_title("split within each layer", fontsize=10)
     for ax in (ax_d, ax_m, ax_t):
         ax.set_xlim(0, 10)
@@ -197,10 +200,12 @@ def draw_async_queue(launch_s: float = 0.1, kernel_s: float = 1.0, n: int = 4) -
         ax.text(run + kernel_s / 2, 0.4, f"kernel {i + 1}", ha="center", va="center", fontsize=8)
         gpu_free = run + kernel_s
     naive, synced = n * launch_s, gpu_free
-    for x, label, color in ((naive, "clock read without\nsynchronize", "crimson"),
-                            (synced, "clock read after\nsynchronize", "black")):
+    gap = 0.015 * synced                               # labels beside their lines, not on them
+    for x, label, color, side in ((naive, "clock read without\nsynchronize", "crimson", 1),
+                                  (synced, "clock read after\nsynchronize", "black", -1)):
         ax.axvline(x, color=color, linestyle="--")
-        ax.text(x, 1.95, label, ha="center", va="bottom", fontsize=8, color=color)
+        ax.text(x + side * gap, 2.0, label, ha="left" if side > 0 else "right", va="bottom",
+                fontsize=8, color=color)
     ax.set_yticks([0.4, 1.4], ["GPU runs", "CPU queues"])
     ax.set_ylim(0, 2.6)
     ax.set_xlim(-0.05, synced * 1.08)

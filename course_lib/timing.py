@@ -38,7 +38,13 @@ import torch
 from .devices import cpu_cores, synchronize
 
 __all__ = ["BenchResult", "Comparison", "LoadStamp", "Timer", "WorkQueue", "benchmark",
-           "bootstrap_ratio", "compare", "load_average", "wait_for_quiet"]
+           "bootstrap_ratio", "compare", "load_average", "matmul_flops", "wait_for_quiet"]
+
+
+def matmul_flops(n: int, k: int, m: int) -> int:
+    """FLOPs of one ``(n, k) @ (k, m)`` product: ``n * m`` dot products of length ``k``, a
+    multiply and an add each (the count ``torch.utils.flop_counter.FlopCounterMode`` uses)."""
+    return 2 * n * k * m
 
 
 class WorkQueue:

@@ -18,10 +18,24 @@ def test_parallelism_figure_has_the_three_ways_and_every_layers_allreduce():
     plt.close(fig)
 
 
+def test_within_layer_split_exchanges_once_per_pair_of_layers_not_after_every_layer():
+    fig = draw_parallelism(3)
+    within = fig.axes[2]
+    # 3 devices x 4 layer boxes, then one arrow per neighbour pair per (column, row) layer pair
+    assert len(within.patches) - 3 * 4 == (3 - 1) * (4 // 2)
+    assert "one all-reduce after each pair" in " ".join(t.get_text() for t in within.texts)
+    plt.close(fig)
+
+
 def test_async_queue_puts_the_unsynchronized_clock_before_the_work_ends():
     fig = draw_async_queue(launch_s=0.1, kernel_s=1.0, n=4)
     lines = [ln.get_xdata()[0] for ln in fig.axes[0].lines]     # the two clock readings
     assert lines == pytest.approx([4 * 0.1, 0.1 + 4 * 1.0])   # launches; first launch + 4 runs
+    fig.canvas.draw()                                          # labels beside their lines
+    renderer = fig.canvas.get_renderer()
+    for x, text in zip(lines, [t for t in fig.axes[0].texts if "clock" in t.get_text()]):
+        box = text.get_window_extent(renderer).transformed(fig.axes[0].transData.inverted())
+        assert not box.x0 < x < box.x1, text.get_text()
     plt.close(fig)
 
 

@@ -30,7 +30,9 @@ __all__ = ["check_resume", "check_syncbn"]
 # ================================================================================================
 
 _BN_NAME = "SyncBatchNorm"
-_BN_HINT = ("forward: all-reduce each channel's [count, sum x, sum x^2], normalise with the "
+_BN_HINT = ("forward: combine each channel's count, mean and centred sum of squares over the "
+            "ranks (an all-gather; all-reducing [count, sum x, sum x^2] also passes here but "
+            "loses precision when the mean is large against the spread), normalise with the "
             "global mean and biased variance, update running_var with the unbiased one "
             "(times n / (n - 1), n the global count); backward: all-reduce each channel's "
             "[sum dy, sum dy * xhat] and use them, divided by the global count, in dx; the "

@@ -109,7 +109,7 @@ def wrap_model(model: nn.Module, args: argparse.Namespace, info: DistInfo) -> nn
     """``--sync-bn`` conversion, then DistributedDataParallel (torch's or the course's)."""
     if args.sync_bn:
         before = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-        if info.backend == "nccl":  # torch's SyncBatchNorm works on CUDA with NCCL only
+        if info.backend == "nccl":  # torch's refuses CPU tensors: NCCL means GPU ones
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         else:
             model = convert_sync_batchnorm(model)
