@@ -45,14 +45,14 @@ def test_the_committed_lesson_grades_as_not_answered(tmp_path, capsys):
     assert grade.main([str(copy), "--timeout", str(TIMEOUT)]) == 0
     table = capsys.readouterr().out
     declared = grade.exercises(nbformat.read(LESSON, as_version=4))
-    assert len(declared) == 5
+    assert len(declared) == 6
     rows = [line for line in table.splitlines() if re.match(r"\s*\d+\s.*\snot answered\s", line)]
-    assert len(rows) == 5 and "0 right, 0 wrong, 5 not answered, 0 error" in table
+    assert len(rows) == 6 and "0 right, 0 wrong, 6 not answered, 0 error" in table
 
 
 def test_solutions_pasted_in_grade_all_right(tmp_path, repo_on_path):
     report = grade.grade(pasted(tmp_path), timeout=TIMEOUT)
-    assert [r.status for r in report.rows] == ["right"] * 5, report.table()
+    assert [r.status for r in report.rows] == ["right"] * 6, report.table()
     assert not report.failed
 
 
@@ -65,7 +65,7 @@ def test_a_wrong_answer_grades_wrong_with_its_failing_case(tmp_path, repo_on_pat
     wrong = [line for line in table.splitlines() if re.search(r"\bwrong\b", line)
              and "balanced_sizes" in line]
     assert wrong and "balanced_sizes(5, 4)" in wrong[0], table
-    assert "4 right, 1 wrong, 0 not answered, 0 error" in table
+    assert "5 right, 1 wrong, 0 not answered, 0 error" in table
 
 
 def test_a_missing_notebook_is_a_usage_error(tmp_path, capsys):

@@ -247,6 +247,11 @@ def test_split_batch_warns_when_chunks_leave_devices_idle():
     with pytest.warns(UserWarning, match=idle):
         Xs, _ = split_batch(torch.zeros(9, 2), torch.zeros(9), devs(8))
     assert [len(x) for x in Xs] == [2, 2, 2, 2, 1]
+    # the batch size it names fills every device, and none between does (10 to 14 leave some idle)
+    with pytest.warns(UserWarning, match=r"next batch size that fills all 8 is 15"):
+        split_batch(torch.zeros(9, 2), torch.zeros(9), devs(8))
+    assert len(torch.chunk(torch.zeros(15), 8)) == 8
+    assert all(len(torch.chunk(torch.zeros(b), 8)) < 8 for b in range(10, 15))
     with warnings.catch_warnings():
         warnings.simplefilter("error")                  # every device used: no warning
         for B, n in [(10, 4), (256, 3), (8, 8), (7, 1)]:
@@ -254,7 +259,8 @@ def test_split_batch_warns_when_chunks_leave_devices_idle():
 
 
 def test_split_batch_too_small_says_what_to_change():
-    with pytest.raises(ValueError, match=r"3 examples.*4 devices.*batch size of at least 4"):
+    with pytest.raises(ValueError, match=r"3 examples over 4 devices: fewer examples than "
+                       r"devices.*batch size of at least 4 that torch.chunk spreads over all 4"):
         split_batch(torch.zeros(3, 2), torch.zeros(3), devs(4))
 
 

@@ -88,6 +88,31 @@ def test_layer_costs_by_time_runs_each_layer_as_the_pipeline_does():
     assert timed == {0: {False}, 1: {True}, 2: {True}}
 
 
+class _GradProbe(nn.Module):
+    """Records, per call, whether its input already carries a gradient from an earlier call."""
+    stale: list = []   # class-level: the timed copy (deepcopy) appends here too
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if torch.is_grad_enabled():   # a timed call (not the no_grad pass for the next input)
+            _GradProbe.stale.append(x.grad is not None)
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("measure", [
+    lambda net, X: layer_costs(net, "time", X, repeat=3),
+    lambda net, X: stage_costs(net, [1, 1], X, repeat=3)])
+def test_layer_and_stage_costs_time_each_call_without_gradient_accumulation(measure):
+    # each timed call must be a pipeline's fresh backward, not one that adds to an input's
+    # .grad left by the call before (an extra accumulation per repeat: a bias in the time)
+    _GradProbe.stale.clear()
+    measure(nn.Sequential(nn.Linear(4, 4), _GradProbe()), torch.randn(8, 4))
+    assert len(_GradProbe.stale) >= 3 and not any(_GradProbe.stale)
+
+
 class _Slow(nn.Module):
     """Sleeps ``seconds`` per forward: a layer whose cost is known."""
 
@@ -160,6 +185,16 @@ def test_pipeline_bad_splits_are_refused_clearly(call, error, says):
     with pytest.raises(error) as info:
         call()
     assert says in str(info.value)
+
+
+def test_equal_blocks_cut_in_half_makes_equal_stages():
+    net = W.sequential_model("blocks", width=5, blocks=4)      # LayerNorm, then 4 blocks
+    first, second = split_sequential(net, balance=[3, 2])
+    linear = [[q.numel() for q in s.parameters() if q.dim() == 2] for s in (first, second)]
+    assert linear == [[25, 25], [25, 25]]                     # the same matmuls on each stage
+    assert net(torch.randn(3, 5)).shape == (3, 5)
+    with pytest.raises(ValueError, match="for 'blocks' only"):
+        W.sequential_model("mlp", width=5)
 
 
 def test_pipeline_model_parallel_in_one_process_equals_the_whole_model():
@@ -350,8 +385,13 @@ def test_pipeline_gradient_oracle_two_ranks_gloo_seed_example_and_activation_pea
         (stage_p2p, "1f1b", 4),
         (stage_p2p, "gpipe", 3),
         (W.pipeline_timelines, X16, y16, (1, 4), ("gpipe", "1f1b"), None, 3, 1, "mlp"),
+        (W.pipeline_timelines, torch.randn(8, 6), torch.randint(0, 6, (8,)), (2,), ("1f1b",),
+         [2, 1], 1, 1, "blocks", {"width": 6, "blocks": 2}),
     ], timeout=180)
-    results, seed, peaks, p2p_1f1b, p2p_gpipe, timed = zip(*ranks)   # each: rank 0's, rank 1's
+    results, seed, peaks, p2p_1f1b, p2p_gpipe, timed, timed_blocks = zip(*ranks)
+    # the equal-stage model runs through the same workers: 2 micro-batches, F and B each
+    blocks = W.merge_ranks(timed_blocks)
+    assert list(blocks) == [("1f1b", 2)] and len(blocks["1f1b", 2][0]) == 2 * 2 * 2
     # timelines: every configuration's steps, interleaved (round i of each, then round i + 1)
     runs = W.merge_ranks(timed)
     configs = [("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]

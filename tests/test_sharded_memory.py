@@ -94,6 +94,32 @@ def test_peak_memory_counts_live_tensors_on_a_cpu():
     del c, d
 
 
+def test_peak_memory_breakdown_labels_the_peak():
+    """At the peak: each live storage labelled by ``classify`` or by the phase that made it."""
+    x = torch.ones(100)                                  # 400 bytes, alive at entry
+    with PeakMemory(tensors=[x], classify=lambda t, made_in: "x" if t is x else None) as m:
+        m.phase = "forward"
+        a = torch.empty(1000)                            # 4000
+        m.phase = "backward"
+        b = torch.empty(250)                             # 1000: the peak, 5400
+        del a
+        c = torch.empty(10)                              # 40, after the peak: not in it
+    assert m.peak == 5400 and sum(m.breakdown.values()) == m.peak
+    assert m.breakdown == {"x": 400, "made in forward": 4000, "made in backward": 1000}
+    del b, c
+
+
+def test_peak_parts_sum_to_the_peak(measured):
+    """The workers' breakdown: parts sum to the peak; FSDP's peak at 2 ranks holds one gathered
+    unit and one full unit gradient (the largest unit, 128 + 16 elements), DDP's whole ones."""
+    for row in measured.values():
+        assert sum(row["peak_parts"].values()) == row["peak"], row
+    fsdp = measured["FSDP", 2, 0]["peak_parts"]
+    assert fsdp["parameter shards"] == 4 * 106 and "parameters (whole)" not in fsdp, fsdp
+    ddp = measured["DDP", 2, 0]["peak_parts"]
+    assert ddp["parameters (whole)"] == 4 * PSI and ddp["optimizer state"] == adam(PSI, 4), ddp
+
+
 def test_byte_counts_share_storages():
     w = torch.nn.Parameter(torch.ones(10, 10))
     assert tensor_bytes([w, w, w[0], None]) == 400   # a tied or viewed tensor counts once
@@ -128,3 +154,8 @@ def test_traffic_per_step_counts_each_collective(world):
     gathers = {k: v for k, v in t["FSDP"].items() if k.startswith(("all_gather", "_all_gather"))}
     scatters = {k: v for k, v in t["FSDP"].items() if "reduce_scatter" in k}
     assert sum(gathers.values()) == 2 * padded and sum(scatters.values()) == padded
+    # the paper's ZeRO-1: one reduce-scatter and one all-gather of Ψ (174 divides by 2 and 3),
+    # what a ring all-reduce of Ψ sends; its parameters those of the unsharded AdamW
+    paper = t["ZeRO-1 (paper)"]
+    assert sorted(paper.values()) == [psi, psi] and not any("all_reduce" in k for k in paper)
+    assert t["paper_zero1_vs_unsharded"] <= 1e-6, t

@@ -284,8 +284,8 @@ def fit_ring(sizes: list[float], times: list[float], p: int, source: str = "") -
     ``b = 2 (p - 1) / p * beta``. It is fitted by weighted least squares on the *relative*
     error, minimising ``sum(((a + b n_i) - t_i) / t_i) ** 2``: the sizes span four orders of
     magnitude, and an ordinary least-squares line would fit the 64 MB points and ignore the
-    4 KB ones (whose times are a thousand times smaller). Then ``alpha = a / (2 (p - 1))`` and
-    ``beta = b p / (2 (p - 1))``.
+    4 KB ones (whose times can be a hundred or more times smaller). Then
+    ``alpha = a / (2 (p - 1))`` and ``beta = b p / (2 (p - 1))``.
 
     Args:
         sizes: message sizes in bytes (at least two distinct).

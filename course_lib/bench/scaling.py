@@ -407,13 +407,15 @@ def _median(entry: dict, k: int, name: str) -> float:
 
 
 def overlap_reason(n_buckets: int, threads_per_worker: int | None, backend: str) -> str:
-    """Why backward hid none of the communication, in one sentence."""
+    """Why backward may have hidden none of the communication, in one sentence."""
     if n_buckets <= 1:
         return ("one bucket: its all-reduce can start only when backward has produced the last "
                 "gradient, so nothing is left to hide it behind")
     if backend == "gloo" and threads_per_worker == 1:
-        return ("gloo sums and copies on the CPU, and each worker has one core, which backward "
-                "keeps busy: the all-reduce waits for the core instead of running beside it")
+        return ("none measured (a clipped estimate, not a proof that nothing overlapped): gloo "
+                "sums and copies on the CPU and each worker has one core, so that part of an "
+                "all-reduce takes turns with backward, and the last bucket starts only when "
+                "backward ends")
     return "the buckets became ready too late in backward to overlap with the rest of it"
 
 

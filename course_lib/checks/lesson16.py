@@ -208,9 +208,10 @@ def check_merge(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
 
 _RING_NAME = "ring step"
 _RING_HINT = ("in one step every rank passes its block on to the next rank of the group and "
-              "takes the one the previous rank passes. On NCCL a rank's point-to-point "
-              "operations run in order, so a send and a receive posted one after the other "
-              "wait on each other across ranks: describe every send and every receive as one "
+              "takes the one the previous rank passes. On NCCL a send or receive posted "
+              "alone runs on its pair of peers' own communicator, in the order posted, so a "
+              "send and a receive posted one after the other can wait on each other across "
+              "ranks: describe every send and every receive as one "
               "operation and post them all together, as one batch. An operation names its "
               "peer by its global rank (torch can translate a rank of the group). Receive into "
               "new tensors of the same shapes: a buffer still being sent must not be written.")
@@ -254,11 +255,12 @@ class _P2PGuard:
                 return original(*args, **kwargs)
             raise _BadP2P(
                 f"called dist.{name} on its own, outside dist.batch_isend_irecv. On NCCL a "
-                "rank's point-to-point operations run one after another: while every rank "
-                "waits on its first one (a receive, or a send that needs the peer's receive), "
-                "none reaches the one its peer waits for, and the ring deadlocks once the "
-                "blocks pass NCCL's buffer (gloo, on CPUs, happens not to). Make each send and "
-                "receive a dist.P2POp and post them together in one dist.batch_isend_irecv.")
+                "send or receive posted alone runs on the communicator of its pair of peers, "
+                "in the order posted: with two ranks, while each waits on its first one (a "
+                "send that needs the peer's receive), neither reaches the one its peer waits "
+                "for, and the ring deadlocks once the blocks pass NCCL's buffer (gloo, on "
+                "CPUs, happens not to). Make each send and receive a dist.P2POp and post "
+                "them together in one dist.batch_isend_irecv.")
         return call
 
     def _problem(self, ops: list) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -102,22 +102,34 @@ class PeakMemory:
     its gathered weights, counts 0). Memory a kernel allocates and frees internally, and
     buffers of the communication library, are not seen.
 
+    What the peak is made of (CPU only): set ``phase`` inside the block (``m.phase =
+    "backward"``) and each storage remembers the phase it was made in ("before" for those alive
+    at entry); at each new peak every live storage is labelled ``classify(tensor, phase)`` (or
+    "made in <phase>" where that returns None) and the bytes are summed per label.
+
     Attributes, after the block: ``peak`` (bytes), ``start`` (bytes alive at entry),
-    ``end`` (bytes alive at exit).
+    ``end`` (bytes alive at exit), ``breakdown`` ({label: bytes} at the peak, summing to
+    ``peak``; CPU only, empty on CUDA).
     """
 
     def __init__(self, device: torch.device | str = "cpu",
-                 tensors: Iterable[torch.Tensor] | None = None):
+                 tensors: Iterable[torch.Tensor] | None = None,
+                 classify: Callable[[torch.Tensor, str], str | None] | None = None):
         self.device = torch.device(device)
         self._given = None if tensors is None else list(tensors)
         self._live: dict[int, weakref.ref] = {}
+        self._made_in: dict[int, str] = {}
+        self.classify = classify
+        self.phase = "before"
         self.peak = self.start = self.end = 0
+        self.breakdown: dict[str, int] = {}
 
     def _track(self, t: torch.Tensor) -> None:
         if t.device.type == "cpu" and t.layout == torch.strided:
             key = StorageWeakRef(t.untyped_storage()).cdata
             if key not in self._live or self._live[key]() is None:
                 self._live[key] = weakref.ref(t)
+                self._made_in[key] = self.phase
 
     def _total(self) -> int:
         total, dead = 0, []
@@ -128,11 +140,26 @@ class PeakMemory:
             else:
                 total += t.untyped_storage().nbytes()
         for key in dead:
-            del self._live[key]
+            del self._live[key], self._made_in[key]
         return total
 
     def _update(self) -> None:
-        self.peak = max(self.peak, self._total())
+        total = self._total()
+        if total > self.peak or not self.breakdown:
+            self.peak = max(self.peak, total)
+            self._label()
+
+    def _label(self) -> None:
+        """{label: bytes} of the storages alive now (called at each new peak)."""
+        parts: dict[str, int] = {}
+        for key, ref in self._live.items():
+            t = ref()
+            if t is not None:
+                made_in = self._made_in[key]
+                label = self.classify(t, made_in) if self.classify is not None else None
+                label = label or f"made in {made_in}"
+                parts[label] = parts.get(label, 0) + t.untyped_storage().nbytes()
+        self.breakdown = parts
 
     def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
@@ -148,6 +175,7 @@ class PeakMemory:
             if isinstance(t, torch.Tensor) and t.grad is not None:
                 self._track(t.grad)
         self.start = self.peak = self._total()
+        self._label()
         self._mode = _LiveTensors(self)
         self._mode.__enter__()
         return self
@@ -162,4 +190,6 @@ class PeakMemory:
             self._mode.__exit__(*exc)
         finally:
             self.end = self._total()
-            self.peak = max(self.peak, self.end)
+            if self.end > self.peak:
+                self.peak = self.end
+                self._label()

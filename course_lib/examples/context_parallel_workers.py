@@ -9,19 +9,29 @@ live here, never in a notebook cell.
 - ``mesh_lesson``: the mesh's groups beside torch's and the GPT trained on the mesh beside one
   process (``mesh_workers.mesh_groups`` and ``train_on_mesh``), in one launch; on the 2 x 2
   mesh also torch's own ``fully_shard`` + ``parallelize_module`` (``train_torch_mesh``).
+- ``train_context_parallel``: the GPT on a ("dp", "cp") mesh, its attention ``ring_attention``
+  over the "cp" group in the zigzag layout, each rank holding its chunks of every sequence of
+  its dp slice (tokens, global position ids and labels alike), against one process on the whole
+  batch; the bytes its rings send counted.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from course_lib.data_text import batch_schedule, load_text, split_tokens
+from course_lib.distributed.device_mesh import init_device_mesh
 from course_lib.distributed.tensor.experimental import ring_attention, zigzag_split
 from course_lib.examples import mesh_workers
+from course_lib.models.gpt import GPT, GPTConfig
 
-__all__ = ["mesh_lesson", "ring_against_sdpa"]
+__all__ = ["mesh_lesson", "ring_against_sdpa", "train_context_parallel"]
 
 
 def _shard(x: torch.Tensor, rank: int, world: int, layout: str) -> torch.Tensor:
@@ -71,3 +81,103 @@ def mesh_lesson(config: dict, shape: tuple[int, ...], names: tuple[str, ...], ba
     if torch_too:
         out["torch"] = mesh_workers.train_torch_mesh(config, batch_size, seq_len, steps)
     return out
+
+
+# ---- the GPT with context parallelism ---------------------------------------------------------
+
+@contextlib.contextmanager
+def _count_sends(sent: list):
+    """Add to ``sent[0]`` the bytes of every ``isend`` posted through ``batch_isend_irecv``
+    inside the block (``record_collectives`` sees that call but not its tensors)."""
+    original = dist.batch_isend_irecv
+
+    def counting(ops):
+        sent[0] += sum(op.tensor.numel() * op.tensor.element_size() for op in ops
+                       if op.op is dist.isend)
+        return original(ops)
+
+    dist.batch_isend_irecv = counting
+    try:
+        yield
+    finally:
+        dist.batch_isend_irecv = original
+
+
+def _positions(seq_len: int, rank: int, world: int) -> torch.Tensor:
+    """The global position ids of this cp rank's tokens: its zigzag chunks of 0..seq_len-1."""
+    return zigzag_split(torch.arange(seq_len), rank, world, dim=0)   # (T / cp,)
+
+
+def _cp_forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``GPT.forward`` on a shard of every sequence: the position embeddings of the shard's
+    own (global) positions instead of ``arange(T)``; the logits (b, T / cp, V)."""
+    x = model.wte(idx) + model.wpe(pos)                            # (b, T / cp, C)
+    for block in model.blocks:
+        x = block(x)                                               # attention: the ring
+    return model.lm_head(model.ln_f(x))
+
+
+def train_context_parallel(config: dict, batch_size: int, seq_len: int, steps: int,
+                           shape: tuple[int, int] = (2, 2), lr: float = 3e-3, seed: int = 0,
+                           text_bytes: int | None = 20_000) -> dict:
+    """Train the GPT on a ("dp", "cp") mesh beside one process on the whole batch, float64.
+
+    Every batch (B, T) is cut over "dp" (rank i of the dp group takes the i-th B / dp
+    sequences) and every sequence over "cp" in the zigzag layout: rank r of the cp group keeps
+    chunks r and 2*cp-1-r of 2*cp of the tokens, of the position ids and of the labels.
+    Attention is ``ring_attention`` over the cp group (``core_attention`` swapped); every
+    other layer works on the rank's positions as they are. Each rank's loss is the sum of its
+    tokens' losses over the batch's B * T tokens, so the gradients of all ranks summed (over
+    "cp", then over "dp") are the gradient of the whole batch's mean loss.
+
+    Returns ``{"coordinate", "losses": [(mesh, one)] per step, "params": [largest parameter
+    difference after each step], "ring_bytes": [bytes this rank's rings sent in each step],
+    "block_bytes": one (b, heads, T / cp, head_dim) block of keys}``.
+    """
+    dp_size, cp_size = shape
+    dev = mesh_workers._device()
+    torch.manual_seed(seed)
+    one = GPT(GPTConfig(**config)).to(dev, torch.float64)          # the oracle, whole batch
+    model = copy.deepcopy(one)
+    mesh = init_device_mesh(dev.type, shape, mesh_dim_names=("dp", "cp"))
+    dp, cp = mesh.get_group("dp"), mesh.get_group("cp")
+    i, r = mesh.get_local_rank("dp"), mesh.get_local_rank("cp")
+    for block in model.blocks:
+        block.attn.core_attention = partial(ring_attention, is_causal=True, group=cp,
+                                            layout="zigzag")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt_one = torch.optim.AdamW(one.parameters(), lr=lr)
+    train, _ = split_tokens(load_text(max_bytes=text_bytes))
+    batches = batch_schedule(train, batch_size, seq_len, seed=seed)
+    pos = _positions(seq_len, r, cp_size).to(dev)                  # (T / cp,) global ids
+    losses, diffs, ring_bytes = [], [], []
+    for _ in range(steps):
+        X, Y = (t.to(dev) for t in next(batches))                  # (B, T): the whole batch
+        x = zigzag_split(X.chunk(dp_size)[i], r, cp_size, dim=1)   # (B / dp, T / cp)
+        y = zigzag_split(Y.chunk(dp_size)[i], r, cp_size, dim=1)   # labels: the same shard
+        sent = [0]
+        opt.zero_grad()
+        with _count_sends(sent):
+            logits = _cp_forward(model, x, pos)                    # (B / dp, T / cp, V)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum") \
+                / X.numel()                                        # my tokens / all tokens
+            loss.backward()
+        for p in model.parameters():                               # the whole batch's gradient
+            dist.all_reduce(p.grad, group=cp)
+            dist.all_reduce(p.grad, group=dp)
+        opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=cp)
+        dist.all_reduce(total, group=dp)
+        opt_one.zero_grad()
+        _, loss_one = one(X, Y)
+        loss_one.backward()
+        opt_one.step()
+        losses.append((total.item(), loss_one.item()))
+        diffs.append(max((a - b).abs().max().item()
+                         for a, b in zip(model.parameters(), one.parameters())))
+        ring_bytes.append(sent[0])
+    c = GPTConfig(**config)
+    block = (batch_size // dp_size) * c.n_head * (seq_len // cp_size) * (c.n_embd // c.n_head)
+    return dict(coordinate=mesh.get_coordinate(), losses=losses, params=diffs,
+                ring_bytes=ring_bytes, block_bytes=block * 8)

@@ -31,7 +31,8 @@ from course_lib.distributed.pipelining import (
 from course_lib.models.lenet import LeNet
 from course_lib.models.resnet import resnet18
 
-__all__ = ["SCHEDULES", "activation_peaks", "bubbles", "check_pipeline", "handoff_seconds",
+__all__ = ["SCHEDULES", "activation_peaks", "bubbles", "check_pipeline", "equal_blocks",
+           "handoff_seconds",
            "in_sequence", "lenet_sequential", "median_step", "merge_ranks", "op_seconds",
            "pipeline_timelines", "sequential_model", "step_bubbles", "step_seconds",
            "two_rank_example"]
@@ -58,8 +59,28 @@ def _mlp(seed: int) -> nn.Sequential:
                          nn.Tanh(), nn.Linear(8, 3))
 
 
-def sequential_model(name: str, seed: int = 0) -> nn.Sequential:
-    """``"lenet"`` (10 layers), ``"resnet18"`` (flattened: 14 layers) or ``"mlp"`` (7 layers)."""
+def equal_blocks(width: int, blocks: int, seed: int = 0) -> nn.Sequential:
+    """A LayerNorm(width), then ``blocks`` identical layers, each Linear(width, width) then
+    ReLU (inputs (B, width); the output scores ``width`` classes): 1 + blocks layers.
+
+    Cut with ``balance=[1 + blocks // 2, blocks // 2]``, both stages compute the same: the
+    cheap LayerNorm (it has weights, so the first block's input needs a gradient, as every
+    later block's does) mirrors the loss on the last stage.
+    """
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.LayerNorm(width),
+                         *[nn.Sequential(nn.Linear(width, width), nn.ReLU())
+                           for _ in range(blocks)])
+
+
+def sequential_model(name: str, seed: int = 0, **sizes: int) -> nn.Sequential:
+    """``"lenet"`` (10 layers), ``"resnet18"`` (flattened: 14 layers), ``"mlp"`` (7 layers) or
+    ``"blocks"`` (``equal_blocks``; pass ``width=`` and ``blocks=``)."""
+    if name == "blocks":
+        return equal_blocks(seed=seed, **sizes)
+    if sizes:
+        raise ValueError(f"sequential_model: sizes {sorted(sizes)} are for 'blocks' only, "
+                         f"got them with {name!r}.")
     if name == "lenet":
         return lenet_sequential(seed)
     if name == "resnet18":
@@ -67,7 +88,8 @@ def sequential_model(name: str, seed: int = 0) -> nn.Sequential:
         return flatten_sequential(resnet18())
     if name == "mlp":
         return _mlp(seed)
-    raise ValueError(f"sequential_model expects 'lenet', 'resnet18' or 'mlp', got {name!r}.")
+    raise ValueError("sequential_model expects 'lenet', 'resnet18', 'mlp' or 'blocks', got "
+                     f"{name!r}.")
 
 
 def _has_batch_norm(model: nn.Module) -> bool:
@@ -197,16 +219,19 @@ def _run_step(sched, stage: PipelineStage, X: torch.Tensor, y: torch.Tensor) -> 
         sched.step()
 
 
-def _this_ranks_stage(model: str, balance) -> tuple[list, PipelineStage]:
+def _this_ranks_stage(model: str, balance, sizes: dict | None = None
+                      ) -> tuple[list, PipelineStage]:
     """Every rank builds the same model, splits it, and keeps its own stage."""
     rank, p, device = dist.get_rank(), dist.get_world_size(), current_device()
-    stages = split_sequential(sequential_model(model).to(device), p, balance=balance)
+    net = sequential_model(model, **(sizes or {})).to(device)
+    stages = split_sequential(net, p, balance=balance)
     return stages, PipelineStage(stages[rank], rank, p, device)
 
 
 def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[int],
                        schedules: Sequence[str] = ("gpipe", "1f1b"), balance=None,
-                       steps: int = 5, warmup: int = 2, model: str = "lenet") -> dict:
+                       steps: int = 5, warmup: int = 2, model: str = "lenet",
+                       sizes: dict | None = None) -> dict:
     """Time pipeline steps: for each schedule and micro-batch count, this rank's events.
 
     The configurations run interleaved, one step of each in turn (round i of every
@@ -215,10 +240,11 @@ def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[
     first ``warmup`` rounds are not recorded; every step starts after a barrier (all stages
     together). Returns ``{(schedule, m): [events of each step]}`` with this rank's
     ``PipeEvent``s (``time.perf_counter`` seconds: one clock for every process of the machine);
-    the notebook joins the ranks (``merge_ranks``).
+    the notebook joins the ranks (``merge_ranks``). ``sizes`` go to ``sequential_model``
+    (``"blocks"``'s width and count).
     """
     rank = dist.get_rank()
-    stages, stage = _this_ranks_stage(model, balance)
+    stages, stage = _this_ranks_stage(model, balance, sizes)
     configs = [(schedule, m) for schedule in schedules for m in microbatches]
     scheds = {key: SCHEDULES[key[0]](stage, key[1], loss_fn=F.cross_entropy) for key in configs}
     out: dict = {key: [] for key in configs}

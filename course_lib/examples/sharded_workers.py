@@ -13,6 +13,8 @@ returns small picklable results. The model is an MLP of ``Linear`` layers of the
 - ``step_times``: the three timed interleaved in the same processes (``course_lib.timing.compare``).
 - ``compare_with_torch_fsdp``: the course's FSDP against torch's ``fully_shard`` and against one
   process on the whole batch, after a few steps.
+- ``traffic_per_step``: the collectives of one step of each kind, and of the paper's ZeRO-1
+  (``_PaperZeRO1``: reduce-scatter, then all-gather), recorded with ``record_collectives``.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from course_lib.distributed.fsdp import FullyShardedDataParallel
 from course_lib.distributed.memory import (
@@ -80,10 +83,70 @@ def _batch(widths: list[int], per_rank: int, seed: int):
     return X, y
 
 
-def _step(model, opt, X, y) -> None:
+def _step(model, opt, X, y, memory: PeakMemory | None = None) -> None:
+    """One training step; with ``memory``, each phase named for its breakdown."""
+    def phase(name: str) -> None:
+        if memory is not None:
+            memory.phase = name
+
     opt.zero_grad()
-    F.cross_entropy(model(X), y).backward()
+    phase("forward")
+    loss = F.cross_entropy(model(X), y)
+    phase("backward")
+    loss.backward()
+    phase("optimizer step")
     opt.step()
+
+
+def _key(t: torch.Tensor) -> int:
+    return StorageWeakRef(t.untyped_storage()).cdata
+
+
+def _classifier(kind: str, model: nn.Module, local: torch.optim.Optimizer, batch: tuple):
+    """``classify(tensor, made_in)`` for ``PeakMemory``: what a live storage of a step is,
+    looked up at the moment of the peak (parameters, their gradients, optimizer state, DDP's
+    buckets, FSDP's gathered units), else by the phase that made it."""
+    sharded = kind == "FSDP"
+    params = list(model.parameters())
+    param_keys = {_key(p) for p in params}
+    state_keys = {_key(v) for st in local.state.values() for v in st.values()
+                  if isinstance(v, torch.Tensor)}
+    buckets = getattr(getattr(model, "reducer", None), "buckets", [])
+    bucket_keys = {_key(b.buffer()) for b in buckets}
+    padded = {h.padded for h in getattr(model, "handles", [])}
+    shards = {h.padded // h.world for h in getattr(model, "handles", [])}
+    batch_keys = {_key(t) for t in batch}
+
+    def classify(t: torch.Tensor, made_in: str) -> str:
+        key = _key(t)
+        if key in param_keys:
+            return "parameter shards" if sharded else "parameters (whole)"
+        if key in {_key(p.grad) for p in params if p.grad is not None}:
+            return "gradients of the shards" if sharded else "gradients (whole)"
+        if key in state_keys:
+            return "optimizer state"
+        if key in bucket_keys:
+            return "DDP's gradient buckets"
+        if key in batch_keys:
+            return "the batch (inputs, labels)"
+        if sharded:
+            gathers = list(model._gathers) + [g for m in model.modules()
+                                              for g in m.__dict__.get("_fsdp_gathers", [])]
+            if key in {_key(g.full) for g in gathers if g.full is not None}:
+                return "gathered unit weights"
+            if made_in == "backward" and t.dim() == 1 and t.numel() in padded:
+                return "a unit's full gradient, before reduce-scatter"
+            if made_in == "backward" and t.dim() == 1 and t.numel() in shards:
+                return "shard-sized tensors made in backward"
+        if made_in == "forward":
+            return "activations and loss (made in forward)"
+        if made_in == "backward" and t.dim() == 2 and t.shape[0] == batch[0].shape[0]:
+            return "activation gradients"
+        if made_in == "optimizer step":
+            return "temporaries of the optimizer step"
+        return f"other, made in {made_in}"
+
+    return classify
 
 
 def memory_per_rank(widths: list[int], per_rank: int = 8,
@@ -96,10 +159,11 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
 
     Returns:
         One dict per kind: ``kind, world, rank, num_params, largest_param, params, grads,
-        optimizer, state_elements, peak``. ``num_params`` and ``largest_param``: the elements
-        of the unsharded model and of its largest parameter; ``state_elements``: the elements
-        of the parameters (or flat shards) whose optimizer state this rank keeps (all of them
-        under DDP; under ZeRO-1 those this rank owns).
+        optimizer, state_elements, peak, peak_parts``. ``peak_parts``: {what: bytes} alive
+        at the peak, summing to ``peak`` (CPU only). ``num_params`` and ``largest_param``: the
+        elements of the unsharded model and of its largest parameter; ``state_elements``: the
+        elements of the parameters (or flat shards) whose optimizer state this rank keeps (all of
+        them under DDP; under ZeRO-1 those this rank owns).
     """
     out = []
     for kind in kinds:
@@ -107,8 +171,8 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
         model, opt, local = _setup(kind, widths)
         X, y = _batch(widths, per_rank, seed=1)
         _step(model, opt, X, y)
-        with PeakMemory(_device()) as measured:
-            _step(model, opt, X, y)
+        with PeakMemory(_device(), classify=_classifier(kind, model, local, (X, y))) as measured:
+            _step(model, opt, X, y, measured)
         params = list(model.parameters())
         sizes = [p.numel() for p in mlp(widths).parameters()]
         out.append({"kind": kind, "world": dist.get_world_size(), "rank": dist.get_rank(),
@@ -116,8 +180,8 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
                     "params": tensor_bytes(params), "grads": grad_bytes(params),
                     "optimizer": optimizer_state_bytes(local),
                     "state_elements": sum(p.numel() for p in local.state),
-                    "peak": measured.peak})
-        del model, opt, local, params
+                    "peak": measured.peak, "peak_parts": measured.breakdown})
+        del model, opt, local, params, measured   # measured.classify refers to the model
     return out
 
 
@@ -209,11 +273,56 @@ def compare_with_torch_fsdp(widths: list[int], per_rank: int = 4, steps: int = 3
             "ours_vs_torch": diff(full_ours, full_theirs)}
 
 
+class _PaperZeRO1:
+    """ZeRO-1 as the paper's section 7 counts it, for ``traffic_per_step``: the gradients
+    reduce-scattered as one flat vector (padded to a multiple of the world size), AdamW on this
+    rank's flat slice, the updated slices all-gathered. Not the course's optimizer (which keeps
+    DDP's all-reduce and broadcasts whole parameters): only its bytes are compared."""
+
+    def __init__(self, net: nn.Module, lr: float = 1e-3):
+        from course_lib.distributed.compat import all_gather_into_tensor, reduce_scatter_tensor
+
+        self._gather, self._scatter = all_gather_into_tensor, reduce_scatter_tensor
+        self.params = list(net.parameters())
+        self.world, rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(p.numel() for p in self.params)
+        self.size = -(-self.numel // self.world)                     # S = ceil(n / world)
+        flat = self._flat([p.detach() for p in self.params])        # (world * S,)
+        self.shard = nn.Parameter(flat[rank * self.size:(rank + 1) * self.size].clone())
+        self.optim = torch.optim.AdamW([self.shard], lr=lr)
+
+    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        flat = torch.zeros(self.size * self.world, dtype=tensors[0].dtype,
+                           device=tensors[0].device)
+        flat[:self.numel] = torch.cat([t.reshape(-1) for t in tensors])
+        return flat
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        grad = torch.empty_like(self.shard)                          # (S,)
+        self._scatter(grad, self._flat([p.grad for p in self.params]))
+        self.shard.grad = grad.div_(self.world)                      # this slice, averaged
+        self.optim.step()
+        full = torch.empty(self.size * self.world, dtype=self.shard.dtype,
+                           device=self.shard.device)
+        self._gather(full, self.shard.detach())
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                p.copy_(full[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+
 def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
     """The collectives of one training step of each kind (after one warm-up step), recorded with
     ``record_collectives`` on every rank: {kind: {collective: elements}}, where ``elements`` is
     the size of the whole vector each call reduces, gathers or broadcasts (a reduce-scatter's
-    output slice times the world size). Rank 0's result, with ``num_params``."""
+    output slice times the world size). Also ``"ZeRO-1 (paper)"`` (``_PaperZeRO1``), and
+    ``paper_zero1_vs_unsharded``: the largest difference of its parameters from DDP with AdamW
+    after the same two steps. Rank 0's result, with ``num_params``."""
     from course_lib.distributed.recording import record_collectives
 
     world = dist.get_world_size()
@@ -229,4 +338,25 @@ def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
             scale = world if r.name.startswith(("reduce_scatter", "_reduce_scatter")) else 1
             totals[r.name] = totals.get(r.name, 0) + r.elements * scale
         out[kind] = totals
+    # The paper's ZeRO-1: a plain model, its gradients reduce-scattered, its slices all-gathered;
+    # after the two steps, its parameters against DDP's (the unsharded AdamW) after two steps
+    torch.manual_seed(0)
+    net = mlp(widths).to(_device())
+    opt = _PaperZeRO1(net)
+    _step(net, opt, X, y)
+    with record_collectives() as records:
+        _step(net, opt, X, y)
+    totals = {}
+    for r in records:
+        scale = world if r.name.startswith(("reduce_scatter", "_reduce_scatter")) else 1
+        totals[r.name] = totals.get(r.name, 0) + r.elements * scale
+    out["ZeRO-1 (paper)"] = totals
+    ref, ref_opt, _ = _setup("DDP", widths)                       # the unsharded AdamW
+    for _ in range(2):
+        _step(ref, ref_opt, X, y)
+    difference = torch.tensor([max((a.detach() - b.detach()).abs().max().item()
+                                   for a, b in zip(ref.parameters(), net.parameters()))],
+                              dtype=torch.float64, device=_device())
+    dist.all_reduce(difference, op=dist.ReduceOp.MAX)
+    out["paper_zero1_vs_unsharded"] = difference.item()
     return out

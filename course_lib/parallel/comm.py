@@ -69,10 +69,11 @@ def scatter(tensor: torch.Tensor, devices: Sequence[Device]) -> list[torch.Tenso
     ``devices[i]``.
 
     Like ``nn.parallel.scatter`` (which this calls when the tensor and every device are GPUs),
-    the chunks have size ``ceil(B / n)`` except the last, so there may be fewer chunks than devices
-    (B=5 over 4 devices: sizes 2, 2, 1). On the CPU and on mixed lists, where
-    ``nn.parallel.scatter`` refuses, the same split is done with ``torch.chunk`` and ``.to``.
-    Chunks that stay on ``tensor``'s device are views of it. Differentiable either way.
+    the chunks have size ``ceil(B / n)`` except the last, which holds what is left (B=10 over 4
+    devices: sizes 3, 3, 3, 1), so some batches run out before the last devices. On the CPU
+    and on mixed lists, where ``nn.parallel.scatter`` refuses, the same split is done with
+    ``torch.chunk`` and ``.to``. Chunks that stay on ``tensor``'s device are views of it.
+    Differentiable either way.
     """
     devices = [torch.device(d) for d in devices]
     if not devices:
@@ -84,8 +85,8 @@ def scatter(tensor: torch.Tensor, devices: Sequence[Device]) -> list[torch.Tenso
         raise ValueError("scatter splits along dim 0 and needs a tensor with at least one "
                          "dimension, got a 0-d tensor.")
     if tensor.is_cuda and all(d.type == "cuda" for d in devices):
-        # (from a CPU tensor, torch's Scatter would name the CPU as device -1 in its backward,
-        # which torch 2.11 and later warn about: that case takes the path below)
+        # (from a CPU tensor, the backward of torch's Scatter gathers the gradient to device -1,
+        # which torch.nn.parallel.comm.gather warns is deprecated: that case takes the path below)
         return list(nn.parallel.scatter(tensor, devices))
     chunks = torch.chunk(tensor, len(devices), dim=0)      # sizes ceil(B/n), ..., remainder
     return [c.to(d) for c, d in zip(chunks, devices)]
@@ -104,9 +105,11 @@ def split_batch(X: torch.Tensor, y: torch.Tensor,
     """Split a minibatch and its labels together over ``devices`` (the same chunks for both).
 
     The chunks are ``scatter``'s, ``torch.chunk``'s sizes as in ``nn.DataParallel``: chunks of
-    ``ceil(B / n)`` examples, so a batch can run out before the last devices (B=5 over 4
-    devices: 3 chunks of 2, 2, 1). That is allowed, with a warning naming the idle devices; a
-    balanced split (``B // n`` or ``B // n + 1`` each) is lesson 03's exercise.
+    ``ceil(B / n)`` examples, so a batch can run out before the last devices. A batch of fewer
+    examples than devices is an error (no split at all gives every device one). When there are
+    enough examples but ``torch.chunk``'s sizes still leave devices idle (5 or 6 over 4), the
+    batch is split anyway, with a warning naming the idle devices and the next batch size that
+    fills them all (a balanced split, ``B // n`` or ``B // n + 1`` examples each, would too).
 
     Returns:
         ``(X_shards, y_shards)``; shard i of each is on ``devices[i]``. There may be fewer
@@ -117,7 +120,7 @@ def split_batch(X: torch.Tensor, y: torch.Tensor,
             fewer examples than there are devices (then no split can give every device one).
 
     Warns:
-        UserWarning: when the chunks leave some devices without examples.
+        UserWarning: when ``B >= n`` but the chunks leave some devices without examples.
     """
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"split_batch: X has {X.shape[0]} examples but y has {y.shape[0]} "
@@ -125,18 +128,23 @@ def split_batch(X: torch.Tensor, y: torch.Tensor,
     B, n = X.shape[0], len(devices)
     if B < n:
         raise ValueError(
-            f"split_batch: a batch of {B} examples cannot be split over {n} devices: at least "
-            f"one device would get no example. Use a batch size of at least {n} or fewer "
-            "devices; drop_last=True in load_fashion_mnist (or a DataLoader) leaves out a short "
-            "last batch.")
+            f"split_batch: a batch of {B} examples over {n} devices: fewer examples than "
+            f"devices, so some device gets none whatever the split. Use a batch size of at least "
+            f"{n} that torch.chunk spreads over all {n} devices (every multiple of {n} is one; "
+            f"{n} itself is the smallest) or fewer devices; drop_last=True in "
+            "load_fashion_mnist (or a DataLoader) leaves out a short last batch.")
     X_shards, y_shards = scatter(X, devices), scatter(y, devices)
     if len(X_shards) < n:
         idle = list(range(len(X_shards), n))
+        fills = next(b for b in range(B + 1, B + n + 1)      # a multiple of n is one of them
+                     if len(torch.chunk(torch.empty(b), n)) == n)
         warnings.warn(
             f"split_batch: a batch of {B} over {n} devices leaves {len(idle)} of them without "
             f"examples (devices {idle}): torch.chunk cuts chunks of ceil({B} / {n}) = "
-            f"{X_shards[0].shape[0]} and the batch fills only {len(X_shards)}. A batch size "
-            f"that is a multiple of {n} uses every device.", stacklevel=2)
+            f"{X_shards[0].shape[0]} and the batch fills only {len(X_shards)}. The next batch size "
+            f"that fills all {n} is {fills} (every multiple of {n} does); a balanced split, "
+            f"{B // n} or {B // n + 1} examples per device, would use them all at {B}.",
+            stacklevel=2)
     return X_shards, y_shards
 
 
@@ -258,7 +266,8 @@ def ring_allreduce(tensors: Sequence[torch.Tensor], trace: list | None = None) -
     chunk to device i+1, which adds it to its own copy of that chunk; afterwards device i holds
     the complete sum of chunk (i+1) mod n. In each of the n-1 all-gather steps, device i passes a
     complete chunk on to device i+1, which overwrites its copy. 2(n-1) steps, each moving 1/n of
-    the tensor over every link at once: the traffic per device does not grow with n.
+    the tensor over every link at once: each device sends 2(n-1)/n of the tensor, under twice
+    its size however large n is.
 
     Args:
         tensors: one tensor per device, all of one shape; they must not share memory.

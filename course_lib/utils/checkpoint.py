@@ -5,7 +5,7 @@ PyTorch counterpart: ``torch.utils.checkpoint.checkpoint`` (``use_reentrant=True
 design, an autograd function; ``use_reentrant=False`` gets the same gradients through saved-tensor
 hooks). Read more: Chen et al. (2016), "Training Deep Nets with Sublinear Memory Cost";
 Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer Models",
-section 4.2 (selective recomputation); lesson 15.
+section 5 (selective recomputation); lesson 15.
 
 - forward: run ``function`` without building a graph (nothing is saved but the inputs), after
   noting the random state;
@@ -117,7 +117,7 @@ def checkpoint(function, *args, preserve_rng_state: bool = True):
 
 def selective_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``causal_attention(q, k, v)`` recomputed in backward: only q, k and v are kept, not the
-    (B, nh, T, T) scores and softmax (Korthikanti et al. 2022, section 4.2)."""
+    (B, nh, T, T) scores and softmax (Korthikanti et al. 2022, section 5)."""
     return checkpoint(causal_attention, q, k, v)
 
 

@@ -86,6 +86,7 @@ def layer_costs(model: nn.Sequential, by: str = "params", example: torch.Tensor 
         X_in = X.detach().requires_grad_(k > 0 and X.is_floating_point())
 
         def fwd_bwd(layer=layer, X_in=X_in) -> None:
+            X_in.grad = None   # a fresh input each call, as in a pipeline: no accumulation
             out = layer(X_in)
             if out.requires_grad:
                 out.sum().backward()
@@ -129,6 +130,7 @@ def stage_costs(model: nn.Sequential, balance: Sequence[int], example: torch.Ten
         grad = torch.ones_like(out)
 
         def fwd_bwd(stage=stage, X_in=X_in, grad=grad) -> None:
+            X_in.grad = None   # a fresh input each call, as in a pipeline: no accumulation
             y = stage(X_in)
             if y.requires_grad:
                 y.backward(grad)
