@@ -12,7 +12,10 @@ NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_san
 # notebook's cells stay together in one worker (--dist loadfile). TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 3
 XDIST   := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-TESTENV := COURSE_QUICK=1 TQDM_DISABLE=1 MPLBACKEND=agg PYTHONHASHSEED=0 COURSE_QUIET_WAIT_S=0
+# OMP_NUM_THREADS=1: three workers on two cores, so torch's intra-op threads would only contend
+# (lessons 01, 04 and 05 under nbval: 86 s with torch's default threads, 50 s with one each).
+TESTENV := COURSE_QUICK=1 TQDM_DISABLE=1 MPLBACKEND=agg PYTHONHASHSEED=0 COURSE_QUIET_WAIT_S=0 \
+           OMP_NUM_THREADS=1
 
 .PHONY: setup lab test unit nbtest notebooks bench lint grade clean site sitetest executed lock
 
