@@ -262,3 +262,44 @@ def test_model_curves_ring_flat_naive_linear_and_ring_latency_grows():
     small = cost_model.allreduce_model_curves(4 * KB, [8, 64], a, b)
     assert small["ring"][1] / small["ring"][0] > 7
     assert small["tree (NCCL's pipelined)"][1] < small["ring"][1]
+
+
+def test_nccl_tree_is_a_chain_inside_a_node_and_a_tree_between_nodes():
+    a, b, n = 1e-5, 1e-9, 1e6
+    # one node: a chain, the ring's latency and more bytes, so the ring wins at every size
+    assert cost_model.nccl_tree_time(0.0, 8, a, b) == pytest.approx(2 * 7 * a)
+    for size in (4e3, 1e6, 1e9):
+        assert cost_model.ring_time(size, 8, a, b) < cost_model.nccl_tree_time(size, 8, a, b)
+    # one GPU per node: the double binary tree over all ranks
+    assert cost_model.nccl_tree_time(n, 16, a, b, nodes=16) == pytest.approx(
+        cost_model.tree_time(n, 16, a, b))
+    # 2 nodes x 8: 7 chain hops + 1 tree hop each way
+    assert cost_model.nccl_tree_time(0.0, 16, a, b, nodes=2) == pytest.approx(2 * 8 * a)
+    with pytest.raises(ValueError, match="split evenly"):
+        cost_model.nccl_tree_time(n, 16, a, b, nodes=3)
+
+
+def test_one_rank_schemes_get_one_card_not_every_rail():
+    by_name = {ic.name: ic for ic in cost_model.INTERCONNECTS}
+    eight = by_name["2 nodes x 8 GPUs, IB NDR, 8 rails"]
+    one = by_name["2 nodes x 8 GPUs, IB NDR, 1 rail"]
+    n = 40e6
+    assert eight.rank_bandwidth == one.rank_bandwidth == eight.nic_bandwidth
+    assert eight.bandwidth == 8 * eight.nic_bandwidth
+    t8, t1 = eight.predict(n), one.predict(n)
+    # the rings spread over the rails; naive and the parameter server funnel through one card
+    assert t8["ring"] < t1["ring"] / 4
+    for name in ("naive", "parameter server", "binomial tree"):
+        assert t8[name] == pytest.approx(t1[name])
+    # naive: 7 messages each way over NVLink, 8 through one card
+    a, nv, nic = eight.alpha, eight.link_bandwidth, eight.nic_bandwidth
+    assert t8["naive"] == pytest.approx(2 * (7 * (a + n / nv) + 8 * (a + n / nic)))
+    assert t8["parameter server"] == pytest.approx(2 * (a + 16 * n / nic))
+    # a wrong variant, every rail credited to the naive all-reduce, is much faster
+    assert cost_model.naive_time(n, 16, a, 1 / eight.bandwidth) < t8["naive"] / 4
+    # inside one node nothing changes: one beta, the link's
+    pcie = cost_model.INTERCONNECTS[0]
+    m = pcie.model()
+    assert pcie.predict(n)["naive"] == pytest.approx(cost_model.naive_time(n, 8, m.alpha, m.beta))
+    assert pcie.predict(n)["tree"] == pytest.approx(
+        cost_model.nccl_tree_time(n, 8, m.alpha, m.beta))

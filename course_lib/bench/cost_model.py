@@ -53,6 +53,7 @@ __all__ = [
     "load_results",
     "low_quantile",
     "naive_time",
+    "nccl_tree_time",
     "predict",
     "predicted_step_time",
     "ps_server_bytes",
@@ -81,7 +82,7 @@ def ring_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
 
 
 def tree_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
-    """NCCL's pipelined tree: ``2 ceil(log2 p) alpha + 2 n beta``.
+    """NCCL's pipelined tree with one rank per node: ``2 ceil(log2 p) alpha + 2 n beta``.
 
     A reduce up a tree, then a broadcast down it, the message cut into small chunks that follow
     one another through the tree (a pipeline): the latency is that of ``ceil(log2 p)`` hops each
@@ -90,10 +91,33 @@ def tree_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
     up and n coming down: a bandwidth term of ``2 n beta`` whatever p, close to the ring's
     ``2 (p - 1) / p n beta`` (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL
     2.4", 2019). The chunks' own latency is left out (many chunks: small against n beta).
+    NCCL builds these trees between nodes and chains the GPUs inside each node:
+    ``nccl_tree_time``.
     """
     if p <= 1:
         return 0.0
     return 2 * math.ceil(math.log2(p)) * alpha + 2 * n_bytes * beta
+
+
+def nccl_tree_time(n_bytes: float, p: int, alpha: float, beta: float, nodes: int = 1) -> float:
+    """NCCL's tree algorithm on ``nodes`` machines of ``p / nodes`` GPUs each, pipelined.
+
+    NCCL builds its double binary tree between *nodes*; inside a node the GPUs form a chain
+    (Jeaugey 2019; NCCL's tuner, ``src/graph/tuning.cc``, counts the tree's latency as
+    ``2 ((nRanks / nNodes - 1) intraLat + log2(nNodes) interLat)``, one alpha for both here). A
+    reduce goes down the chain and up the tree, the broadcast comes back the same way:
+    ``2 ((p / nodes - 1) + ceil(log2 nodes)) alpha + 2 n beta``. With one GPU per node it is
+    ``tree_time``; on one node it is a chain with the ring's latency ``2 (p - 1) alpha`` and
+    more bytes per link than the ring (``2 n`` against ``2 (p - 1) / p n``): inside one node the
+    ring wins (NVLink SHARP, where the switches add, is not modelled).
+    """
+    if p <= 1:
+        return 0.0
+    if nodes < 1 or p % nodes:
+        raise ValueError(f"nccl_tree_time: p={p} ranks must split evenly over nodes={nodes} "
+                         f"(GPUs per node = p / nodes).")
+    hops = (p // nodes - 1) + math.ceil(math.log2(nodes))
+    return 2 * hops * alpha + 2 * n_bytes * beta
 
 
 def binomial_tree_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
@@ -553,8 +577,51 @@ class Interconnect:
                              f"nic_bandwidth={self.nic_bandwidth}.")
         return min(self.link_bandwidth, self.rails * self.nic_bandwidth)
 
+    @property
+    def rank_bandwidth(self) -> float:
+        """The bytes per second of *one* rank's own path to the others, where one rank (or one
+        server) must carry everything: the naive all-reduce and the parameter server.
+
+        Inside one node, the GPU's link. Across nodes that rank reaches the other node through one
+        card (its rail), whatever the number of rails: the other cards serve other GPUs.
+        """
+        if self.nodes <= 1:
+            return self.link_bandwidth
+        _ = self.bandwidth   # the same checks of rails and cards
+        return min(self.link_bandwidth, self.nic_bandwidth)
+
+    def predict(self, n_bytes: float) -> dict[str, float]:
+        """PROJECTED seconds of one all-reduce of ``n_bytes`` for each of ``ALGORITHMS``, with
+        the path each algorithm really uses (not one beta for all).
+
+        - ``ring``: NCCL's rings, over every rail (``bandwidth``).
+        - ``tree``: NCCL's tree, a double binary tree between nodes and a chain inside each
+          (``nccl_tree_time``), over every rail like the rings.
+        - ``naive``: rank 0 receives and sends ``p - 1`` whole messages in turn: those of its own
+          node over its GPU link, those of other nodes through its one card (``rank_bandwidth``).
+        - ``binomial tree``: ``log2`` rounds of whole messages, the rounds between nodes through
+          one card.
+        - ``parameter server``: one server machine (outside the workers) whose one link, a GPU
+          link inside a node or one card across nodes, carries ``p n`` bytes each way.
+        """
+        g = self.p // self.nodes                       # GPUs per node
+        a, link, one = self.alpha, 1.0 / self.link_bandwidth, 1.0 / self.rank_bandwidth
+        inside, across = g - 1, self.p - g             # the ranks rank 0 meets by each path
+        rounds_in = math.ceil(math.log2(g)) if g > 1 else 0
+        rounds_across = math.ceil(math.log2(self.nodes)) if self.nodes > 1 else 0
+        return {
+            "naive": 2 * (inside * (a + n_bytes * link) + across * (a + n_bytes * one)),
+            "ring": ring_time(n_bytes, self.p, a, 1.0 / self.bandwidth),
+            "tree": nccl_tree_time(n_bytes, self.p, a, 1.0 / self.bandwidth, self.nodes),
+            "binomial tree": 2 * (rounds_in * (a + n_bytes * link)
+                                  + rounds_across * (a + n_bytes * one)),
+            "parameter server": ps_time(n_bytes, self.p, a, one),
+        }
+
     def model(self) -> AlphaBeta:
-        """The interconnect as an ``AlphaBeta`` (assumed, not fitted)."""
+        """The interconnect as an ``AlphaBeta`` (assumed, not fitted), ``bandwidth`` as ``1 /
+        beta``: right for the ring (and NCCL's tree), too generous across nodes for an
+        algorithm that funnels through one rank (use ``predict``)."""
         return AlphaBeta(alpha=self.alpha, beta=1.0 / self.bandwidth, p=self.p,
                          source=f"PROJECTION, not measured: {self.source}")
 
