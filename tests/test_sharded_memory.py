@@ -46,7 +46,8 @@ HAND = {
 def measured():
     out = {}
     for world in (1, 2, 4):
-        for rank, rows in enumerate(launch(W.memory_per_rank, world, WIDTHS, 8, timeout=180)):
+        for rank, rows in enumerate(launch(W.memory_per_rank, world, WIDTHS, 8,
+                                           (*W.KINDS, "DDP-view"), timeout=180)):
             for row in rows:
                 out[row["kind"], world, rank] = row
     return out
@@ -58,6 +59,22 @@ def test_bytes_per_rank_match_hand_counts(measured, kind, world):
         row = measured[kind, world, rank]
         assert (row["params"], row["grads"], row["optimizer"]) == (params, grads, optimizer), row
         assert row["peak"] >= params + grads + optimizer
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_ddp_keeps_its_buckets_beside_the_gradients(measured, world):
+    """The course's DDP, as torch's Reducer, keeps its buckets from step to step: a second copy
+    of the gradients (20 bytes per parameter with float32 AdamW), unless the gradients are views
+    of the buckets (gradient_as_bucket_view=True: 16). FSDP has no buckets."""
+    for rank in range(world):
+        for kind in ("DDP", "ZeRO-1"):
+            row = measured[kind, world, rank]
+            assert row["buckets"] == row["grads"] == 4 * PSI, row
+        view = measured["DDP-view", world, rank]
+        assert (view["params"], view["grads"], view["buckets"], view["optimizer"]) == (
+            4 * PSI, 4 * PSI, 0, adam(PSI, 4)), view
+        assert measured["FSDP", world, rank]["buckets"] == 0
+        assert view["peak"] < measured["DDP", world, rank]["peak"]
 
 
 def test_ddp_peak_does_not_shrink_and_sharding_does(measured):
@@ -154,6 +171,13 @@ def test_traffic_per_step_counts_each_collective(world):
     gathers = {k: v for k, v in t["FSDP"].items() if k.startswith(("all_gather", "_all_gather"))}
     scatters = {k: v for k, v in t["FSDP"].items() if "reduce_scatter" in k}
     assert sum(gathers.values()) == 2 * padded and sum(scatters.values()) == padded
+    # the order: each unit gathered in forward; in backward, gathered only once backward reaches
+    # it, right after the later unit's reduce-scatter (no prefetch)
+    p0, p1 = (-(-n // world) * world for n in (7 * 13 + 13, 13 * 5 + 5))
+    order = t["FSDP order"]
+    assert [name for name, _ in order] == ["all_gather", "all_gather", "all_reduce", "all_gather",
+                                           "reduce_scatter", "all_gather", "reduce_scatter"], order
+    assert [e for name, e in order if name != "all_reduce"] == [p0, p1, p1, p1, p0, p0], order
     # the paper's ZeRO-1: one reduce-scatter and one all-gather of Ψ (174 divides by 2 and 3),
     # what a ring all-reduce of Ψ sends; its parameters those of the unsharded AdamW
     paper = t["ZeRO-1 (paper)"]

@@ -5,9 +5,10 @@ live here, never in a notebook cell. Each runs in every rank of an initialised p
 returns small picklable results. The model is an MLP of ``Linear`` layers of the given widths
 (``widths=[a, b, c]``: Linear(a, b), Tanh, Linear(b, c)), the same on every rank.
 
-- ``memory_per_rank``: bytes in parameters, gradients and optimizer state, and the peak of one
-  training step, for DDP, ZeRO-1 and FSDP (AdamW), measured on this rank; with the number of
-  parameter elements whose optimizer state this rank keeps (ZeRO-1's share of the state).
+- ``memory_per_rank``: bytes in parameters, gradients, DDP's gradient buckets and optimizer
+  state, and the peak of one training step, for DDP, ZeRO-1 and FSDP (AdamW), measured on this
+  rank (and "DDP-view": DDP with ``gradient_as_bucket_view=True``); with the number of parameter
+  elements whose optimizer state this rank keeps (ZeRO-1's share of the state).
 - ``compare_zero_with_unsharded``: ZeRO-1 against the unsharded AdamW, both under DDP, compared
   with ``torch.equal`` after a few steps.
 - ``step_times``: the three timed interleaved in the same processes (``course_lib.timing.compare``).
@@ -37,8 +38,8 @@ from course_lib.distributed.memory import (
 from course_lib.distributed.optim import ZeroRedundancyOptimizer
 from course_lib.parallel.ddp import DistributedDataParallel
 
-__all__ = ["KINDS", "compare_with_torch_fsdp", "compare_zero_with_unsharded", "memory_per_rank",
-           "mlp", "step_times"]
+__all__ = ["KINDS", "bucket_bytes", "compare_with_torch_fsdp", "compare_zero_with_unsharded",
+           "memory_per_rank", "mlp", "step_times"]
 
 KINDS = ("DDP", "ZeRO-1", "FSDP")
 
@@ -61,8 +62,8 @@ def _setup(kind: str, widths: list[int], seed: int = 0, lr: float = 1e-3):
     """(model, optimizer, the optimizer holding this rank's state) for one kind."""
     torch.manual_seed(seed)
     net = mlp(widths).to(_device())
-    if kind == "DDP":
-        model = DistributedDataParallel(net)
+    if kind in ("DDP", "DDP-view"):   # DDP-view: each .grad a view of its bucket
+        model = DistributedDataParallel(net, gradient_as_bucket_view=kind == "DDP-view")
         opt = torch.optim.AdamW(net.parameters(), lr=lr)
         return model, opt, opt
     if kind == "ZeRO-1":
@@ -73,7 +74,7 @@ def _setup(kind: str, widths: list[int], seed: int = 0, lr: float = 1e-3):
         model = FullyShardedDataParallel(net)
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
         return model, opt, opt
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+    raise ValueError(f"kind must be one of {(*KINDS, 'DDP-view')}, got {kind!r}.")
 
 
 def _batch(widths: list[int], per_rank: int, seed: int):
@@ -96,6 +97,14 @@ def _step(model, opt, X, y, memory: PeakMemory | None = None) -> None:
     loss.backward()
     phase("optimizer step")
     opt.step()
+
+
+def bucket_bytes(model: nn.Module) -> int:
+    """Bytes of DDP's gradient buckets that are not also the ``.grad`` of a parameter (0 when the
+    gradients are views of the buckets, or when there is no DDP)."""
+    buckets = [b.buffer() for b in getattr(getattr(model, "reducer", None), "buckets", [])]
+    params = list(model.parameters())
+    return tensor_bytes([*buckets, *(p.grad for p in params)]) - grad_bytes(params)
 
 
 def _key(t: torch.Tensor) -> int:
@@ -159,7 +168,9 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
 
     Returns:
         One dict per kind: ``kind, world, rank, num_params, largest_param, params, grads,
-        optimizer, state_elements, peak, peak_parts``. ``peak_parts``: {what: bytes} alive
+        buckets, optimizer, state_elements, peak, peak_parts``. ``buckets``: ``bucket_bytes``,
+        DDP's buckets beside the gradients (kept from step to step, as torch's Reducer keeps
+        its own). ``peak_parts``: {what: bytes} alive
         at the peak, summing to ``peak`` (CPU only). ``num_params`` and ``largest_param``: the
         elements of the unsharded model and of its largest parameter; ``state_elements``: the
         elements of the parameters (or flat shards) whose optimizer state this rank keeps (all of
@@ -178,6 +189,7 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
         out.append({"kind": kind, "world": dist.get_world_size(), "rank": dist.get_rank(),
                     "num_params": sum(sizes), "largest_param": max(sizes),
                     "params": tensor_bytes(params), "grads": grad_bytes(params),
+                    "buckets": bucket_bytes(model),
                     "optimizer": optimizer_state_bytes(local),
                     "state_elements": sum(p.numel() for p in local.state),
                     "peak": measured.peak, "peak_parts": measured.breakdown})
@@ -316,11 +328,20 @@ class _PaperZeRO1:
                 offset += p.numel()
 
 
+def _short(name: str) -> str:
+    """A collective's name without the variant: all_gather, reduce_scatter, all_reduce, ..."""
+    for short in ("all_gather", "reduce_scatter", "all_reduce", "broadcast"):
+        if short in name:
+            return short
+    return name
+
+
 def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
     """The collectives of one training step of each kind (after one warm-up step), recorded with
     ``record_collectives`` on every rank: {kind: {collective: elements}}, where ``elements`` is
     the size of the whole vector each call reduces, gathers or broadcasts (a reduce-scatter's
-    output slice times the world size). Also ``"ZeRO-1 (paper)"`` (``_PaperZeRO1``), and
+    output slice times the world size); ``"FSDP order"``: FSDP's calls as (name, elements) in
+    the order rank 0 made them. Also ``"ZeRO-1 (paper)"`` (``_PaperZeRO1``), and
     ``paper_zero1_vs_unsharded``: the largest difference of its parameters from DDP with AdamW
     after the same two steps. Rank 0's result, with ``num_params``."""
     from course_lib.distributed.recording import record_collectives
@@ -338,6 +359,9 @@ def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
             scale = world if r.name.startswith(("reduce_scatter", "_reduce_scatter")) else 1
             totals[r.name] = totals.get(r.name, 0) + r.elements * scale
         out[kind] = totals
+        if kind == "FSDP":   # the order of the calls: when each unit is gathered, when scattered
+            out["FSDP order"] = [(_short(r.name), r.elements * (world if "reduce_scatter" in r.name
+                                                                else 1)) for r in records]
     # The paper's ZeRO-1: a plain model, its gradients reduce-scattered, its slices all-gathered;
     # after the two steps, its parameters against DDP's (the unsharded AdamW) after two steps
     torch.manual_seed(0)
