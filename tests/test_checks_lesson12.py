@@ -1,8 +1,11 @@
 """The lesson-12 checker (the 1F1B order of one pipeline stage): None is "not answered yet", the
 reference answer passes, and realistic wrong answers fail with the case shown and what it costs."""
+import re
+
 import pytest
 
 from course_lib.checks.lesson12 import check_one_f_one_b
+from course_lib.distributed.pipelining import one_f_one_b_order
 from solutions.lesson12 import one_f_one_b
 
 
@@ -62,6 +65,27 @@ def test_pipeline_checker_rejects_wrong_orders(wrong, says):
     assert result.ok is False and says in result.message, result.message
     with pytest.raises(AssertionError):
         check_one_f_one_b(wrong, strict=True)
+
+
+@pytest.mark.parametrize("wrong", [gpipe, warmup_one_too_long, no_warmup])
+def test_pipeline_checker_names_the_first_difference_without_giving_the_order_away(wrong):
+    result = check_one_f_one_b(wrong)
+    stage, p, m = map(int, re.search(r"for stage=(\d+), num_stages=(\d+), num_microbatches=(\d+)",
+                                     result.message).groups())
+    want, got = one_f_one_b_order(stage, p, m), wrong(stage, p, m)
+    k = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+    kinds = {"F": "a forward", "B": "a backward"}
+    assert (f"at step {k} (counting from 0) 1F1B runs {kinds[want[k][0]]}, yours "
+            f"{kinds[got[k][0]]} ({got[k][0]}{got[k][1]})") in result.message, result.message
+    assert str(want) not in result.message          # 1F1B's order for that stage: the answer
+    assert "Expected" not in result.message and "warm-up forwards" not in result.message
+
+
+def test_pipeline_checker_names_the_first_difference_at_the_right_step():
+    result = check_one_f_one_b(no_warmup)    # first wrong at p=2, m=2: F0 B0 ... for F0 F1 ...
+    assert "for stage=0, num_stages=2, num_microbatches=2" in result.message, result.message
+    assert "at step 1 (counting from 0) 1F1B runs a forward, yours a backward (B0)" in \
+        result.message
 
 
 def test_pipeline_checker_reports_an_exception_and_a_wrong_type():

@@ -401,8 +401,8 @@ def test_pipeline_gradient_oracle_two_ranks_gloo_seed_example_and_activation_pea
     assert starts == sorted(starts)
     _check_stage_p2p(p2p_1f1b)
     _check_stage_p2p(p2p_gpipe)
-    for rank in results:      # every rank asserted; here the sizes of what it found
-        assert all(r["grad_diff"] < 1e-5 and r["weight_diff"] < 1e-5 for r in rank)
+    for rank in results:      # every rank asserted; here the sizes of what it found: float64
+        assert all(r["grad_diff"] < 1e-12 and r["weight_diff"] < 1e-12 for r in rank)
     assert results[1][0]["balance"] == [3, 4] and results[1][-1]["balance"] == [3, 7]
     assert all("output_diff" in r for r in results[1])
     # the seed: rank 0 sends the activation, rank 1 its gradient back; both match one process

@@ -4,7 +4,8 @@
 are played together by ``simulate_schedule`` (which finds a deadlock or a backward before its
 forward), then compared with ``one_f_one_b_order``; a valid order that is not 1F1B is told what
 it costs: more activations in flight (GPipe's order, a warm-up too long) or a longer step (a
-warm-up too short).
+warm-up too short). A failure names the first step where the order differs (which kind of op
+1F1B runs there, which the answer runs), never 1F1B's whole order: that would be the answer.
 """
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 __all__ = ["check_one_f_one_b", "max_in_flight"]
 
 _NAME = "one_f_one_b"
-_HINT = ("stage s of p first runs min(p - s - 1, m) warm-up forwards, then alternates one "
-         "forward and one backward while forwards remain, then runs the remaining backwards; "
-         "micro-batches in order.")
+_TRY = ("Play your orders with P.simulate_schedule(one_f_one_b, p, m) and look at them with "
+        "draw_pipeline_timeline and checks.max_in_flight.")
+_KIND = {"F": "a forward", "B": "a backward"}
 
 #: (stages, micro-batches): fewer, as many and more micro-batches than stages
 _CASES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (3, 2), (3, 3), (3, 8), (4, 1), (4, 3), (4, 8),
@@ -46,6 +47,17 @@ def _given(orders: list[list]):
 
 def _span(orders: list[list], p: int, m: int) -> float:
     return max(e.end for e in simulate_schedule(_given(orders), p, m))
+
+
+def _first_divergence(got: list, want: list) -> str:
+    """Where ``got`` first leaves ``want``: the step and the kind of op each runs there.
+
+    Both passed ``check_order`` (forwards in order, backwards in order), so at the first
+    difference one runs a forward and the other a backward.
+    """
+    k = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+    return (f"at step {k} (counting from 0) 1F1B runs {_KIND[want[k][0]]}, yours "
+            f"{_KIND[got[k][0]]} ({got[k][0]}{got[k][1]})")
 
 
 def _diagnose(got: list, want: list, stage: int, p: int, m: int, orders: list[list]) -> str:
@@ -88,24 +100,23 @@ def check_one_f_one_b(fn: Callable | None, *, strict: bool = False) -> ExerciseR
             except NotImplementedError:                 # the scaffold, not written yet
                 return unanswered(_NAME, strict)
             except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-                return verdict(_NAME, False, f"{failure(exc)} for {where}. {_HINT}", strict)
-            want = one_f_one_b_order(stage, p, m)
+                return verdict(_NAME, False, f"{failure(exc)} for {where}.", strict)
             try:
                 orders.append(check_order(list(got), stage, m))
             except (TypeError, ValueError) as e:
-                return verdict(_NAME, False, f"for {where}: {e} Expected {want}, received "
-                               f"{got!r}. {_HINT}", strict)
+                return verdict(_NAME, False, f"for {where}: {e} Your order: {got!r}.", strict)
         try:
             simulate_schedule(_given(orders), p, m)
         except ValueError as e:
             return verdict(_NAME, False, f"with num_stages={p}, num_microbatches={m} your "
-                           f"orders {orders} never finish: {e} {_HINT}", strict)
+                           f"orders {orders} never finish: {e} {_TRY}", strict)
         for stage in range(p):
             want = one_f_one_b_order(stage, p, m)
             if orders[stage] != want:
                 why = _diagnose(orders[stage], want, stage, p, m, orders)
                 return verdict(_NAME, False, f"for stage={stage}, num_stages={p}, "
-                               f"num_microbatches={m}: expected {want}, received "
-                               f"{orders[stage]}.{why} {_HINT}", strict)
+                               f"num_microbatches={m} your order {orders[stage]} is valid but "
+                               f"not 1F1B's: {_first_divergence(orders[stage], want)}.{why} "
+                               f"{_TRY}", strict)
     return verdict(_NAME, True, f"1F1B's order on every stage for {len(_CASES)} (stages, "
                    "micro-batches) pairs from (1, 1) to (5, 7).", strict)

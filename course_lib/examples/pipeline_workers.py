@@ -126,10 +126,13 @@ def _max_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
 
 def check_pipeline(cases: Sequence[tuple[str, str, int, Sequence[int] | None]],
                    data: dict[str, tuple[torch.Tensor, torch.Tensor]], lr: float = 0.1,
-                   seed: int = 0) -> list:
+                   seed: int = 0, dtype: torch.dtype = torch.float64) -> list:
     """Each case ``(model, schedule, micro-batches, balance)``: one pipeline step against the
     oracle; every rank asserts its stage's gradients and updated weights (and the last stage
     the output) equal the oracle's. ``data[model]`` is the batch ``(X, y)`` for that model.
+    Model and inputs in ``dtype``: float64 by default, so that the two differ by rounding on
+    any device (a GPU's float32 convolutions may run in TF32, and the pipeline's micro-batches
+    need not take the kernels the whole batch takes).
 
     Returns this rank's ``{"case", "balance", "grad_diff", "weight_diff", "output_diff",
     "loss"}`` per case (the largest |pipeline - one process| of each).
@@ -138,14 +141,14 @@ def check_pipeline(cases: Sequence[tuple[str, str, int, Sequence[int] | None]],
     device = current_device()
     results = []
     for name, schedule, m, balance in cases:
-        model = sequential_model(name, seed).to(device)
+        model = sequential_model(name, seed).to(device, dtype)
         oracle = copy.deepcopy(model)
         stages = split_sequential(model, p, balance=balance)
         oracle_stages = split_sequential(oracle, p, balance=[len(s) for s in stages])
         stage = PipelineStage(stages[rank], rank, p, device)
         sched = SCHEDULES[schedule](stage, m, loss_fn=F.cross_entropy)
         losses: list[torch.Tensor] = []
-        Xd, yd = (t.to(device) for t in data[name])
+        Xd, yd = data[name][0].to(device, dtype), data[name][1].to(device)
         out = sched.step(Xd, target=yd, losses=losses) if p == 1 else (
             sched.step(Xd) if stage.is_first else
             sched.step(target=yd, losses=losses) if stage.is_last else sched.step())
