@@ -55,3 +55,15 @@ def test_gpt_on_dp_cp_mesh_equals_one_process():
         assert max(right["params"]) < 1e-11, right
         assert right["ring_bytes"] == [n_layer * (6 * cp - 4) * right["block_bytes"]] * 2
     assert max(max(local["params"]) for _, local in per_rank) > 1e-6
+
+
+def test_saved_bytes_shrink_by_cp_at_three_ranks():
+    """cp = 1 and 3 in one launch: a block's saved bytes per rank are exactly 1/cp of cp = 1's;
+    the ring saves only its own q, k, v, out (b, T/cp, C each) and lse (b, heads, T/cp)."""
+    b, T, C, nh = 2, 12, 16, 2
+    per_rank = launch(W.saved_bytes_per_rank, 3, _TINY | dict(block_size=T), b, T, timeout=120)
+    for r in per_rank:
+        assert set(r) == {1, 3}
+        for cp in (1, 3):
+            assert r[cp]["attention"] == (4 * b * T * C + b * nh * T) * 8 // cp, r
+            assert r[cp]["block"] * cp == r[1]["block"], r

@@ -30,8 +30,9 @@ from course_lib.distributed.device_mesh import init_device_mesh
 from course_lib.distributed.tensor.experimental import ring_attention, zigzag_split
 from course_lib.examples import mesh_workers
 from course_lib.models.gpt import GPT, GPTConfig
+from course_lib.utils.activation_memory import saved_tensor_bytes
 
-__all__ = ["mesh_lesson", "ring_against_sdpa", "train_context_parallel"]
+__all__ = ["mesh_lesson", "ring_against_sdpa", "saved_bytes_per_rank", "train_context_parallel"]
 
 
 def _shard(x: torch.Tensor, rank: int, world: int, layout: str) -> torch.Tensor:
@@ -181,3 +182,36 @@ def train_context_parallel(config: dict, batch_size: int, seq_len: int, steps: i
     block = (batch_size // dp_size) * c.n_head * (seq_len // cp_size) * (c.n_embd // c.n_head)
     return dict(coordinate=mesh.get_coordinate(), losses=losses, params=diffs,
                 ring_bytes=ring_bytes, block_bytes=block * 8)
+
+
+# ---- what one rank keeps for backward -----------------------------------------------------------
+
+def saved_bytes_per_rank(config: dict, batch_size: int, seq_len: int, seed: int = 0) -> dict:
+    """Bytes one GPT block saves for backward on this rank, for every cp that divides the world.
+
+    For each cp, the world is cut into groups of cp consecutive ranks (every rank calls
+    ``new_group`` for every group, as torch requires); this rank runs the first block of the
+    GPT, float64, its attention ``ring_attention`` over its group (zigzag layout), on its
+    (batch_size, seq_len / cp, C) slice of the block's input, inside ``saved_tensor_bytes``
+    (parameters not counted). Returns ``{cp: {"block": bytes, "attention": bytes}}``, the
+    second the ring attention call alone, on this rank's q, k, v.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed)
+    block = GPT(GPTConfig(**config)).blocks[0].to(torch.float64)
+    c = GPTConfig(**config)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch_size, seq_len, c.n_embd, generator=gen, dtype=torch.float64)
+    qkv = [torch.randn(batch_size, c.n_head, seq_len, c.n_embd // c.n_head, generator=gen,
+                       dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    result = {}
+    for cp in (n for n in range(1, world + 1) if world % n == 0):
+        groups = [dist.new_group(list(range(g, g + cp))) for g in range(0, world, cp)]
+        group, r = groups[rank // cp], rank % cp
+        ring = partial(ring_attention, is_causal=True, group=group, layout="zigzag")
+        block.attn.core_attention = ring
+        mine = zigzag_split(x, r, cp, dim=1).requires_grad_()     # (b, T / cp, C)
+        q, k, v = (zigzag_split(t.detach(), r, cp).requires_grad_() for t in qkv)
+        result[cp] = {"block": saved_tensor_bytes(block, mine),
+                      "attention": saved_tensor_bytes(ring, q, k, v)}
+    return result
