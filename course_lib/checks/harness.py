@@ -35,7 +35,14 @@ Also here: ``verdict`` / ``ExerciseResult`` (a one-line verdict, logged for ``ma
 ``call_bounded`` (a learner's function in this process under a deadline), ``check_answer`` /
 ``check_function`` (a value, or a function on cases, against the oracle),
 ``keeps_kernel_state`` (a checker leaves the learner's random state and grad mode as found),
-``first_failure_in_ranks`` (the launch alone, its first failure as text).
+``first_failure_in_ranks`` (the launch alone, its first failure as text),
+``check_answers_in_ranks`` (``check_in_ranks`` for an exercise of several answers),
+``check_cases`` (a function in this process on a list of cases, a diagnosis each). Inside a
+worker, for cases that run collectives: ``in_step`` runs a case (a generator yielding what this
+rank found wrong) in step with the other ranks, ``run_in_step`` a list of them, ``call_answer``
+calls the learner's code (``StopRank`` when it raises), ``group_of_one``, ``counting``
+(collectives called, by name and size), ``refusal_problem`` (a size the ranks cannot split,
+refused), ``close`` and ``describe`` (tensors in float64, in words).
 
 Why one launch for all world sizes: a fresh worker process pays seconds the first time it builds
 torch's DDP or steps an optimizer (both import ``torch._dynamo``). One launch of
@@ -47,6 +54,7 @@ use ``MultiProcessTestCase``, one process group per test).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -55,7 +63,7 @@ import re
 import shutil
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -63,6 +71,7 @@ import torch
 import torch.distributed as dist
 
 from ..devices import cpu_cores
+from ..distributed.recording import record_collectives
 from ._core import (
     GRADE_LOG,
     CheckTimeout,
@@ -75,10 +84,12 @@ from ._core import (
     verdict,
 )
 
-__all__ = ["GRADE_LOG", "UNANSWERED", "CheckTimeout", "ExerciseResult", "call_bounded",
-           "answer_kind", "check_answer", "check_function", "check_in_ranks", "failure",
-           "first_failure_in_ranks", "keeps_kernel_state", "load_answer", "resolve",
-           "unanswered", "unguarded_script", "verdict", "worker_spec"]
+__all__ = ["ATOL", "GRADE_LOG", "RTOL", "UNANSWERED", "CheckTimeout", "ExerciseResult", "StopRank",
+           "agree", "answer_kind", "call_answer", "call_bounded", "check_answer",
+           "check_answers_in_ranks", "check_cases", "check_function", "check_in_ranks", "close",
+           "counting", "describe", "failure", "first_failure_in_ranks", "group_of_one", "in_step",
+           "keeps_kernel_state", "load_answer", "load_answers", "refusal_problem", "resolve",
+           "run_in_step", "said", "unanswered", "unguarded_script", "verdict", "worker_spec"]
 
 #: What a rank's worker returns when the learner's code still raises NotImplementedError.
 UNANSWERED = "not answered: NotImplementedError"
@@ -182,6 +193,18 @@ def load_answer(spec: Callable | tuple[str, str, str],
     except Exception as e:  # noqa: BLE001 - any import error is the learner's, said in words
         return None, (f"could not import your {what} in the workers: {type(e).__name__}: {e} "
                       "(did the %%writefile cell run?)")
+
+
+def load_answers(specs: Sequence, whats: Sequence[str]) -> tuple[list | None, str | None]:
+    """``load_answer`` of each spec (``whats``: "function f", "class RowParallelLinear", ...):
+    ``(the answers, None)``, or ``(None, what went wrong)`` for the first that failed."""
+    answers = []
+    for spec, what in zip(specs, whats):
+        answer, error = load_answer(spec, what)
+        if error:
+            return None, error
+        answers.append(answer)
+    return answers, None
 
 
 # ---- one launch, a process group of each world size in turn ------------------------------------
@@ -319,11 +342,134 @@ def answer_kind(answer: Callable | str, example: str) -> str:
     return "class" if named.partition(":")[2][:1].isupper() else "function"
 
 
+# ---- inside a worker: cases in step with the other ranks ---------------------------------------
+
+#: float64 tolerances: a right answer differs from the oracle by the order of a sum only
+RTOL, ATOL = 1e-10, 1e-12
+
+
+class StopRank(Exception):
+    """The learner's code raised: this rank stops at once (a peer may be inside a collective
+    this rank will never join; its process ending breaks that collective)."""
+
+
+def call_answer(what: str, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)``; a NotImplementedError becomes ``StopRank(UNANSWERED)``, any other
+    exception a ``StopRank`` saying what raised what."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise StopRank(UNANSWERED) from None
+    except Exception as e:  # noqa: BLE001 - the learner's error, said in words
+        text = " ".join(str(e).split())
+        if "modified by an inplace operation" in text:
+            text += (" (something overwrote a tensor autograd had saved: all_reduce writes "
+                     "its result into the very tensor it is given)")
+        raise StopRank(f"{what} raised {type(e).__name__}: {text}") from None
+
+
+def agree(failure: str | None) -> str | None:
+    """The first failure of any rank (lowest rank first), the same on every rank: every rank
+    stops, or none (one that returned alone would leave its peers in the next collective)."""
+    failures: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, failure)
+    return next((f for f in failures if f is not None), None)
+
+
+def in_step(case: Iterator[str | None]) -> str | None:
+    """Run ``case``, a generator that yields what this rank found wrong (or None) wherever every
+    rank must have got as far before any goes on (before the next collective), in step with
+    the other ranks: the first failure of any rank, the same on every rank, or None. A
+    ``StopRank`` from the learner's code passes through."""
+    for found in case:
+        found = agree(found)
+        if found is not None:
+            case.close()
+            return found
+    return None
+
+
+def run_in_step(cases: Iterable[tuple[Iterator[str | None], str]]) -> str | None:
+    """Each ``(case, note)`` through ``in_step``, in turn: the first failure with ``note``
+    added, or what the learner's code raised (``StopRank``), or None when all passed."""
+    for case, note in cases:
+        try:
+            found = in_step(case)
+        except StopRank as e:
+            return str(e)
+        if found is not None:
+            return found + note
+    return None
+
+
+def refusal_problem(call: Callable[[], Any], where: str, *, what: str, named: str | None = None,
+                    then: str = "", advice: str) -> str | None:
+    """None when ``call()`` (the learner's code on a size the ranks cannot split) raises a
+    ValueError with a message; else what is wrong. ``what``: what cannot be split ("13
+    positions"), ``named`` how the missing message's advice names it (default ``what``),
+    ``then`` added to what was expected, ``advice`` what to do when nothing was raised."""
+    world = dist.get_world_size()
+    try:
+        call()
+    except NotImplementedError:
+        raise StopRank(UNANSWERED) from None
+    except ValueError as e:
+        if str(e).strip():
+            return None
+        return (f"{where}: raised ValueError without a message: say what cannot be split "
+                f"({named or what} over {world} ranks) and what to do.")
+    except Exception as e:  # noqa: BLE001 - the learner's error, said in words
+        return (f"{where}: raised {type(e).__name__}: {' '.join(str(e).split())}; expected a "
+                f"ValueError saying that {world} ranks cannot split {what} evenly{then}.")
+    return f"{where} did not raise: {what} cannot be split evenly over {world} ranks. {advice}"
+
+
+def group_of_one() -> dist.ProcessGroup:
+    """A group of this rank alone (new_group is collective: every rank makes every one)."""
+    return [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
+
+
+def describe(t: torch.Tensor | None) -> str:
+    """A tensor in words: its first values and its shape."""
+    if t is None:
+        return "None"
+    values = ", ".join(f"{v:.4g}" for v in t.detach().flatten()[:3].tolist())
+    return f"[{values}{', ...' if t.numel() > 3 else ''}] of shape {tuple(t.shape)}"
+
+
+def close(got: Any, want: torch.Tensor) -> bool:
+    """``got`` is a tensor of ``want``'s shape, equal to it to float64 rounding."""
+    return (isinstance(got, torch.Tensor) and got.shape == want.shape
+            and torch.allclose(got.detach().to(want.dtype), want, rtol=RTOL, atol=ATOL))
+
+
+@contextlib.contextmanager
+def counting(calls: list[tuple[str, int]], tracked: list[tuple[str, object]] | None = None, *,
+             collectives: tuple[str, ...] | None = None) -> Iterator[None]:
+    """Note ``(name, elements)`` of every collective called inside (``record_collectives``:
+    wherever the learner's code finds it, a collective inside another counted once);
+    ``tracked`` (if given) gets ``(name, op)`` of each call handed a tensor that requires
+    grad."""
+    with record_collectives(collectives) as records:
+        try:
+            yield
+        finally:
+            calls.extend((r.name, r.elements) for r in records)
+            if tracked is not None:
+                tracked.extend((r.name, r.op) for r in records if r.requires_grad)
+
+
+def said(calls: list[tuple[str, int]], none: str = "none") -> str:
+    """The collectives ``counting`` noted, in words."""
+    return ", ".join(f"{n} of {k} elements" for n, k in calls) or none
+
+
 # ---- the whole check ---------------------------------------------------------------------------
 
-def check_in_ranks(name: str, answer: Callable | str, example: str, worker: Callable,
+def check_in_ranks(name: str, answer: Callable | str | None, example: str, worker: Callable,
                    args: tuple, *, world_sizes: Sequence[int], timeout: float, hint: str,
-                   hang_hint: str, passed: str, strict: bool) -> ExerciseResult:
+                   hang_hint: str, passed: str, strict: bool,
+                   missing: str | None = None) -> ExerciseResult:
     """The verdict on a learner's ``answer`` (a function, a class or ``"module:name"``) that
     ``worker(spec, *args)`` judges in every rank of each world size.
 
@@ -331,15 +477,77 @@ def check_in_ranks(name: str, answer: Callable | str, example: str, worker: Call
     suggest); a worker that returns ``UNANSWERED`` (the learner's code still raises
     ``NotImplementedError``) makes it "not answered yet" ("your class" when the answer is a
     class: ``answer_kind``); the first failure, "not yet right";
-    else ``passed``, "correct".
+    else ``passed``, "correct". With ``missing``, an answer left None is "not answered yet" and
+    ``missing`` says what to do.
     """
+    if answer is None and missing is not None:
+        return verdict(name, None, missing, strict)
     spec = worker_spec(answer, example)
     if isinstance(spec, str):
         return verdict(name, False, spec, strict)
     found = first_failure_in_ranks(worker, spec, world_sizes, args, timeout=timeout,
                                    hang_hint=hang_hint, hint=hint)
+    return _verdict_of(name, found, passed, strict, answer_kind(answer, example))
+
+
+def check_answers_in_ranks(name: str, answers: tuple, examples: tuple[str, ...],
+                           worker: Callable, args: tuple, *, missing: str,
+                           world_sizes: Sequence[int], timeout: float, hint: str,
+                           hang_hint: str, passed: str, strict: bool) -> ExerciseResult:
+    """``check_in_ranks`` for an exercise of several answers (f and g; two classes): any None
+    is "not answered yet" (``missing`` says what to do), each is sent to the workers as
+    ``check_in_ranks`` sends one, and ``worker`` receives the tuple of them."""
+    if any(answer is None for answer in answers):
+        return verdict(name, None, missing, strict)
+    specs = []
+    for answer, example in zip(answers, examples):
+        spec = worker_spec(answer, example)
+        if isinstance(spec, str):
+            return verdict(name, False, spec, strict)
+        specs.append(spec)
+    found = first_failure_in_ranks(worker, tuple(specs), world_sizes, args, timeout=timeout,
+                                   hang_hint=hang_hint, hint=hint)
+    return _verdict_of(name, found, passed, strict, "function")
+
+
+def check_cases(name: str, fn: Callable | None, cases: Sequence[tuple],
+                problem: Callable[..., str | None], *, missing: str, expected: str, hint: str,
+                passed: str, strict: bool,
+                raised: Callable[[tuple, BaseException], str] | None = None) -> ExerciseResult:
+    """The verdict on a learner's function ``fn`` run in this process: ``problem(fn, *case)``
+    says what is wrong on each case (None: right), calling ``fn`` itself.
+
+    None is "not answered yet" (``missing`` says what to do); something not callable is
+    refused (``expected``: the function asked for); ``NotImplementedError`` out of ``problem``
+    is "not answered yet"; the first problem is "not yet right" with ``hint``; any other
+    exception becomes ``raised(case, exc)`` (the whole message), or passes through when
+    ``raised`` is None. Else ``passed``.
+    """
+    if fn is None:
+        return verdict(name, None, missing, strict)
+    if not callable(fn):
+        return verdict(name, False, f"expected {expected}, got {type(fn).__name__}.", strict)
+    for case in cases:
+        try:
+            found = problem(fn, *case)
+        except NotImplementedError:
+            return unanswered(name, strict)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how
+            if raised is None:
+                raise
+            return verdict(name, False, raised(case, exc), strict)
+        if found is not None:
+            return verdict(name, False, f"{found} Hint: {hint}", strict)
+    return verdict(name, True, passed, strict)
+
+
+def _verdict_of(name: str, found: str | None, passed: str, strict: bool,
+                what: str) -> ExerciseResult:
+    """The verdict on the first failure the ranks found (None: ``passed``)."""
     if found is not None and UNANSWERED in found:
-        return unanswered(name, strict, what=answer_kind(answer, example))
+        return unanswered(name, strict, what=what)
     if found is not None:
         return verdict(name, False, found, strict)
     return verdict(name, True, passed, strict)

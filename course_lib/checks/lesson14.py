@@ -24,7 +24,6 @@ pass them as objects or as strings such as ``"my_conjugate:f"``.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterator
@@ -34,100 +33,34 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed.recording import record_collectives
 from ..models.gpt import MLP, GPTConfig
-from ._core import ExerciseResult, unanswered, verdict
-from ._launch import UNANSWERED, check_in_ranks, first_failure_in_ranks, load_answer, worker_spec
+from ._core import ExerciseResult
+from .harness import (
+    ATOL,
+    RTOL,
+    UNANSWERED,
+    StopRank,
+    agree,
+    call_answer,
+    check_answers_in_ranks,
+    check_in_ranks,
+    close,
+    counting,
+    describe,
+    group_of_one,
+    load_answer,
+    load_answers,
+    refusal_problem,
+    run_in_step,
+    said,
+)
 
 __all__ = ["check_conjugates", "check_megatron_mlp", "check_parallel_linears",
            "check_vocab_parallel_cross_entropy"]
 
 _DTYPE = torch.float64
-_RTOL, _ATOL = 1e-10, 1e-12    # float64: a right answer differs by the order of a sum only
-
-
-# ------------------------------------------------------------------------------------------------
-# shared by the workers
-# ------------------------------------------------------------------------------------------------
-
-class _Stop(Exception):
-    """The learner's code raised: this rank stops at once (a peer may be inside a collective
-    this rank will never join; its process ending breaks that collective)."""
-
-
-def _call(what: str, fn: Callable, *args, **kwargs):
-    """``fn(*args, **kwargs)``; a NotImplementedError becomes UNANSWERED, any other exception
-    a ``_Stop`` saying what raised what."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise _Stop(UNANSWERED) from None
-    except Exception as e:  # noqa: BLE001 - the learner's error, said in words
-        text = " ".join(str(e).split())
-        if "modified by an inplace operation" in text:
-            text += (" (something overwrote a tensor autograd had saved: all_reduce writes "
-                     "its result into the very tensor it is given)")
-        raise _Stop(f"{what} raised {type(e).__name__}: {text}") from None
-
-
-def _agree(failure: str | None) -> str | None:
-    """The first failure of any rank (lowest rank first), the same on every rank: every rank
-    stops, or none (one that returned alone would leave its peers in the next collective)."""
-    failures: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(failures, failure)
-    return next((f for f in failures if f is not None), None)
-
-
-def _in_step(case: Iterator[str | None]) -> str | None:
-    """Run ``case``, a generator that yields what this rank found wrong (or None) wherever every
-    rank must have got as far before any goes on (before the next collective), in step with
-    the other ranks: the first failure of any rank, the same on every rank, or None. A
-    ``_Stop`` from the learner's code passes through."""
-    for found in case:
-        found = _agree(found)
-        if found is not None:
-            case.close()
-            return found
-    return None
-
-
-def _short(t: torch.Tensor | None) -> str:
-    if t is None:
-        return "None"
-    values = ", ".join(f"{v:.4g}" for v in t.detach().flatten()[:3].tolist())
-    return f"[{values}{', ...' if t.numel() > 3 else ''}] of shape {tuple(t.shape)}"
-
-
-def _close(got, want: torch.Tensor) -> bool:
-    return (isinstance(got, torch.Tensor) and got.shape == want.shape
-            and torch.allclose(got.detach().to(want.dtype), want, rtol=_RTOL, atol=_ATOL))
-
-
-def _alone() -> dist.ProcessGroup:
-    """A group of this rank alone (new_group is collective: every rank makes every one)."""
-    return [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
-
-
-def _check_several(name: str, answers: tuple, examples: tuple[str, ...], worker: Callable,
-                   args: tuple, *, world_sizes, timeout: float, hint: str, hang_hint: str,
-                   passed: str, missing: str, strict: bool) -> ExerciseResult:
-    """``check_in_ranks`` for an exercise of several answers (f and g; two classes): any None
-    is "not answered yet", each is sent to the workers as ``check_in_ranks`` sends one."""
-    if any(answer is None for answer in answers):
-        return verdict(name, None, missing, strict)
-    specs = []
-    for answer, example in zip(answers, examples):
-        spec = worker_spec(answer, example)
-        if isinstance(spec, str):
-            return verdict(name, False, spec, strict)
-        specs.append(spec)
-    found = first_failure_in_ranks(worker, tuple(specs), world_sizes, args, timeout=timeout,
-                                   hang_hint=hang_hint, hint=hint)
-    if found is not None and UNANSWERED in found:
-        return unanswered(name, strict)
-    if found is not None:
-        return verdict(name, False, found, strict)
-    return verdict(name, True, passed, strict)
+#: lesson 16 imports these two under their old names
+_agree, _short = agree, describe
 
 
 # ------------------------------------------------------------------------------------------------
@@ -150,17 +83,17 @@ def _conjugate_case(fn: Callable, which: str, group, xs: torch.Tensor, us: torch
                     where: str) -> Iterator[str | None]:
     """``fn`` (the learner's f or g) on this rank's input ``tanh(xs[rank])`` with upstream
     gradient ``us[rank]``; yields what is wrong (or None) after forward, then after backward
-    (``_in_step``). ``group`` is None (every rank) or a group of this rank alone. Raises
-    ``_Stop`` when the learner's code raises."""
+    (``in_step``). ``group`` is None (every rank) or a group of this rank alone. Raises
+    ``StopRank`` when the learner's code raises."""
     rank, world = dist.get_rank(), dist.get_world_size()
     t = world if group is None else 1
     a = xs[rank].clone().requires_grad_()
     x = torch.tanh(a)                             # tanh saves its output x for its backward
     x.retain_grad()
     before = x.detach().clone()
-    y = _call(f"{where}: forward", fn, x, group)
+    y = call_answer(f"{where}: forward", fn, x, group)
     yield _conjugate_forward_problem(y, x, before, which, t, torch.tanh(xs), where)
-    _call(f"{where}: backward", y.backward, us[rank].clone())
+    call_answer(f"{where}: backward", y.backward, us[rank].clone())
     yield _conjugate_backward_problem(x.grad, which, t, us, where)
 
 
@@ -169,27 +102,28 @@ def _conjugate_forward_problem(y, x: torch.Tensor, before: torch.Tensor, which: 
     """What is wrong with ``y = which(x)`` (``parts``: every rank's input), or None."""
     rank = dist.get_rank()
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
-        got = _short(y) if isinstance(y, torch.Tensor) else type(y).__name__
+        got = describe(y) if isinstance(y, torch.Tensor) else type(y).__name__
         return f"{where}: returned {got}, expected a tensor of shape {tuple(x.shape)}."
     own, total, mean = parts[rank], parts.sum(0), parts.mean(0)
     want = own if which == "f" or t == 1 else total
-    if not _close(y, want):
+    if not close(y, want):
         why = ""
-        if which == "f" and _close(y, total):
+        if which == "f" and close(y, total):
             why = (" It is the sum of every rank's input: f's forward is the identity; its "
                    "all-reduce belongs in its backward (summing forward is g's job).")
-        elif _close(y, mean):
+        elif close(y, mean):
             why = (" It is the average of every rank's input: "
                    + ("f's forward is the identity." if which == "f" else
                       "g sums, it does not average."))
-        elif t == 1 and _close(y, total):
+        elif t == 1 and close(y, total):
             why = (" It is the sum over all the ranks, but the group given has this rank alone: "
                    "the collective ran over the whole world, not over the group.")
-        elif which == "g" and _close(y, own):
+        elif which == "g" and close(y, own):
             why = " It is this rank's own input: g's forward sums it over the ranks."
         expected = ("its input unchanged" if which == "f" or t == 1
                     else "the sum of every rank's input")
-        return f"{where}: forward returned {_short(y)}, expected {expected} {_short(want)}.{why}"
+        return (f"{where}: forward returned {describe(y)}, expected {expected} "
+                f"{describe(want)}.{why}")
     if not torch.equal(x.detach(), before):
         return (f"{where}: {which} changed its input in place (dist.all_reduce writes into the "
                 "tensor it is given). Autograd may have saved that tensor for the backward of "
@@ -209,53 +143,46 @@ def _conjugate_backward_problem(got: torch.Tensor | None, which: str, t: int, us
     rank = dist.get_rank()
     total, mean, own = us.sum(0), us.mean(0), us[rank]
     want = total if which == "f" and t > 1 else own
-    if not _close(got, want):
+    if not close(got, want):
         why = ""
-        if which == "f" and _close(got, own):
+        if which == "f" and close(got, own):
             why = (" It is this rank's own upstream gradient: f's backward must all-reduce "
                    "(sum) it over the group (every rank used the whole input).")
-        elif which == "f" and _close(got, mean):
+        elif which == "f" and close(got, mean):
             why = (" It is the average of the ranks' gradients, not their sum: each rank's "
                    "part is a separate term of the input's gradient.")
-        elif which == "g" and _close(got, total):
+        elif which == "g" and close(got, total):
             why = (" It is the sum of every rank's upstream gradient: g's backward is the "
                    "identity (its output is the same on every rank; there is nothing to add).")
-        elif which == "g" and _close(got, mean):
+        elif which == "g" and close(got, mean):
             why = " It is the average over the ranks: g's backward is the identity."
-        elif t == 1 and _close(got, total):
+        elif t == 1 and close(got, total):
             why = (" It is the sum over all the ranks, but the group given has this rank alone: "
                    "the collective in backward ran over the whole world, not over the group "
                    "(backward knows only what forward kept for it).")
         expected = ("the sum of every rank's upstream gradient" if which == "f" and t > 1
                     else "its upstream gradient unchanged")
-        return (f"{where}: the input's gradient is {_short(got)}, expected {expected} "
-                f"{_short(want)}.{why}")
+        return (f"{where}: the input's gradient is {describe(got)}, expected {expected} "
+                f"{describe(want)}.{why}")
     return None
 
 
 def _conjugate_cases(specs: tuple, seed: int) -> str | None:
     """In every rank: f and g on the whole group, then on a group of this rank alone."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    fns = {}
-    for which, spec in zip("fg", specs):
-        fns[which], error = load_answer(spec, f"function {which}")
-        if error:
-            return error
-    alone = _alone()
+    answers, error = load_answers(specs, ("function f", "function g"))
+    if error:
+        return error
+    fns = dict(zip("fg", answers))
+    alone = group_of_one()
     gen = torch.Generator().manual_seed(seed)
     xs = torch.randn(world, *_SHAPE, generator=gen, dtype=_DTYPE)   # rank r's input: xs[r]
     us = torch.randn(world, *_SHAPE, generator=gen, dtype=_DTYPE)   # and upstream gradient
-    for group in (None, alone):
-        for which in "fg":
-            where = (f"world_size={world}, rank {rank}, {which}(x"
-                     + (")" if group is None else ", group=a group of this rank alone)"))
-            try:
-                failure = _in_step(_conjugate_case(fns[which], which, group, xs, us, where))
-            except _Stop as e:
-                return str(e)
-            if failure is not None:
-                return failure
-    return None
+    return run_in_step(
+        (_conjugate_case(fns[which], which, group, xs, us,
+                         f"world_size={world}, rank {rank}, {which}(x"
+                         + (")" if group is None else ", group=a group of this rank alone)")), "")
+        for group in (None, alone) for which in "fg")
 
 
 def check_conjugates(f: Callable | str | None, g: Callable | str | None, *,
@@ -281,7 +208,7 @@ def check_conjugates(f: Callable | str | None, g: Callable | str | None, *,
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    return _check_several(
+    return check_answers_in_ranks(
         _CONJUGATES_NAME, (f, g), ("my_conjugate:f", "my_conjugate:g"), _conjugate_cases, (14,),
         world_sizes=world_sizes, timeout=timeout, hint=_CONJUGATES_HINT,
         hang_hint="Does every rank call all_reduce the same number of times, with the same "
@@ -321,7 +248,7 @@ def _shard_problem(layer: nn.Module, attr: str, full: torch.Tensor | None, index
     if full is None:
         if p is not None:
             return (f"{where}: the nn.Linear has no bias (bias=False), so self.bias should be "
-                    f"None, found {_short(p) if isinstance(p, torch.Tensor) else type(p)}.")
+                    f"None, found {describe(p) if isinstance(p, torch.Tensor) else type(p)}.")
         return None
     want = full.detach()[index]
     shape = tuple(want.shape)
@@ -353,7 +280,7 @@ def _shard_problem(layer: nn.Module, attr: str, full: torch.Tensor | None, index
             if other != index and torch.equal(p.detach(), full.detach()[other]):
                 why = f" It is rank {rank}'s block: rank r keeps block r, in rank order."
                 break
-        return f"{where}: self.{attr} is {_short(p)}, expected {what} {_short(want)}.{why}"
+        return f"{where}: self.{attr} is {describe(p)}, expected {what} {describe(want)}.{why}"
     if p.untyped_storage().nbytes() > p.numel() * p.element_size():
         return (f"{where}: self.{attr} shares the memory of the whole tensor (a view of it): "
                 f"this rank would keep all {full.numel()} elements alive, not its share; a "
@@ -374,41 +301,41 @@ def _grad_problem(got: torch.Tensor | None, want: torch.Tensor, what: str, where
     if got is None:
         return (f"{where}: {what} has no gradient after backward (None): is it used in forward "
                 "through operations autograd follows?")
-    if _close(got, want):
+    if close(got, want):
         return None
     why = ""
-    if t > 1 and _close(got, want * t):
+    if t > 1 and close(got, want * t):
         why = (f" It is {t} times too large: the gradient of the replicated output was summed "
                "over the ranks (g's backward is the identity).")
-    elif t > 1 and _close(got, want / t):
+    elif t > 1 and close(got, want / t):
         why = (f" It is 1/{t} of it: a bias split into t shares before the all-reduce gives "
                "the right output, but each rank's bias then enters it as a 1/t share and gets "
                "1/t of its gradient. The bias should enter the output whole, once.")
-    return f"{where}: {what} is {_short(got)}, expected {_short(want)}.{why}"
+    return f"{where}: {what} is {describe(got)}, expected {describe(want)}.{why}"
 
 
 def _construct(cls: Callable, linear: nn.Linear, group, where: str,
                splits: str) -> nn.Module:
-    """``cls(copy of linear[, group=group])``; ``_Stop`` when it raises (``splits``: what the
+    """``cls(copy of linear[, group=group])``; ``StopRank`` when it raises (``splits``: what the
     layer splits, said when it refused a size that divides)."""
     args = {} if group is None else {"group": group}
     try:
         return cls(copy.deepcopy(linear), **args)
     except NotImplementedError:
-        raise _Stop(UNANSWERED) from None
+        raise StopRank(UNANSWERED) from None
     except Exception as e:  # noqa: BLE001 - the learner's error, said in words
         text = " ".join(str(e).split())
         why = ""
         if isinstance(e, ValueError):
             why = (f" Here {splits} is divisible by the world size, and it is the only "
                    "size this layer splits.")
-        raise _Stop(f"{where}: the constructor raised {type(e).__name__}: {text.rstrip('.')}."
+        raise StopRank(f"{where}: the constructor raised {type(e).__name__}: {text.rstrip('.')}."
                     f"{why}") from None
 
 
 def _column_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | None]:
     """The column-parallel layer against one nn.Linear(7, out): shards, output, gradients
-    (yields what is wrong, or None, at each step: ``_in_step``)."""
+    (yields what is wrong, or None, at each step: ``in_step``)."""
     t, r = dist.get_world_size(group), dist.get_rank(group)
     out = _split_size(dist.get_world_size())
     per = out // t
@@ -433,29 +360,29 @@ def _column_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str |
     Y = full(X_ref)
     Y.backward(U)
     X = X.requires_grad_()
-    y = _call(f"{where}: forward", layer, X)
+    y = call_answer(f"{where}: forward", layer, X)
     want = Y.detach()[..., blocks[r][0]]
     problem = None
-    if not _close(y, want):
+    if not close(y, want):
         why = ""
-        if _close(y, Y.detach()):
+        if close(y, Y.detach()):
             why = (" It is the whole output: a column-parallel layer returns this rank's block "
                    "of output features, without gathering.")
         problem = (f"{where}: the output is "
-                   f"{_short(y) if isinstance(y, torch.Tensor) else type(y).__name__}, "
-                   f"expected features {span} of the full output {_short(want)}.{why}")
+                   f"{describe(y) if isinstance(y, torch.Tensor) else type(y).__name__}, "
+                   f"expected features {span} of the full output {describe(want)}.{why}")
     yield problem
-    _call(f"{where}: backward", y.backward, U[..., blocks[r][0]].clone())
+    call_answer(f"{where}: backward", y.backward, U[..., blocks[r][0]].clone())
     got = X.grad
-    if not _close(got, X_ref.grad):
+    if not close(got, X_ref.grad):
         why = ""
         mine = U[..., blocks[r][0]] @ full.weight.detach()[blocks[r]]
-        if t > 1 and _close(got, mine):
+        if t > 1 and close(got, mine):
             why = (" It is this rank's part only (its block of features' contribution): "
                    "every rank used the whole input, so its gradient is the sum of every "
                    "rank's part.")
-        problem = (f"{where}: the input's gradient is {_short(got)}, expected the one-process "
-                   f"gradient {_short(X_ref.grad)}.{why}")
+        problem = (f"{where}: the input's gradient is {describe(got)}, expected the one-process "
+                   f"gradient {describe(X_ref.grad)}.{why}")
     for attr, tensor in (("weight", full.weight), ("bias", full.bias)):
         if tensor is not None:
             problem = problem or _grad_problem(getattr(layer, attr).grad,
@@ -466,7 +393,7 @@ def _column_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str |
 
 def _row_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | None]:
     """The row-parallel layer against one nn.Linear(in, 7): shards, output, gradients
-    (yields what is wrong, or None, at each step: ``_in_step``)."""
+    (yields what is wrong, or None, at each step: ``in_step``)."""
     t, r = dist.get_world_size(group), dist.get_rank(group)
     n_in = _split_size(dist.get_world_size())
     out = _IN
@@ -491,30 +418,30 @@ def _row_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | No
     Y = full(X_ref)
     Y.backward(U)
     x = X[..., cols[r][1]].clone().requires_grad_()               # this rank's block of features
-    y = _call(f"{where}: forward", layer, x)
+    y = call_answer(f"{where}: forward", layer, x)
     problem = None
-    if not _close(y, Y.detach()):
+    if not close(y, Y.detach()):
         why = ""
         partial = x.detach() @ full.weight.detach()[cols[r]].T
         if isinstance(y, torch.Tensor) and y.shape == Y.shape and bias and t > 1:
             off = y.detach() - Y.detach()
             b = full.bias.detach()
             times = float((off * b).sum() / (b * b).sum().clamp_min(1e-30) / (_B * _T))
-            if abs(times - (t - 1)) < 1e-6 and _close(off, (t - 1) * b.expand_as(off)):
+            if abs(times - (t - 1)) < 1e-6 and close(off, (t - 1) * b.expand_as(off)):
                 why = (f" It holds the bias {t} times (t*b instead of b): every rank added it "
                        "to its partial sum, and the partial sums were added up.")
-            elif _close(off, times * b.expand_as(off)):
+            elif close(off, times * b.expand_as(off)):
                 why = (f" It is the right output plus {times:.4g} times the bias: the bias "
                        f"counted {times + 1:.4g} times instead of once.")
-        if not why and t > 1 and (_close(y, partial) or (bias and _close(
+        if not why and t > 1 and (close(y, partial) or (bias and close(
                 y, partial + full.bias.detach()))):
             why = (" It is this rank's partial product only: the output is the sum of every "
                    "rank's part.")
         problem = (f"{where}: the output is "
-                   f"{_short(y) if isinstance(y, torch.Tensor) else type(y).__name__}, "
-                   f"expected the full output {_short(Y)} on every rank.{why}")
+                   f"{describe(y) if isinstance(y, torch.Tensor) else type(y).__name__}, "
+                   f"expected the full output {describe(Y)} on every rank.{why}")
     yield problem
-    _call(f"{where}: backward", y.backward, U.clone())
+    call_answer(f"{where}: backward", y.backward, U.clone())
     problem = _grad_problem(x.grad, X_ref.grad[..., cols[r][1]], "the gradient of this rank's "
                             "block of the input", where, t)
     problem = problem or _grad_problem(layer.weight.grad, full.weight.grad[cols[r]],
@@ -537,54 +464,40 @@ def _refusal_problem(cls: Callable, kind: str, where: str) -> str | None:
     sizes = (_IN, odd) if kind == "column" else (odd, _IN)
     split = "output" if kind == "column" else "input"
     label = f"{'Column' if kind == 'column' else 'Row'}ParallelLinear(nn.Linear{sizes})"
-    where = f"{where}, {label}"
-    try:
-        cls(nn.Linear(*sizes, dtype=_DTYPE))
-    except NotImplementedError:
-        raise _Stop(UNANSWERED) from None
-    except ValueError as e:
-        if not str(e).strip():
-            return (f"{where}: raised ValueError without a message: say what cannot be split "
-                    f"(the {odd} {split} features over {world} ranks) and what to do.")
-        return None
-    except Exception as e:  # noqa: BLE001 - the learner's error, said in words
-        return (f"{where}: raised {type(e).__name__}: {' '.join(str(e).split())}; expected a "
-                f"ValueError saying that {world} ranks cannot split {odd} {split} features "
-                "evenly.")
-    return (f"{where} did not raise: {odd} {split} features cannot be split evenly over "
-            f"{world} ranks. Raise ValueError with a clear message when the world size does not "
-            f"divide the {split} size.")
+    return refusal_problem(
+        lambda: cls(nn.Linear(*sizes, dtype=_DTYPE)), f"{where}, {label}",
+        what=f"{odd} {split} features", named=f"the {odd} {split} features",
+        advice=f"Raise ValueError with a clear message when the world size does not divide the "
+               f"{split} size.")
 
 
 def _linear_cases(specs: tuple, seed: int) -> str | None:
     """In every rank: both layers with and without bias, the refusals, then a group of one."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    classes = []
-    for spec, what in zip(specs, ("ColumnParallelLinear", "RowParallelLinear")):
-        cls, error = load_answer(spec, f"class {what}")
-        if error:
-            return error
-        classes.append(cls)
+    classes, error = load_answers(specs, ("class ColumnParallelLinear",
+                                          "class RowParallelLinear"))
+    if error:
+        return error
     column, row = classes
-    alone = _alone()
+    alone = group_of_one()
     where = f"world_size={world}, rank {rank}"
     cases = [(_column_case, column, True, None), (_column_case, column, False, None),
              (_row_case, row, True, None), (_row_case, row, False, None),
              (_refusal_case, column, "column", None), (_refusal_case, row, "row", None),
              (_column_case, column, True, alone), (_row_case, row, True, alone)]
-    for case, cls, option, group in cases:
-        torch.manual_seed(seed)                   # the same full layer on every rank
-        try:
-            failure = _in_step(case(cls, option, group, where))
-        except _Stop as e:
-            return str(e)
-        if failure is not None:
-            if group is not None:
-                failure += (" With a group of one rank the layer is the whole nn.Linear: the "
-                            "rank, the number of blocks and the collectives must all come from "
-                            "the group given, not from the whole world.")
-            return failure
-    return None
+    alone_note = (" With a group of one rank the layer is the whole nn.Linear: the rank, the "
+                  "number of blocks and the collectives must all come from the group given, "
+                  "not from the whole world.")
+    # each from the same seed: the same full layer on every rank
+    return run_in_step((_seeded(seed, case(cls, option, group, where)),
+                        "" if group is None else alone_note)
+                       for case, cls, option, group in cases)
+
+
+def _seeded(seed: int, case: Iterator[str | None]) -> Iterator[str | None]:
+    """``case`` started from ``torch.manual_seed(seed)``, when ``in_step`` first runs it."""
+    torch.manual_seed(seed)
+    yield from case
 
 
 def check_parallel_linears(column_cls: Callable | str | None, row_cls: Callable | str | None,
@@ -620,7 +533,7 @@ def check_parallel_linears(column_cls: Callable | str | None, row_cls: Callable 
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    return _check_several(
+    return check_answers_in_ranks(
         _LINEARS_NAME, (column_cls, row_cls),
         ("my_linears:ColumnParallelLinear", "my_linears:RowParallelLinear"), _linear_cases,
         (14,), world_sizes=world_sizes, timeout=timeout, hint=_LINEARS_HINT,
@@ -644,37 +557,16 @@ _MLP_HINT = ("GELU acts on each number alone, but GELU(a + b) is not GELU(a) + G
              "which takes it? Then the MLP needs one all-reduce forward and one backward.")
 
 
-@contextlib.contextmanager
-def _counting(calls: list[tuple[str, int]],
-              tracked: list[tuple[str, object]] | None = None, *,
-              collectives: tuple[str, ...] | None = None) -> Iterator[None]:
-    """Note ``(name, elements)`` of every collective called inside (``record_collectives``:
-    wherever the learner's code finds it, a collective inside another counted once);
-    ``tracked`` (if given) gets ``(name, op)`` of each call handed a tensor that requires
-    grad."""
-    with record_collectives(collectives) as records:
-        try:
-            yield
-        finally:
-            calls.extend((r.name, r.elements) for r in records)
-            if tracked is not None:
-                tracked.extend((r.name, r.op) for r in records if r.requires_grad)
-
-
-def _said(calls: list[tuple[str, int]]) -> str:
-    return ", ".join(f"{n} of {k} elements" for n, k in calls) or "none"
-
-
 def _mlp_case(fn: Callable, bias: bool, where: str) -> Iterator[str | None]:
     """The learner's parallel MLP against the MLP in one process (yields what is wrong, or
-    None, at each step: ``_in_step``)."""
+    None, at each step: ``in_step``)."""
     t, r = dist.get_world_size(), dist.get_rank()
     C = 12 if 48 % t == 0 else 3 * t            # 4C divisible by t
     hidden = 4 * C
     per = hidden // t
     where = f"{where}, MLP(GPTConfig(n_embd={C}{'' if bias else ', bias=False'}))"
     ref = MLP(GPTConfig(n_embd=C, n_head=1, bias=bias)).to(_DTYPE)
-    mlp = _call(f"{where}: parallel_mlp", fn, copy.deepcopy(ref))
+    mlp = call_answer(f"{where}: parallel_mlp", fn, copy.deepcopy(ref))
     if not isinstance(mlp, nn.Module):
         yield (f"{where}: parallel_mlp returned {type(mlp).__name__}, expected a module (the "
                "MLP changed in place, or a new one) whose forward is proj(gelu(fc(x))).")
@@ -706,15 +598,15 @@ def _mlp_case(fn: Callable, bias: bool, where: str) -> Iterator[str | None]:
     Y.backward(U)
     X = X.requires_grad_()
     forward, backward = [], []
-    with _counting(forward):
-        y = _call(f"{where}: forward", mlp, X)
-    if not _close(y, Y.detach()):
+    with counting(forward):
+        y = call_answer(f"{where}: forward", mlp, X)
+    if not close(y, Y.detach()):
         yield (f"{where}: the output is "
-               f"{_short(y) if isinstance(y, torch.Tensor) else type(y).__name__}, expected "
-               f"the one-process MLP's {_short(Y)} on every rank.")
+               f"{describe(y) if isinstance(y, torch.Tensor) else type(y).__name__}, expected "
+               f"the one-process MLP's {describe(Y)} on every rank.")
     yield None
-    with _counting(backward):
-        _call(f"{where}: backward", y.backward, U.clone())
+    with counting(backward):
+        call_answer(f"{where}: backward", y.backward, U.clone())
     problem = (
         _grad_problem(X.grad, X_ref.grad, "the input's gradient", where, t)
         or _grad_problem(fc.weight.grad, ref.fc.weight.grad[rows[r]], "fc.weight.grad",
@@ -729,8 +621,8 @@ def _mlp_case(fn: Callable, bias: bool, where: str) -> Iterator[str | None]:
     one = [("all_reduce", _B * _T * C)]
     if forward == one and backward == one:
         return
-    made = (f"{where}: one call of your MLP made {_said(forward)} in forward and "
-            f"{_said(backward)} in backward")
+    made = (f"{where}: one call of your MLP made {said(forward)} in forward and "
+            f"{said(backward)} in backward")
     megatron = (f"exactly one all-reduce of B*T*C = {_B * _T * C} elements in forward and one "
                 f"in backward")
     if len(forward) + len(backward) > 2:
@@ -751,15 +643,9 @@ def _mlp_cases(spec, seed: int) -> str | None:
     fn, error = load_answer(spec)
     if error:
         return error
-    for bias in (True, False):
-        torch.manual_seed(seed)                   # the same MLP on every rank
-        try:
-            failure = _in_step(_mlp_case(fn, bias, f"world_size={world}, rank {rank}"))
-        except _Stop as e:
-            return str(e)
-        if failure is not None:
-            return failure
-    return None
+    where = f"world_size={world}, rank {rank}"
+    return run_in_step((_seeded(seed, _mlp_case(fn, bias, where)), "")  # the same MLP on
+                       for bias in (True, False))                       # every rank
 
 
 def check_megatron_mlp(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3, 4),
@@ -785,16 +671,13 @@ def check_megatron_mlp(fn: Callable | str | None, *, world_sizes: tuple[int, ...
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    if fn is None:
-        return verdict(_MLP_NAME, None, "write parallel_mlp to my_mlp.py and pass it here.",
-                       strict)
     return check_in_ranks(
         _MLP_NAME, fn, "my_mlp:parallel_mlp", _mlp_cases, (14,), world_sizes=world_sizes,
         timeout=timeout, hint=_MLP_HINT,
         hang_hint="Does every rank make the same collectives, with the same group?",
         passed=f"output and gradients equal the one-process MLP for world sizes "
                f"{list(world_sizes)}, with one all-reduce forward and one backward.",
-        strict=strict)
+        missing="write parallel_mlp to my_mlp.py and pass it here.", strict=strict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -916,7 +799,7 @@ def _loss_value_problem(loss, want: float, losses: list | None, z: torch.Tensor,
     if loss.dim() != 0:
         why = (" That is one loss per position: the loss is their mean."
                if loss.shape == y.shape else "")
-        return (f"{where}: returned {_short(loss)}, expected the mean loss over the {n} "
+        return (f"{where}: returned {describe(loss)}, expected the mean loss over the {n} "
                 f"positions, a scalar (shape ()).{why}")
     value = float(loss.detach())
     if math.isnan(value) or value == math.inf:
@@ -937,13 +820,13 @@ def _loss_value_problem(loss, want: float, losses: list | None, z: torch.Tensor,
                 f"own largest logit, over the whole vocabulary, which makes its largest term "
                 f"exp(0) = 1{apart}.")
     if losses is not None and not all(
-            v is not None and math.isclose(v, losses[0], rel_tol=_RTOL, abs_tol=_ATOL)
+            v is not None and math.isclose(v, losses[0], rel_tol=RTOL, abs_tol=ATOL)
             for v in losses):
         said = ", ".join("?" if v is None else f"{v:.10g}" for v in losses)
         return (f"{where}: the ranks returned different losses ({said}), expected {want:.10g} "
                 "on every rank. A part of the loss was left as this rank's own share: each "
                 "sum over the vocabulary is a sum over every rank's block.")
-    if math.isclose(value, want, rel_tol=_RTOL, abs_tol=_ATOL):
+    if math.isclose(value, want, rel_tol=RTOL, abs_tol=ATOL):
         return None
     return (f"{where}: the loss is {value:.10g}, expected {want:.10g} (F.cross_entropy of the "
             f"whole logits).{_loss_diagnosis(value, want, z, y, per, t)}")
@@ -960,7 +843,7 @@ def _loss_forward_calls_problem(calls: list[tuple[str, int]], tracked: list, n: 
                                 per: int, where: str) -> str | None:
     """What is wrong with the collectives of one forward (``tracked``: those handed a tensor
     that requires grad), or None."""
-    made = f"{where}: one call made {_said(calls)} in forward"
+    made = f"{where}: one call made {said(calls)} in forward"
     three = (f"three all-reduces of one number per position ({n} elements each): the largest "
              "logit, the sum of exponentials and the target's logit")
     if any(k >= n * per for _, k in calls):
@@ -1000,35 +883,35 @@ def _loss_grad_problem(got: torch.Tensor | None, z: torch.Tensor, y: torch.Tenso
     if got is None:
         return (f"{where}: logits_shard.grad is None after backward: the loss does not depend "
                 "on logits_shard through operations autograd follows.")
-    if _close(got, want):
+    if close(got, want):
         return None
     why = ""
-    if t > 1 and _close(got, want * t):
+    if t > 1 and close(got, want * t):
         why = (f" It is {t} times too large: the gradient was added up over the ranks on its "
                "way back, but every rank holds the same loss, and each shard's gradient is its "
                "own (the backward of a sum over the ranks passes the gradient through "
                "unchanged).")
-    elif t > 1 and _close(got, want / t):
+    elif t > 1 and close(got, want / t):
         why = (f" It is 1/{t} of it: the gradient was shared out between the ranks, but each "
                "shard gets the whole gradient of its own logits.")
-    elif _close(got, -hit):
+    elif close(got, -hit):
         why = (" It has the target's part (-1/N at the target) but not the softmax's: the "
                "gradient did not come back through the sum of exponentials. That sum over the "
                "ranks must be one autograd follows, whose backward reaches every rank's part.")
-    elif _close(got, soft):
+    elif close(got, soft):
         why = (" It has the softmax's part but not the target's (-1/N at the target): the "
                "gradient did not come back through the target's logit. That sum over the "
                "ranks must be one autograd follows, whose backward reaches the rank that holds "
                "the target.")
-    return (f"{where}: logits_shard.grad is {_short(got)}, expected this rank's block of the "
-            f"whole logits' gradient {_short(want)}.{why}")
+    return (f"{where}: logits_shard.grad is {describe(got)}, expected this rank's block of the "
+            f"whole logits' gradient {describe(want)}.{why}")
 
 
 def _loss_case(fn: Callable, kind: str, group, seed: int,
                where: str) -> Iterator[str | None]:
     """The learner's loss on this rank's block of a case's logits (``_loss_inputs``) against
     ``F.cross_entropy`` of the whole logits (yields what is wrong, or None, at each step:
-    ``_in_step``). ``group`` is None (every rank) or a group of this rank alone; the
+    ``in_step``). ``group`` is None (every rank) or a group of this rank alone; the
     collectives are counted for every rank only."""
     world = dist.get_world_size()
     t, r = dist.get_world_size(group), dist.get_rank(group)
@@ -1041,8 +924,8 @@ def _loss_case(fn: Callable, kind: str, group, seed: int,
     args = {} if group is None else {"group": group}
     forward: list[tuple[str, int]] = []
     tracked: list[tuple[str, object]] = []
-    with _counting(forward, tracked):
-        loss = _call(f"{where}: forward", fn, shard, y.clone(), **args)
+    with counting(forward, tracked):
+        loss = call_answer(f"{where}: forward", fn, shard, y.clone(), **args)
     losses = None
     if group is None:                               # every rank's loss, to compare them
         mine = float(loss.detach()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 \
@@ -1058,11 +941,11 @@ def _loss_case(fn: Callable, kind: str, group, seed: int,
         "was computed from tensors autograd does not follow back to logits_shard (a "
         "detached copy, or what a collective wrote).")
     backward: list[tuple[str, int]] = []
-    with _counting(backward):
-        _call(f"{where}: backward", loss.backward)
+    with counting(backward):
+        call_answer(f"{where}: backward", loss.backward)
     yield _loss_grad_problem(shard.grad, z, y, per, r, t, where)
     yield None if group is not None or not backward else (
-        f"{where}: backward made {_said(backward)}; the loss's backward needs no "
+        f"{where}: backward made {said(backward)}; the loss's backward needs no "
         "communication: every rank holds the same loss, and each shard's gradient follows "
         "from numbers this rank already has.")
 
@@ -1073,20 +956,14 @@ def _loss_cases(spec, seed: int) -> str | None:
     fn, error = load_answer(spec)
     if error:
         return error
-    alone = _alone()
-    for index, (kind, group) in enumerate((("2d", None), ("3d", None), ("2d", alone))):
-        try:
-            failure = _in_step(_loss_case(fn, kind, group, seed + index,
-                                          f"world_size={world}, rank {rank}"))
-        except _Stop as e:
-            return str(e)
-        if failure is not None:
-            if group is not None:
-                failure += (" With a group of one rank the shard is the whole vocabulary: the "
-                            "rank, the number of ranks and the collectives must all come from "
-                            "the group given, not from the whole world.")
-            return failure
-    return None
+    alone = group_of_one()
+    alone_note = (" With a group of one rank the shard is the whole vocabulary: the rank, the "
+                  "number of ranks and the collectives must all come from the group given, not "
+                  "from the whole world.")
+    return run_in_step(
+        (_loss_case(fn, kind, group, seed + index, f"world_size={world}, rank {rank}"),
+         "" if group is None else alone_note)
+        for index, (kind, group) in enumerate((("2d", None), ("3d", None), ("2d", alone))))
 
 
 def check_vocab_parallel_cross_entropy(fn: Callable | str | None, *,
@@ -1118,9 +995,6 @@ def check_vocab_parallel_cross_entropy(fn: Callable | str | None, *,
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    if fn is None:
-        return verdict(_LOSS_NAME, None, "write vocab_parallel_cross_entropy to my_loss.py and "
-                       "pass it here.", strict)
     return check_in_ranks(
         _LOSS_NAME, fn, "my_loss:vocab_parallel_cross_entropy", _loss_cases, (14,),
         world_sizes=world_sizes, timeout=timeout, hint=_LOSS_HINT,
@@ -1130,4 +1004,4 @@ def check_vocab_parallel_cross_entropy(fn: Callable | str | None, *,
                f"for world sizes {list(world_sizes)}, 2-D and 3-D, with logits an unshifted exp "
                f"overflows on; three all-reduces of one number per position, nothing gathered; "
                f"a group of one rank is honoured.",
-        strict=strict)
+        missing="write vocab_parallel_cross_entropy to my_loss.py and pass it here.", strict=strict)

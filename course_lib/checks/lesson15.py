@@ -38,10 +38,22 @@ from ..distributed.tensor.parallel import (
     reduce_scatter_to_sequence_parallel_region,
 )
 from ..models.gpt import MLP, Block, GPTConfig
-from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
-from ._launch import UNANSWERED, load_answer
-from .lesson14 import _alone, _call, _check_several, _close, _in_step, _short, _Stop
-from .lesson14 import _counting as _count_collectives
+from ._core import ExerciseResult, call_bounded, failure
+from .harness import (
+    StopRank,
+    call_answer,
+    check_answers_in_ranks,
+    check_cases,
+    close,
+    counting,
+    describe,
+    group_of_one,
+    keeps_kernel_state,
+    load_answers,
+    refusal_problem,
+    run_in_step,
+    said,
+)
 
 __all__ = ["check_checkpoint", "check_scaler_update", "check_sequence_parallel_block"]
 
@@ -199,7 +211,7 @@ def _backward_error_hint(text: str) -> str:
 def _compare_grads(got: list, want: list, names: list[str], against: str) -> str | None:
     for name, g, w in zip(names, got, want):
         if g is None:
-            return (f"{name} is None after backward ({against}: {_short(w)}): no gradient "
+            return (f"{name} is None after backward ({against}: {describe(w)}): no gradient "
                     "reached it. The incoming gradients reach the parameters only through the "
                     "graph rebuilt in backward, and the inputs only through what backward "
                     "returns.")
@@ -210,7 +222,7 @@ def _compare_grads(got: list, want: list, names: list[str], against: str) -> str
                                                      atol=_CKPT_ATOL):
                 why = (" It is twice the right one: the gradient reached it twice, as if a "
                        "graph kept from forward and the rebuilt one were both used.")
-            return f"{name} is {_short(g)}, {against} gives {_short(w)}.{why}"
+            return f"{name} is {describe(g)}, {against} gives {describe(w)}.{why}"
     return None
 
 
@@ -231,10 +243,10 @@ def _checkpoint_problem(fn: Callable, what: str, function: Callable, params: lis
     out, want = mine.output, plain.output
     if not isinstance(out, torch.Tensor) or out.shape != want.shape or not torch.allclose(
             out.detach().to(want.dtype), want.detach(), rtol=_CKPT_RTOL, atol=_CKPT_ATOL):
-        got = _short(out) if isinstance(out, torch.Tensor) else type(out).__name__
+        got = describe(out) if isinstance(out, torch.Tensor) else type(out).__name__
         why = (" With dropout the output must be the function's on the same random stream."
                if dropout else "")
-        return f"{where}: returned {got}, function(*inputs) returns {_short(want)}.{why}"
+        return f"{where}: returned {got}, function(*inputs) returns {describe(want)}.{why}"
     if not out.requires_grad:
         return (f"{where}: the output does not require grad, so nothing flows back through "
                 "it: autograd follows an autograd.Function only when its output comes from the "
@@ -277,6 +289,7 @@ def _checkpoint_problem(fn: Callable, what: str, function: Callable, params: lis
     return None
 
 
+@keeps_kernel_state  # the cases and the runs seed torch's random state: put it back after
 def check_checkpoint(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise 1: ``checkpoint(function, *args)``, activation recomputation.
 
@@ -298,29 +311,15 @@ def check_checkpoint(fn: Callable | None, *, strict: bool = False) -> ExerciseRe
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    if fn is None:
-        return verdict(_CKPT_NAME, None, "define checkpoint and pass it here.", strict)
-    if not callable(fn):
-        return verdict(_CKPT_NAME, False, f"expected a function checkpoint(function, *args), "
-                       f"got {type(fn).__name__}.", strict)
-    state = torch.get_rng_state()        # the cases and the runs seed it: put it back after
-    cases = _checkpoint_cases()
-    try:
-        for k, (what, function, params, inputs, dropout) in enumerate(cases):
-            try:
-                problem = _checkpoint_problem(fn, what, function, params, inputs, dropout,
-                                              seed=150 + k)
-            except NotImplementedError:
-                return unanswered(_CKPT_NAME, strict)
-            if problem is not None:
-                return verdict(_CKPT_NAME, False, f"{problem} Hint: {_CKPT_HINT}", strict)
-    finally:
-        torch.set_rng_state(state)
-    return verdict(_CKPT_NAME, True, f"on {len(cases)} functions (an MLP, a GPT Block, a "
-                   "function of two inputs, an MLP with dropout) the output and every gradient "
-                   "equal running without it and torch's checkpoint; only the inputs are saved, "
-                   "the function runs twice, dropout draws the same mask and the caller's random "
-                   "stream is left alone.", strict)
+    cases = [(*case, 150 + k) for k, case in enumerate(_checkpoint_cases())]  # seeds
+    return check_cases(
+        _CKPT_NAME, fn, cases, _checkpoint_problem, missing="define checkpoint and pass it here.",
+        expected="a function checkpoint(function, *args)", hint=_CKPT_HINT,
+        passed=f"on {len(cases)} functions (an MLP, a GPT Block, a function of two inputs, an "
+               "MLP with dropout) the output and every gradient equal running without it and "
+               "torch's checkpoint; only the inputs are saved, the function runs twice, dropout "
+               "draws the same mask and the caller's random stream is left alone.",
+        strict=strict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -518,28 +517,13 @@ def check_scaler_update(fn: Callable | None, *, strict: bool = False) -> Exercis
     Returns:
         The verdict (truthy when right).
     """
-    if fn is None:
-        return verdict(_SCALER_NAME, None, "define your update function and pass it here.",
-                       strict)
-    if not callable(fn):
-        return verdict(_SCALER_NAME, False, f"expected a function, got {type(fn).__name__}.",
-                       strict)
-    steps = 0
-    for what, factors, flags in _SCALER_CASES:
-        try:
-            problem = _scaler_problem(fn, what, factors, flags)
-        except NotImplementedError:
-            return unanswered(_SCALER_NAME, strict)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how
-            return verdict(_SCALER_NAME, False, f"{what}: {failure(exc)}. {_SCALER_HINT}",
-                           strict)
-        if problem is not None:
-            return verdict(_SCALER_NAME, False, f"{problem} Hint: {_SCALER_HINT}", strict)
-        steps += len(flags)
-    return verdict(_SCALER_NAME, True, f"equal to torch's update rule at every one of {steps} "
-                   f"steps in {len(_SCALER_CASES)} sequences, the defaults included.", strict)
+    steps = sum(len(flags) for _, _, flags in _SCALER_CASES)
+    return check_cases(
+        _SCALER_NAME, fn, _SCALER_CASES, _scaler_problem,
+        missing="define your update function and pass it here.", expected="a function",
+        hint=_SCALER_HINT, raised=lambda case, exc: f"{case[0]}: {failure(exc)}. {_SCALER_HINT}",
+        passed=f"equal to torch's update rule at every one of {steps} steps in "
+               f"{len(_SCALER_CASES)} sequences, the defaults included.", strict=strict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -567,13 +551,9 @@ _COLLECTIVES = (*_GATHERS, *_SCATTERS, "all_reduce", "all_to_all", "all_to_all_s
 
 def _counting(calls: list[tuple[str, int]]):
     """Note ``(name, elements)`` of every collective called inside, wherever the learner's code
-    finds it (``dist.``, ``compat.``, a name imported from torch.distributed): lesson 14's
+    finds it (``dist.``, ``compat.``, a name imported from torch.distributed): the harness's
     counter, over this lesson's list, which adds the flat collectives' names."""
-    return _count_collectives(calls, collectives=_COLLECTIVES)
-
-
-def _said(calls: list[tuple[str, int]]) -> str:
-    return ", ".join(f"{n} of {k} elements" for n, k in calls) or "no collective"
+    return counting(calls, collectives=_COLLECTIVES)
 
 
 def _traffic_problem(calls: list[tuple[str, int]], kinds: tuple[str, ...], expected: str,
@@ -587,7 +567,7 @@ def _traffic_problem(calls: list[tuple[str, int]], kinds: tuple[str, ...], expec
                "same tensor (a ring all-reduce is a reduce-scatter then an all-gather): the "
                "values are right, but sequence parallelism's pair would then cost twice "
                "tensor parallelism's all-reduce instead of the same.")
-    return f"{where} made {_said(calls)}; expected exactly one {expected}.{why}"
+    return f"{where} made {said(calls, 'no collective')}; expected exactly one {expected}.{why}"
 
 
 def _seq_length(world: int) -> int:
@@ -605,7 +585,7 @@ def _which_blocks(y: torch.Tensor, parts: torch.Tensor) -> list[int | None]:
     found = []
     for k in range(y.shape[1] // n):
         block = y[:, k * n:(k + 1) * n]
-        found.append(next((r for r in range(parts.shape[0]) if _close(block, parts[r])), None))
+        found.append(next((r for r in range(parts.shape[0]) if close(block, parts[r])), None))
     return found
 
 
@@ -637,50 +617,91 @@ def _gather_case(fn: Callable, group, xs: torch.Tensor, us: torch.Tensor,
                  where: str) -> Iterator[str | None]:
     """``fn`` = all_gather_seq on this rank's block ``tanh(xs[rank])``, upstream gradient
     ``us[rank]`` (its first positions with a group of one); yields what is wrong (or None) at
-    each step (``_in_step``)."""
+    each step (``in_step``)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     t = world if group is None else 1
     parts = torch.tanh(xs)                                          # (world, B, T/world, C)
     want = torch.cat(list(parts), dim=1) if t > 1 else parts[rank]
     u = us[rank] if t > 1 else us[rank][:, :parts.shape[2]]
     want_grad = (sum(_blocks(us[r], world)[rank] for r in range(world)) if t > 1 else u)
-    course_x = parts[rank].clone().requires_grad_()
-    course_y = gather_from_sequence_parallel_region(course_x, group)
+    yield from _pair_steps(
+        fn, gather_from_sequence_parallel_region, "gather disagrees with one process (a checker "
+        "bug).", group, xs[rank], parts, u, want, want_grad,
+        lambda y, x, before: _gather_forward_problem(y, x, before, want, parts, t, where),
+        lambda got: _gather_backward_problem(got, want_grad, us, t, where),
+        ((_GATHERS, "all-gather"), (_SCATTERS, "reduce-scatter")), t, where)
+
+
+def _pair_steps(fn: Callable, course: Callable, course_wrong: str, group, x_in: torch.Tensor,
+                parts: torch.Tensor, u: torch.Tensor, want: torch.Tensor,
+                want_grad: torch.Tensor, forward_problem: Callable, backward_problem: Callable,
+                sends: tuple, t: int, where: str) -> Iterator[str | None]:
+    """What both cases check: the course's own ``course`` against one process, then ``fn`` on
+    ``tanh(x_in)`` with upstream gradient ``u``: its forward, its backward (the problems'
+    diagnoses), and with t > 1 its collectives (``sends``: (kinds, name) forward, backward)."""
+    course_x = parts[dist.get_rank()].clone().requires_grad_()
+    course_y = course(course_x, group)
     course_y.backward(u.clone())
-    if not (_close(course_y, want) and _close(course_x.grad, want_grad)):
-        yield f"{where}: the course's own gather disagrees with one process (a checker bug)."
-    a = xs[rank].clone().requires_grad_()
-    x = torch.tanh(a)                                 # tanh saves its output x for backward
+    if not (close(course_y, want) and close(course_x.grad, want_grad)):
+        yield f"{where}: the course's own {course_wrong}"
+    x = torch.tanh(x_in.clone().requires_grad_())     # tanh saves its output x for backward
     x.retain_grad()
     before = x.detach().clone()
     forward, backward = [], []
     with _counting(forward):
         y = _call_seq(f"{where}: forward", fn, x, group)
-    yield _gather_forward_problem(y, x, before, want, parts, t, where)
+    yield forward_problem(y, x, before)
     with _counting(backward):
         _call_seq(f"{where}: backward", y.backward, u.clone())
-    yield _gather_backward_problem(x.grad, want_grad, us, t, where)
+    yield backward_problem(x.grad)
     if t > 1:
-        yield (_traffic_problem(forward, _GATHERS, "all-gather", f"{where}: forward")
-               or _traffic_problem(backward, _SCATTERS, "reduce-scatter", f"{where}: backward"))
+        (kinds_f, name_f), (kinds_b, name_b) = sends
+        yield (_traffic_problem(forward, kinds_f, name_f, f"{where}: forward")
+               or _traffic_problem(backward, kinds_b, name_b, f"{where}: backward"))
 
 
 def _call_seq(what: str, fn: Callable, *args):
-    """lesson 14's ``_call``, and what autograd's complaint about a gradient's shape means."""
+    """``call_answer``, and what autograd's complaint about a gradient's shape means."""
     try:
-        return _call(what, fn, *args)
-    except _Stop as e:
+        return call_answer(what, fn, *args)
+    except StopRank as e:
         text = str(e)
         if "invalid gradient" in text:
             text += (" (backward returns one gradient per input of forward, of that input's "
                      "shape: all_gather_seq's input is this rank's block (B, T/t, C), "
                      "reduce_scatter_seq's the whole sequence (B, T, C).)")
-        raise _Stop(text) from None
+        raise StopRank(text) from None
 
 
 def _not_a_tensor(y, shape: tuple) -> str | None:
     if not isinstance(y, torch.Tensor):
         return f"returned {type(y).__name__}, expected a tensor of shape {shape}."
+    return None
+
+
+_WHOLE_WORLD = (" It is the sum over every rank, but the group given has this rank alone: the "
+                "collective ran over the whole world, not over the group.")
+
+
+def _wrong_forward(y: torch.Tensor, want: torch.Tensor, expected: str, t: int, why: str,
+                   where: str) -> str:
+    """A forward's value is wrong: what it returned, what was expected (with a group of one
+    rank, the input unchanged), and ``why`` if known."""
+    expected = expected if t > 1 else "its input unchanged (a group of one rank)"
+    return f"{where}: forward returned {describe(y)}, expected {expected} {describe(want)}.{why}"
+
+
+def _kept_problem(y: torch.Tensor, x: torch.Tensor, before: torch.Tensor, name: str,
+                  then: str, where: str) -> str | None:
+    """With the right value: ``name`` must leave its input (``before``) as it was, and give
+    an output autograd follows back."""
+    if not torch.equal(x.detach(), before):
+        return (f"{where}: {name} changed its input in place; autograd saved it for the "
+                f"backward of the operation that made it (here tanh), {then}")
+    if not y.requires_grad:
+        return (f"{where}: the output does not require grad, so no gradient can flow back "
+                "through it: autograd follows an autograd.Function only when its output comes "
+                "from the Function's apply.")
     return None
 
 
@@ -699,7 +720,7 @@ def _gather_forward_problem(y, x: torch.Tensor, before: torch.Tensor, want: torc
         why = _shape_why(y, tuple(x.shape), t, gather=True) if t > 1 else _GROUP_IGNORED
         return (f"{where}: returned a tensor of shape {tuple(y.shape)}, expected "
                 f"{tuple(want.shape)}.{why}")
-    if not _close(y, want):
+    if not close(y, want):
         why = ""
         if t > 1:
             found = _which_blocks(y.detach(), parts)
@@ -710,42 +731,32 @@ def _gather_forward_problem(y, x: torch.Tensor, before: torch.Tensor, want: torc
                     why = (f" Its blocks along the sequence are those of ranks {found}, in that "
                            f"order: block r of the sequence is rank r's, in rank order "
                            f"{list(range(t))}.")
-        elif _close(y, parts.sum(0)):
-            why = (" It is the sum over every rank, but the group given has this rank alone: "
-                   "the collective ran over the whole world, not over the group.")
-        expected = ("every rank's block, joined along dimension 1 in rank order" if t > 1
-                    else "its input unchanged (a group of one rank)")
-        return f"{where}: forward returned {_short(y)}, expected {expected} {_short(want)}.{why}"
-    if not torch.equal(x.detach(), before):
-        return (f"{where}: all_gather_seq changed its input in place; autograd saved it for "
-                "the backward of the operation that made it (here tanh), so it must be left as "
-                "it is.")
-    if not y.requires_grad:
-        return (f"{where}: the output does not require grad, so no gradient can flow back "
-                "through it: autograd follows an autograd.Function only when its output comes "
-                "from the Function's apply.")
-    return None
+        elif close(y, parts.sum(0)):
+            why = _WHOLE_WORLD
+        return _wrong_forward(y, want, "every rank's block, joined along dimension 1 in rank "
+                              "order", t, why, where)
+    return _kept_problem(y, x, before, "all_gather_seq", "so it must be left as it is.", where)
 
 
 def _gather_backward_problem(got, want: torch.Tensor, us: torch.Tensor, t: int,
                              where: str) -> str | None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    if _close(got, want):
+    if close(got, want):
         return None
     why = ""
     if t > 1 and got is not None:
         own = _blocks(us[rank], world)[rank]
         mean = want / t
-        if _close(got, own):
+        if close(got, own):
             why = (" It is this rank's block of its own upstream gradient only: every rank's "
                    "output used this rank's positions, so their gradients add up: the sum over "
                    "the ranks of block r, a reduce-scatter (not a split).")
-        elif _close(got, mean):
+        elif close(got, mean):
             why = " It is the average over the ranks: sum them (ReduceOp.SUM)."
         else:
             for r in range(world):
                 other = sum(_blocks(us[q], world)[r] for q in range(world))
-                if r != rank and _close(got, other):
+                if r != rank and close(got, other):
                     why = (f" It is the sum of block {r}, rank {r}'s positions: rank r keeps "
                            "block r.")
                     break
@@ -754,40 +765,27 @@ def _gather_backward_problem(got, want: torch.Tensor, us: torch.Tensor, t: int,
                "collective must run over the group forward was given.")
     expected = ("the sum over the ranks of block r of their upstream gradients" if t > 1
                 else "its upstream gradient unchanged")
-    return (f"{where}: the input's gradient is {_short(got)}, expected {expected} "
-            f"{_short(want)}.{why}")
+    return (f"{where}: the input's gradient is {describe(got)}, expected {expected} "
+            f"{describe(want)}.{why}")
 
 
 def _scatter_case(fn: Callable, group, ps: torch.Tensor, vs: torch.Tensor, us: torch.Tensor,
                   where: str) -> Iterator[str | None]:
     """``fn`` = reduce_scatter_seq on this rank's partial sums ``tanh(ps[rank])``, upstream
     gradient ``vs[rank]`` (``us[rank]`` with a group of one); yields what is wrong (or None)
-    at each step (``_in_step``)."""
+    at each step (``in_step``)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     t = world if group is None else 1
     parts = torch.tanh(ps)                                          # (world, B, T, C)
     want = _blocks(parts.sum(0), world)[rank] if t > 1 else parts[rank]
     u = vs[rank] if t > 1 else us[rank]
     want_grad = torch.cat(list(vs), dim=1) if t > 1 else u
-    course_x = parts[rank].clone().requires_grad_()
-    course_y = reduce_scatter_to_sequence_parallel_region(course_x, group)
-    course_y.backward(u.clone())
-    if not (_close(course_y, want) and _close(course_x.grad, want_grad)):
-        yield f"{where}: the course's own reduce-scatter disagrees with one process (a bug)."
-    a = ps[rank].clone().requires_grad_()
-    x = torch.tanh(a)
-    x.retain_grad()
-    before = x.detach().clone()
-    forward, backward = [], []
-    with _counting(forward):
-        y = _call_seq(f"{where}: forward", fn, x, group)
-    yield _scatter_forward_problem(y, x, before, want, parts, t, where)
-    with _counting(backward):
-        _call_seq(f"{where}: backward", y.backward, u.clone())
-    yield _scatter_backward_problem(x.grad, want_grad, vs, t, where)
-    if t > 1:
-        yield (_traffic_problem(forward, _SCATTERS, "reduce-scatter", f"{where}: forward")
-               or _traffic_problem(backward, _GATHERS, "all-gather", f"{where}: backward"))
+    yield from _pair_steps(
+        fn, reduce_scatter_to_sequence_parallel_region, "reduce-scatter disagrees with one "
+        "process (a bug).", group, ps[rank], parts, u, want, want_grad,
+        lambda y, x, before: _scatter_forward_problem(y, x, before, want, parts, t, where),
+        lambda got: _scatter_backward_problem(got, want_grad, vs, t, where),
+        ((_SCATTERS, "reduce-scatter"), (_GATHERS, "all-gather")), t, where)
 
 
 def _scatter_forward_problem(y, x: torch.Tensor, before: torch.Tensor, want: torch.Tensor,
@@ -798,54 +796,44 @@ def _scatter_forward_problem(y, x: torch.Tensor, before: torch.Tensor, want: tor
         return f"{where}: {problem}"
     if y.shape != want.shape:
         why = _shape_why(y, tuple(x.shape), t, gather=False) if t > 1 else _GROUP_IGNORED
-        if t > 1 and y.shape == x.shape and _close(y, parts.sum(0)):
+        if t > 1 and y.shape == x.shape and close(y, parts.sum(0)):
             why = (" It is the whole sum over the ranks (an all-reduce): keep only this rank's "
                    "block of positions.")
         return (f"{where}: returned a tensor of shape {tuple(y.shape)}, expected "
                 f"{tuple(want.shape)}.{why}")
-    if not _close(y, want):
+    if not close(y, want):
         why = ""
         if t > 1:
             total = parts.sum(0)
-            if _close(y, _blocks(parts[rank], world)[rank]):
+            if close(y, _blocks(parts[rank], world)[rank]):
                 why = (" It is this rank's own block, not summed: every rank holds a partial "
                        "sum of every position; add them over the ranks.")
             else:
                 for r in range(world):
-                    if r != rank and _close(y, _blocks(total, world)[r]):
+                    if r != rank and close(y, _blocks(total, world)[r]):
                         why = f" It is block {r}'s sum: rank r keeps block r, in rank order."
                         break
-        elif _close(y, parts.sum(0)):
-            why = (" It is the sum over every rank, but the group given has this rank alone: "
-                   "the collective ran over the whole world, not over the group.")
-        expected = ("the sum over the ranks of block r of x" if t > 1
-                    else "its input unchanged (a group of one rank)")
-        return f"{where}: forward returned {_short(y)}, expected {expected} {_short(want)}.{why}"
-    if not torch.equal(x.detach(), before):
-        return (f"{where}: reduce_scatter_seq changed its input in place; autograd saved it for "
-                "the backward of the operation that made it (here tanh), so the result must be "
-                "written somewhere else.")
-    if not y.requires_grad:
-        return (f"{where}: the output does not require grad, so no gradient can flow back "
-                "through it: autograd follows an autograd.Function only when its output comes "
-                "from the Function's apply.")
-    return None
+        elif close(y, parts.sum(0)):
+            why = _WHOLE_WORLD
+        return _wrong_forward(y, want, "the sum over the ranks of block r of x", t, why, where)
+    return _kept_problem(y, x, before, "reduce_scatter_seq",
+                         "so the result must be written somewhere else.", where)
 
 
 def _scatter_backward_problem(got, want: torch.Tensor, vs: torch.Tensor, t: int,
                               where: str) -> str | None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    if _close(got, want):
+    if close(got, want):
         return None
     why = ""
     if t > 1 and isinstance(got, torch.Tensor) and got.shape == want.shape:
         blocks = _blocks(got.detach(), world)
-        if _close(blocks[rank], vs[rank]) and all(
+        if close(blocks[rank], vs[rank]) and all(
                 bool((b == 0).all()) for r, b in enumerate(blocks) if r != rank):
             why = (" Only this rank's positions got a gradient (its own), zeros elsewhere: "
                    "every rank's partial sums reached every rank's output, so the gradient is "
                    "every rank's upstream gradient, joined along the sequence (all-gather).")
-        elif all(_close(b, vs[rank]) for b in blocks):
+        elif all(close(b, vs[rank]) for b in blocks):
             why = (" Every block is this rank's own upstream gradient: gather every rank's, in "
                    "rank order.")
     elif t == 1 and isinstance(got, torch.Tensor) and got.shape == want.shape:
@@ -853,30 +841,19 @@ def _scatter_backward_problem(got, want: torch.Tensor, vs: torch.Tensor, t: int,
                "collective must run over the group forward was given.")
     expected = ("every rank's upstream gradient joined along dimension 1" if t > 1
                 else "its upstream gradient unchanged")
-    return (f"{where}: the input's gradient is {_short(got)}, expected {expected} "
-            f"{_short(want)}.{why}")
+    return (f"{where}: the input's gradient is {describe(got)}, expected {expected} "
+            f"{describe(want)}.{why}")
 
 
 def _refusal_problem(fn: Callable, where: str) -> str | None:
     world = dist.get_world_size()
     odd = 3 * world + 1                    # 7, 10, 13: no world size divides it
-    where = f"{where}, reduce_scatter_seq(x) with x of shape ({_B}, {odd}, {_C})"
-    try:
-        fn(torch.zeros(_B, odd, _C, dtype=_DTYPE), None)
-    except NotImplementedError:
-        raise _Stop(UNANSWERED) from None
-    except ValueError as e:
-        if not str(e).strip():
-            return (f"{where}: raised ValueError without a message: say what cannot be split "
-                    f"({odd} positions over {world} ranks) and what to do.")
-        return None
-    except Exception as e:  # noqa: BLE001 - the learner's error, said in words
-        return (f"{where}: raised {type(e).__name__}: {' '.join(str(e).split())}; expected a "
-                f"ValueError saying that {world} ranks cannot split {odd} positions evenly "
-                "(check before any collective).")
-    return (f"{where} did not raise: {odd} positions cannot be split evenly over {world} ranks. "
-            "Raise ValueError, before any collective, when the world size does not divide the "
-            "sequence length.")
+    return refusal_problem(
+        lambda: fn(torch.zeros(_B, odd, _C, dtype=_DTYPE), None),
+        f"{where}, reduce_scatter_seq(x) with x of shape ({_B}, {odd}, {_C})",
+        what=f"{odd} positions", then=" (check before any collective)",
+        advice="Raise ValueError, before any collective, when the world size does not divide "
+               "the sequence length.")
 
 
 def _refusal_case(fn: Callable, where: str) -> Iterator[str | None]:
@@ -887,14 +864,11 @@ def _sequence_cases(specs: tuple, seed: int) -> str | None:
     """In every rank: both functions on the whole group, then on a group of this rank alone,
     then the refusal of a sequence the group does not divide."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    fns = []
-    for spec, what in zip(specs, ("all_gather_seq", "reduce_scatter_seq")):
-        fn, error = load_answer(spec, f"function {what}")
-        if error:
-            return error
-        fns.append(fn)
+    fns, error = load_answers(specs, ("function all_gather_seq", "function reduce_scatter_seq"))
+    if error:
+        return error
     gather, scatter = fns
-    alone = _alone()
+    alone = group_of_one()
     T = _seq_length(world)
     gen = torch.Generator().manual_seed(seed)
     xs = torch.randn(world, _B, T // world, _C, generator=gen, dtype=_DTYPE)  # rank r's block
@@ -911,14 +885,7 @@ def _sequence_cases(specs: tuple, seed: int) -> str | None:
                                    f"{head}reduce_scatter_seq(x of shape {tuple(ps[0].shape)}"
                                    f"{tail}"))
     cases.append(_refusal_case(scatter, f"world_size={world}, rank {rank}"))
-    for case in cases:
-        try:
-            found = _in_step(case)
-        except _Stop as e:
-            return str(e)
-        if found is not None:
-            return found
-    return None
+    return run_in_step((case, "") for case in cases)
 
 
 def check_sequence_parallel_block(all_gather_seq: Callable | str | None,
@@ -958,7 +925,7 @@ def check_sequence_parallel_block(all_gather_seq: Callable | str | None,
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    return _check_several(
+    return check_answers_in_ranks(
         _SEQ_NAME, (all_gather_seq, reduce_scatter_seq),
         ("my_sequence:all_gather_seq", "my_sequence:reduce_scatter_seq"), _sequence_cases,
         (15,), world_sizes=world_sizes, timeout=timeout, hint=_SEQ_HINT,

@@ -4,11 +4,14 @@ torch's DDP calls ``_verify_param_shape_across_processes`` at construction: a mo
 on one rank (a layer less, another width) would otherwise pair the wrong tensors in every
 collective, or hang. ``course_lib.parallel.DistributedDataParallel`` and
 ``course_lib.distributed.FullyShardedDataParallel`` call ``verify_same_model``,
-``course_lib.distributed.optim.ZeroRedundancyOptimizer`` calls ``verify_same_tensors``.
+``course_lib.distributed.optim.ZeroRedundancyOptimizer`` calls ``verify_same_tensors``. Then
+``_broadcast_coalesced`` makes them equal: DDP's start from rank 0's values (torch's
+``_sync_module_states``, in torch/distributed/utils.py).
 """
 from __future__ import annotations
 
 import json
+from itertools import accumulate
 
 import torch
 import torch.distributed as dist
@@ -96,3 +99,18 @@ def _describe(entry: list) -> str:
     kind, label, shape, dtype, requires_grad = entry
     grad = "" if kind == "buffer" else f", requires_grad={requires_grad}"
     return f"{kind} {label} of shape {tuple(shape)}, {dtype}{grad}"
+
+
+def _broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """Overwrite ``tensors`` with the group's rank 0 values: one broadcast per dtype and device."""
+    src = dist.get_global_rank(group, 0)
+    by_kind: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for same in by_kind.values():
+            flat = torch.cat([t.reshape(-1) for t in same])  # (total numel,) one message
+            dist.broadcast(flat, src=src, group=group)
+            offsets = [0, *accumulate(t.numel() for t in same)]
+            for t, start, end in zip(same, offsets, offsets[1:]):
+                t.copy_(flat[start:end].view(t.shape))

@@ -1,23 +1,77 @@
-"""Bookkeeping around ``ddp``'s buckets that lesson 07 need not read, as torch keeps it in its
+"""Bookkeeping around ``ddp``'s buckets, kept beside the lesson's module as torch keeps it in its
 reducer (torch/csrc/distributed/c10d/reducer.cpp):
 
+* ``assign_buckets``: which parameters share a bucket (torch's
+  ``_compute_bucket_assignment_by_size``; lesson 07 shows it with ``BucketedStrategy``);
 * ``GradBucketInterface``: ``torch.distributed.GradBucket``'s methods, so that communication
   hooks written for torch's DDP run on ``ddp.Bucket`` unchanged, and the bucket's small helpers
   (views shaped like each parameter, the parameters still awaited, its repr);
 * ``Rebuild``: the buckets rebuilt once, in the order the first synchronised backward produced
   the gradients (rank 0's), and the parameters that no rank used in a step (left alone);
+* ``bucket_sizes``: ``bucket_cap_mb`` as the byte caps torch uses (the first bucket smaller);
 * ``weak_hook``: a DDP method as an autograd hook that does not keep the DDP object alive.
 """
 from __future__ import annotations
 
+import math
+import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..distributed._same_tensors import communication_device
+
+MB = 1024 * 1024  # torch's DDP counts bucket_cap_mb in MiB too
+DEFAULT_BUCKET_CAP_MB = 25  # torch's default
+#: Most bytes in the first bucket after the rebuild with the default cap (torch's constant)
+FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MB)
+
+
+def bucket_sizes(bucket_cap_mb: float | None, rebuild: bool) -> dict[str, int]:
+    """The strategies' byte caps for DDP's ``bucket_cap_mb`` (None: torch's 25 MiB, the first
+    bucket after the rebuild 1 MiB; ``math.inf``: one bucket per dtype and device); before a
+    rebuild, torch's one bucket for everything."""
+    cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+    cap_bytes = sys.maxsize if math.isinf(cap) else int(cap * MB)
+    return {"bucket_cap_bytes": cap_bytes,
+            "first_bucket_bytes": FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap_bytes,
+            "initial_cap_bytes": sys.maxsize if rebuild else cap_bytes}
+
+
+def assign_buckets(params: Sequence[torch.Tensor], bucket_cap_bytes: int, *,
+                   order: Sequence[int] | None = None,
+                   first_bucket_bytes: int | None = None) -> list[list[int]]:
+    """Group parameters into buckets of at most ``bucket_cap_bytes``, in the order given.
+
+    By default the order is the last parameter first: backward produces gradients roughly in
+    reverse registration order (last layer first), so bucket 0 fills first. After the first
+    iteration DDP passes the order the gradients really arrived in (``order``: indices into
+    ``params``). A parameter larger than the cap gets a bucket of its own; a bucket holds one
+    dtype and one device. ``first_bucket_bytes`` caps the first bucket of each dtype and device
+    (default ``bucket_cap_bytes``; torch's DDP makes it 1 MiB so communication starts early).
+
+    Returns:
+        For each bucket, in launch order, the indices of its parameters in ``params``.
+    """
+    order = list(reversed(range(len(params)))) if order is None else list(order)
+    first = bucket_cap_bytes if first_bucket_bytes is None else first_bucket_bytes
+    closed: list[list[int]] = []
+    open_: dict[tuple, tuple[list[int], int, int]] = {}  # (dtype, device) -> (indices, bytes,
+    for i in order:                                       #                    buckets closed)
+        p = params[i]
+        key, size = (p.dtype, p.device), p.numel() * p.element_size()
+        indices, used, done = open_.get(key, ([], 0, 0))
+        cap = first if done == 0 else bucket_cap_bytes
+        if indices and used + size > cap:  # full: close it, start the next one
+            closed.append(indices)
+            indices, used, done = [], 0, done + 1
+        open_[key] = (indices + [i], used + size, done)
+    buckets = closed + [indices for indices, _, _ in open_.values()]
+    position = {i: k for k, i in enumerate(order)}
+    return sorted(buckets, key=lambda b: position[b[0]])  # by the first gradient to arrive
 
 
 class GradBucketInterface:
@@ -47,6 +101,13 @@ class GradBucketInterface:
         """The parameters whose gradient has not arrived in this backward."""
         return [p for p, ready in zip(self._params, self.ready) if not ready]
 
+    def _adopt_grads(self) -> None:
+        """``gradient_as_bucket_view``: a ``.grad`` already there keeps its value, in the buffer."""
+        with torch.no_grad():
+            for p, view in zip(self._params, self._views):
+                if p.grad is not None:
+                    p.grad = view.copy_(p.grad)
+
     def _shaped(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Views of ``flat`` shaped like each parameter."""
         return [flat[o:o + n].view(p.shape)
@@ -73,6 +134,14 @@ class Rebuild:
             return False
         self.arrivals[self.index_of[id(param)]] = None
         return self.delay_first_step
+
+    def all_arrived(self) -> bool:
+        """In the first step of ``"overlap"``: once every gradient has come, rebuild the buckets
+        (and put the gradients in); True then."""
+        if len(self.arrivals) < len(self.params):
+            return False
+        self.rebuild_buckets([])
+        return True
 
     def rebuild_buckets(self, unused: list[torch.Tensor]) -> None:
         """Once, at the end of the first synchronised backward: buckets in the order the

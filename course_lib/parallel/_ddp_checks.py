@@ -50,8 +50,10 @@ def check_arguments(module: nn.Module, bucket_cap_mb: float | None, strategy: st
 
 
 def check_devices(module: nn.Module, device_ids: Sequence[int | torch.device] | None,
-                  output_device: int | torch.device | None) -> torch.device | None:
-    """The one device of ``device_ids`` (None for a CPU module), checked against the module's."""
+                  output_device: int | torch.device | None) -> tuple:
+    """``(device, device_ids, output_device)`` as DDP keeps them: the one device of
+    ``device_ids``, checked against the module's, ``[its index]`` and the output device (all
+    None for a CPU module)."""
     devices = {p.device for p in module.parameters()}
     if device_ids is not None and len(device_ids) > 1:
         raise ValueError(f"DistributedDataParallel: device_ids can only be None or hold one "
@@ -63,7 +65,7 @@ def check_devices(module: nn.Module, device_ids: Sequence[int | torch.device] | 
                              f"{device_ids}, output_device {output_device}, and module "
                              f"parameters on {sorted(map(str, devices))}. Leave both None (as "
                              f"torch requires for CPU modules).")
-        return None
+        return None, None, None
     (module_device,) = devices
     wanted = device_ids[0]
     device = wanted if isinstance(wanted, torch.device) else torch.device(module_device.type,
@@ -72,7 +74,7 @@ def check_devices(module: nn.Module, device_ids: Sequence[int | torch.device] | 
         raise ValueError(f"DistributedDataParallel: device_ids {list(device_ids)} names "
                          f"{device}, but the module is on {module_device}. Move the module to "
                          f"this rank's device first (module.to(device)), then wrap it.")
-    return device
+    return device, [device.index], device.index if output_device is None else output_device
 
 
 def check_requires_grad(named: Sequence[tuple[str, torch.Tensor]],

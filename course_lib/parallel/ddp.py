@@ -18,15 +18,15 @@ Every strategy moves gradients in ``Bucket`` s (in the first two each parameter 
 one) and hands each bucket to a communication hook ``hook(state, bucket) -> Future[Tensor]``
 (default ``allreduce_hook``: the average), so torch's hooks and ours work with all three.
 
-As torch's DDP, the buckets are rebuilt once, in the order the first backward produced the
-gradients (``_ddp_buckets``, with the parameters no rank used and torch's ``GradBucket``
-methods). The argument checks and error texts are in ``_ddp_checks``, ``bytes_on_wire`` and
-``gradient_memory_bytes`` in ``_ddp_accounting``.
+Beside it, as torch keeps its reducer apart: ``_ddp_buckets`` (``assign_buckets``, the rebuild
+in the order the first backward produced the gradients, the parameters no rank used, torch's
+``GradBucket`` methods), ``_ddp_comm_hooks`` (``bf16_compress_hook``), ``_ddp_checks`` (the
+argument checks and error texts), ``_ddp_accounting`` (``bytes_on_wire``,
+``gradient_memory_bytes``); the equal start, ``_broadcast_coalesced``, in
+``course_lib.distributed._same_tensors``. All are importable from here.
 """
 from __future__ import annotations
 
-import math
-import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import accumulate
@@ -38,19 +38,25 @@ from torch import nn
 from torch.autograd import Variable
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ..distributed._same_tensors import verify_same_model
+from ..distributed._same_tensors import _broadcast_coalesced, verify_same_model
 from . import _ddp_checks as checks
 from ._ddp_accounting import bytes_on_wire, gradient_memory_bytes
-from ._ddp_buckets import GradBucketInterface, Rebuild, weak_hook
+from ._ddp_buckets import (  # noqa: F401 - MB and the caps re-exported, as before
+    DEFAULT_BUCKET_CAP_MB,
+    FIRST_BUCKET_BYTES,
+    MB,
+    GradBucketInterface,
+    Rebuild,
+    assign_buckets,
+    bucket_sizes,
+    weak_hook,
+)
+from ._ddp_comm_hooks import bf16_compress_hook
 
 __all__ = ["STRATEGIES", "Bucket", "BucketedStrategy", "DistributedDataParallel",
            "NaiveStrategy", "OverlapStrategy", "allreduce_hook", "assign_buckets",
            "bf16_compress_hook", "bytes_on_wire", "gradient_memory_bytes"]
 
-MB = 1024 * 1024  # torch's DDP counts bucket_cap_mb in MiB too
-DEFAULT_BUCKET_CAP_MB = 25  # torch's default
-#: Most bytes in the first bucket after the rebuild with the default cap (torch's constant)
-FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MB)
 CommHook = Callable[[Any, "Bucket"], torch.futures.Future]
 
 
@@ -72,64 +78,9 @@ def allreduce_hook(process_group: dist.ProcessGroup | None,
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def bf16_compress_hook(process_group: dist.ProcessGroup | None,
-                       bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
-    """Average a bucket sending half the bytes: cast to bfloat16, all-reduce, cast back, divide.
-
-    bfloat16 keeps float32's range with 8 bits of mantissa: each value travels with about 3
-    significant digits. PyTorch counterpart:
-    ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook`` (which
-    divides before the all-reduce, in bfloat16; here the division happens after, in the
-    buffer's own precision). Arguments and result as ``allreduce_hook``'s.
-    """
-    buffer = bucket.buffer()                                 # (n,) float32, say
-    compressed = buffer.to(torch.bfloat16)                   # (n,) bfloat16: 2 bytes a value
-    world_size = dist.get_world_size(process_group)
-    work = dist.all_reduce(compressed, group=process_group, async_op=True)
-
-    def decompress(fut: torch.futures.Future) -> torch.Tensor:
-        buffer.copy_(fut.value()[0]).div_(world_size)        # (n,) back in the buffer's dtype
-        return buffer
-
-    return work.get_future().then(decompress)
-
-
 # ------------------------------------------------------------------------------------------------
 # Buckets
 # ------------------------------------------------------------------------------------------------
-
-def assign_buckets(params: Sequence[torch.Tensor], bucket_cap_bytes: int, *,
-                   order: Sequence[int] | None = None,
-                   first_bucket_bytes: int | None = None) -> list[list[int]]:
-    """Group parameters into buckets of at most ``bucket_cap_bytes``, in the order given.
-
-    By default the order is the last parameter first: backward produces gradients roughly in
-    reverse registration order (last layer first), so bucket 0 fills first. After the first
-    iteration DDP passes the order the gradients really arrived in (``order``: indices into
-    ``params``). A parameter larger than the cap gets a bucket of its own; a bucket holds one
-    dtype and one device. ``first_bucket_bytes`` caps the first bucket of each dtype and device
-    (default ``bucket_cap_bytes``; torch's DDP makes it 1 MiB so communication starts early).
-
-    Returns:
-        For each bucket, in launch order, the indices of its parameters in ``params``.
-    """
-    order = list(reversed(range(len(params)))) if order is None else list(order)
-    first = bucket_cap_bytes if first_bucket_bytes is None else first_bucket_bytes
-    closed: list[list[int]] = []
-    open_: dict[tuple, tuple[list[int], int, int]] = {}  # (dtype, device) -> (indices, bytes,
-    for i in order:                                       #                    buckets closed)
-        p = params[i]
-        key, size = (p.dtype, p.device), p.numel() * p.element_size()
-        indices, used, done = open_.get(key, ([], 0, 0))
-        cap = first if done == 0 else bucket_cap_bytes
-        if indices and used + size > cap:  # full: close it, start the next one
-            closed.append(indices)
-            indices, used, done = [], 0, done + 1
-        open_[key] = (indices + [i], used + size, done)
-    buckets = closed + [indices for indices, _, _ in open_.values()]
-    position = {i: k for k, i in enumerate(order)}
-    return sorted(buckets, key=lambda b: position[b[0]])  # by the first gradient to arrive
-
 
 class Bucket(GradBucketInterface):
     """Gradients of a few parameters packed in one flat buffer, sent by one all-reduce.
@@ -158,10 +109,7 @@ class Bucket(GradBucketInterface):
         self._views = self._shaped(self._buffer)             # [(*p.shape) views of the buffer]
         self._slot = {id(p): i for i, p in enumerate(self._params)}
         if as_view:
-            with torch.no_grad():
-                for p, view in zip(self._params, self._views):
-                    if p.grad is not None:                   # keep its value, in the buffer
-                        p.grad = view.copy_(p.grad)
+            self._adopt_grads()                              # a .grad already there: a view
         self.reset()
 
     def reset(self) -> None:
@@ -215,7 +163,6 @@ class Bucket(GradBucketInterface):
                 p.grad = torch.empty_like(p).copy_(average)  # the parameter's layout, as torch
             else:
                 p.grad.copy_(average)
-
 
 
 # ------------------------------------------------------------------------------------------------
@@ -344,9 +291,8 @@ class OverlapStrategy(_Strategy):
 
     def grad_ready(self, param: torch.Tensor) -> None:
         """Copy the gradient into its bucket and start its all-reduce (in bucket order)."""
-        if self.note_arrival(param):  # the first step: sent once the buckets are rebuilt,
-            if len(self.arrivals) == len(self.params):  # here if every gradient has come,
-                self.rebuild_buckets([])                # when torch's one bucket would go
+        if self.note_arrival(param):  # the first step: sent once the buckets are rebuilt
+            if self.all_arrived():    # (``Rebuild``), when torch's one bucket would go
                 self.launch_ready_buckets()
             return
         self.bucket_of[id(param)].mark_ready(param)
@@ -381,21 +327,6 @@ STRATEGIES: dict[str, type[_Strategy]] = {"naive": NaiveStrategy, "overlap": Ove
 # ------------------------------------------------------------------------------------------------
 # The module
 # ------------------------------------------------------------------------------------------------
-
-def _broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
-    """Overwrite ``tensors`` with the group's rank 0 values: one broadcast per dtype and device."""
-    src = dist.get_global_rank(group, 0)
-    by_kind: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        by_kind.setdefault((t.dtype, t.device), []).append(t)
-    with torch.no_grad():
-        for same in by_kind.values():
-            flat = torch.cat([t.reshape(-1) for t in same])  # (total numel,) one message
-            dist.broadcast(flat, src=src, group=group)
-            offsets = [0, *accumulate(t.numel() for t in same)]
-            for t, start, end in zip(same, offsets, offsets[1:]):
-                t.copy_(flat[start:end].view(t.shape))
-
 
 class DistributedDataParallel(nn.Module):
     """Data parallelism over processes: a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
@@ -437,10 +368,8 @@ class DistributedDataParallel(nn.Module):
                                find_unused_parameters=find_unused_parameters,
                                gradient_as_bucket_view=gradient_as_bucket_view,
                                static_graph=static_graph)
-        self.device = checks.check_devices(module, device_ids, output_device)
-        self.device_ids = None if self.device is None else [self.device.index]
-        self.output_device = None if self.device is None else (
-            self.device.index if output_device is None else output_device)
+        self.device, self.device_ids, self.output_device = checks.check_devices(
+            module, device_ids, output_device)  # this rank's one device (None on CPU)
         self.module, self.dim, self.strategy = module, dim, strategy
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.broadcast_buffers, self.static_graph = broadcast_buffers, static_graph
@@ -454,13 +383,9 @@ class DistributedDataParallel(nn.Module):
                                                       else ())], self.process_group)
         self._named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         self._frozen = [(name, p) for name, p in module.named_parameters() if not p.requires_grad]
-        cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
-        cap_bytes = sys.maxsize if math.isinf(cap) else int(cap * MB)
         rebuild = static_graph or not find_unused_parameters  # torch's rule
         self.reducer = STRATEGIES[strategy](
-            self._named, bucket_cap_bytes=cap_bytes,
-            first_bucket_bytes=FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap_bytes,
-            initial_cap_bytes=sys.maxsize if rebuild else cap_bytes,  # torch: one bucket first
+            self._named, **bucket_sizes(bucket_cap_mb, rebuild),  # torch's, in bytes
             rebuild=rebuild, process_group=self.process_group,
             # as torch: with a static graph, parameters unused in every step are found (and
             # count as unused) whatever find_unused_parameters says
