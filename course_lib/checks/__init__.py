@@ -19,7 +19,7 @@ from ._core import (
     verdict,
 )
 from .lesson00 import check_matmul_flops, check_time_queued, check_try_all_gpus
-from .lesson01 import check_accuracy_fn, check_initial_loss, check_sgd_fn
+from .lesson01 import check_accuracy_fn, check_initial_loss, check_lenet_fn, check_sgd_fn
 from .lesson02 import (
     check_allreduce_fn,
     check_butterfly,
@@ -60,7 +60,7 @@ __all__ = [
     "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
     "failure", "verdict",
     "check_matmul_flops", "check_time_queued", "check_try_all_gpus",  # lesson 00
-    "check_accuracy_fn", "check_initial_loss", "check_sgd_fn",  # 01
+    "check_accuracy_fn", "check_initial_loss", "check_lenet_fn", "check_sgd_fn",  # 01
     "check_allreduce_fn", "check_ring_sends",                 # 02
     "check_butterfly", "check_ring_allreduce",
     "check_balanced_sizes", "check_devices_used",             # 03

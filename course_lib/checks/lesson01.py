@@ -1,4 +1,5 @@
-"""Checkers for the exercises of lesson 01 (functional LeNet): sgd, accuracy, the plateau."""
+"""Checkers for the exercises of lesson 01 (functional LeNet): the network, sgd, accuracy, the
+plateau."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -14,7 +15,31 @@ from ._core import (
     verdict,
 )
 
-__all__ = ["check_accuracy_fn", "check_initial_loss", "check_sgd_fn"]
+__all__ = ["check_accuracy_fn", "check_initial_loss", "check_lenet_fn", "check_sgd_fn"]
+
+
+def check_lenet_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise 01: ``fn(X, params)`` gives the logits of ``nn.Module`` LeNet with those weights.
+
+    The oracle is ``course_lib.models.lenet.LeNet`` (``nn.Conv2d``, ``nn.Linear``) holding the
+    same eight tensors, on random images, in float64, for batches of 1 and 5 and two seeds.
+    """
+    from ..models.lenet import LeNet, init_lenet_params
+
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for seed, n in ((0, 1), (1, 5)):
+        params = [p.detach().double() for p in init_lenet_params(seed=seed)]
+        cases.append((torch.rand(n, 1, 28, 28, generator=g, dtype=torch.float64), params))
+
+    def oracle(X: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            return LeNet.from_params(params).double()(X)
+
+    return check_function("lenet", fn, oracle, cases,
+                          hint="conv -> ReLU -> 2x2 average pool, twice; flatten; "
+                               "X @ W3 + b3 -> ReLU; X @ W4 + b4 (no ReLU on the logits).",
+                          strict=strict)
 
 def check_accuracy_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise 01: ``fn(y_hat, y)`` returns the number of correct predictions."""

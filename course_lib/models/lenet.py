@@ -27,31 +27,38 @@ def init_lenet_params(scale: float | None = None, seed: int | None = None,
                       init: str | None = None) -> list[torch.Tensor]:
     """The 8 LeNet parameters, leaves requiring grad.
 
-    Two initialisations:
+    Three initialisations:
 
-    - ``init="torch"`` (the default): what ``nn.Conv2d`` and ``nn.Linear`` do, scaled by each
-      layer's fan-in: weights and biases uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``
-      (``kaiming_uniform_(a=sqrt(5))``; He et al. 2015, "Delving deep into rectifiers"). The
-      signal keeps its size through the layers, so training leaves the starting plateau at once.
+    - ``init="torch"`` (the default): what ``nn.Conv2d`` and ``nn.Linear`` do (``reset_parameters``:
+      ``kaiming_uniform_(a=sqrt(5))`` for the weights), scaled by each layer's fan-in: weights and
+      biases uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, weight variance ``1/(3 fan_in)``
+      (Torch7's bound, which PyTorch kept). Each layer multiplies the mean square of its input by
+      about 1/3 and the ReLU after it halves it, so the signal shrinks layer by layer, far less
+      than under d2l's.
     - ``init="d2l"`` (or any ``scale`` given): d2l's, weights normal times ``scale`` (0.01 unless
-      given), biases zero. Every layer shrinks the signal about a hundredfold: the logits start
-      near zero, the loss near ln 10, and whether a run leaves that plateau can depend on float
-      rounding (thread count, machine, kernel order). Lesson 01 shows it as an experiment.
+      given), biases zero. A layer multiplies the signal's root mean square by about
+      ``scale * sqrt(fan_in)``: the logits start near zero, the loss near ln 10.
+    - ``init="he"``: He et al. 2015 ("Delving deep into rectifiers"), weights normal with
+      variance ``2/fan_in``, biases zero: a layer and its ReLU keep the mean square of the
+      signal.
+
+    Lesson 01 measures all three layer by layer.
 
     Args:
         scale: standard deviation of the weights (implies ``init="d2l"``).
         seed: seed for a private generator (the same seed gives the same weights anywhere).
         device: where to create them (default CPU).
-        init: ``"torch"`` or ``"d2l"``.
+        init: ``"torch"``, ``"d2l"`` or ``"he"``.
     """
     if init is None:
         init = "torch" if scale is None else "d2l"
-    if init not in ("torch", "d2l"):
-        raise ValueError(f"init_lenet_params: init must be 'torch' (fan-in scaled, the default) "
-                         f"or 'd2l' (normal times scale), got {init!r}.")
-    if init == "torch" and scale is not None:
+    if init not in ("torch", "d2l", "he"):
+        raise ValueError(f"init_lenet_params: init must be 'torch' (fan-in scaled, the default), "
+                         f"'d2l' (normal times scale) or 'he' (normal, variance 2/fan-in), "
+                         f"got {init!r}.")
+    if init != "d2l" and scale is not None:
         raise ValueError(f"init_lenet_params: scale={scale} applies to init='d2l' only; the "
-                         f"'torch' initialisation scales each layer by its fan-in.")
+                         f"{init!r} initialisation scales each layer by its fan-in.")
     scale = 0.01 if scale is None else scale
     gen = torch.Generator()
     if seed is not None:
@@ -68,8 +75,10 @@ def init_lenet_params(scale: float | None = None, seed: int | None = None,
         if init == "torch":    # the bias uses its layer's fan-in, as nn.Linear/nn.Conv2d
             bound = 1.0 / math.sqrt(fan_in)
             p = (torch.rand(shape, generator=gen) * 2 - 1) * bound
-        elif len(shape) == 1:  # d2l: biases zero
+        elif len(shape) == 1:  # d2l and he: biases zero
             p = torch.zeros(shape)
+        elif init == "he":
+            p = torch.randn(shape, generator=gen) * math.sqrt(2.0 / fan_in)
         else:
             p = torch.randn(shape, generator=gen) * scale
         params.append(p.to(device).requires_grad_())

@@ -1,0 +1,54 @@
+"""Lesson 01's network exercise: the reference passes, realistic mistakes fail (oracle: the
+nn.Module LeNet), and the three initialisations have the variances the lesson states."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import checks
+from course_lib.models.lenet import init_lenet_params, lenet
+
+
+def _variant(pool=F.avg_pool2d, last_relu=False, relu_fc1=True):
+    def fn(X, params):
+        W1, b1, W2, b2, W3, b3, W4, b4 = params
+        h = pool(F.relu(F.conv2d(X, W1, b1)), 2)
+        h = pool(F.relu(F.conv2d(h, W2, b2)), 2)
+        h = h.reshape(h.shape[0], -1) @ W3 + b3
+        h = F.relu(h) if relu_fc1 else h
+        out = h @ W4 + b4
+        return F.relu(out) if last_relu else out
+    return fn
+
+
+def test_lenet_checker_accepts_the_solution_and_rejects_mistakes():
+    from solutions import lesson01
+
+    assert checks.check_lenet_fn(None).ok is None
+    assert checks.check_lenet_fn(lesson01.lenet).ok is True
+    assert checks.check_lenet_fn(lenet).ok is True
+    for wrong in (_variant(pool=F.max_pool2d), _variant(relu_fc1=False),
+                  _variant(last_relu=True)):
+        assert checks.check_lenet_fn(wrong).ok is False
+        with pytest.raises(AssertionError):
+            checks.check_lenet_fn(wrong, strict=True)
+
+    def scaffold(X, params):
+        raise NotImplementedError
+    assert checks.check_lenet_fn(scaffold).ok is None
+
+
+@pytest.mark.parametrize("init, weight_var", [
+    ("torch", lambda fan_in: 1 / (3 * fan_in)),   # kaiming_uniform_(a=sqrt(5)), as nn.Linear
+    ("he", lambda fan_in: 2 / fan_in),
+    ("d2l", lambda fan_in: 1e-4),
+])
+def test_initialisations_have_the_stated_variances(init, weight_var):
+    params = init_lenet_params(seed=0, init=init)
+    for W, fan_in in zip(params[0::2], (9, 500, 800, 128)):
+        assert W.var().item() == pytest.approx(weight_var(fan_in), rel=0.25)
+    if init == "torch":   # the same law as torch's own layers
+        conv = torch.nn.Conv2d(20, 50, 5)
+        assert conv.weight.var().item() == pytest.approx(1 / (3 * 500), rel=0.1)
+        assert conv.weight.abs().max().item() <= 1 / math.sqrt(500)
