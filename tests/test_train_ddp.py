@@ -29,6 +29,7 @@ from course_lib.train_ddp import (
     evaluate_padded,
     load_checkpoint,
     load_fitting_weights,
+    lr_factor,
     parse_args,
     run,
     save_checkpoint,
@@ -140,7 +141,8 @@ def several_runs(folder: str, weights: str) -> dict:
         summary["rank_losses"] = list(rank_losses)
         return summary
 
-    out = {"reference": recipe(SMALL + ["--checkpoint", ck["a"]])}
+    out = {"reference": recipe(SMALL + ["--checkpoint", ck["a"],
+                                        "--logdir", folder + "_tb"])}  # beside the folder
     out["stopped"] = recipe(SMALL + ["--checkpoint", ck["b"], "--stop-after", "1"])
     out["stopped_files"] = sorted(os.listdir(folder))
     if dist.get_rank() == 0:  # what a kill during a save leaves: removed at the next start
@@ -234,6 +236,22 @@ def test_summary_says_global_batch_and_rule(runs):
     folder, _ = runs
     correct = _one_process_correct(str(folder / "a.pt"), LeNet(), 1001)
     assert r0["test_accuracy"] == r1["test_accuracy"] == int(correct.sum()) / 1001
+
+
+def test_tensorboard_logs_the_lr_of_every_step_so_the_warmup_shows(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder, _ = runs
+    events = EventAccumulator(f"{folder}_tb")
+    events.Reload()
+    lr = [(e.step, e.value) for e in events.Scalars("train/lr")]
+    accuracy = [e.step for e in events.Scalars("test/accuracy")]
+    steps = 512 // 2 // 32                                      # 8 steps per epoch, 2 epochs
+    expected = [0.1 * lr_factor(s, total_steps=2 * steps, warmup_steps=steps, start=0.5,
+                                floor=0.05) for s in range(2 * steps)]
+    assert [s for s, _ in lr] == list(range(1, 2 * steps + 1)) and accuracy == [1, 2]
+    assert max(abs(v - e) for (_, v), e in zip(lr, expected)) < 1e-7
+    assert lr[0][1] < lr[steps - 1][1] < lr[steps][1] == max(v for _, v in lr)  # the warm-up
 
 
 def test_stop_and_resume_is_bitwise_equal(runs):

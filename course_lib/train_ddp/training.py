@@ -95,8 +95,12 @@ def progress(batches: Iterable, epoch: int, info: DistInfo) -> Iterable:
 
 
 def train_one_epoch(model: nn.Module, batches: Iterable, optimizer, scheduler, epoch: int,
-                    args: argparse.Namespace, info: DistInfo) -> float:
-    """One pass over this rank's shard; returns the mean loss, averaged over the ranks."""
+                    args: argparse.Namespace, info: DistInfo, writer=None) -> float:
+    """One pass over this rank's shard; returns the mean loss, averaged over the ranks.
+
+    ``writer`` (a TensorBoard ``SummaryWriter``, rank 0 with ``--logdir``): ``train/lr`` is
+    logged at every optimizer step (x: the global step from 1), so the warm-up shows.
+    """
     model.train()
     total, steps = torch.zeros((), device=info.device), len(batches)
     for step, (X, y) in enumerate(progress(batches, epoch, info), start=1):
@@ -106,7 +110,9 @@ def train_one_epoch(model: nn.Module, batches: Iterable, optimizer, scheduler, e
         global_step = scheduler.last_epoch + 1
         if global_step == args.nan_at_step and info.rank == args.nan_rank:
             loss = loss * float("nan")                                # fault injection
-        lr = optimizer.param_groups[0]["lr"]
+        lr = optimizer.param_groups[0]["lr"]                          # this step's rate
+        if writer is not None:
+            writer.add_scalar("train/lr", lr, global_step)
         check_finite(loss, info, f"epoch {epoch}, step {step}/{steps} (global step "
                                  f"{global_step})", lr)
         optimizer.zero_grad(set_to_none=True)
@@ -175,11 +181,12 @@ def prepare(args: argparse.Namespace, info: DistInfo) -> Job:
 
 def _report(epoch: int, loss: float, accuracy: float, lr: float, seconds: float,
             args: argparse.Namespace, info: DistInfo, writer) -> None:
-    """One line on rank 0, and the same numbers to TensorBoard with --logdir."""
+    """One line on rank 0, and its loss and accuracy to TensorBoard with --logdir (the learning
+    rate goes there at every step, from ``train_one_epoch``)."""
     log(info, f"epoch {epoch}/{args.epochs}: loss {loss:.4f}, test accuracy {accuracy:.4f} "
               f"(exact), lr {lr:.4g}, {seconds:.1f} s")
     if writer is not None:
-        for tag, value in (("train/loss", loss), ("test/accuracy", accuracy), ("train/lr", lr)):
+        for tag, value in (("train/loss", loss), ("test/accuracy", accuracy)):  # lr: per step
             writer.add_scalar(tag, value, epoch)
 
 
@@ -196,7 +203,7 @@ def train_epochs(args: argparse.Namespace, info: DistInfo) -> dict:
             job.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
             with Timer(info.device) as timer:
                 loss = train_one_epoch(job.model, job.batches, job.optimizer, job.scheduler,
-                                       epoch, args, info)
+                                       epoch, args, info, writer)
             accuracy = evaluate_exact(job.model, *job.test, 256, info.device).accuracy
             summary["losses"].append(loss)
             summary["accuracies"].append(accuracy)
