@@ -5,16 +5,18 @@
    (``check_merge``);
 2. ``ring_step(k, v, group=None)``: one step of ring attention, this rank's blocks sent to the
    next rank of the group and the previous rank's received, paired in one
-   ``dist.batch_isend_irecv`` (``check_ring_step``; the notebook's ``my_ring.py``).
+   ``dist.batch_isend_irecv`` (``check_ring_step``; the notebook's ``my_ring.py``);
+3. ``ring_attention_forward(q, k, v, group=None, is_causal=False)``: the forward ring loop,
+   contiguous layout, built on the two (``check_ring_attention``; ``my_ring_attention.py``).
 
-In the notebook the first is a cell and the second a file; here they are one module.
+In the notebook the first is a cell and the others files; here they are one module.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["merge", "ring_step"]
+__all__ = ["merge", "partial", "ring_attention_forward", "ring_step"]
 
 
 # ---- exercise 1: the online-softmax merge ------------------------------------------------------
@@ -42,3 +44,31 @@ def ring_step(k, v, group=None):
     for work in dist.batch_isend_irecv(ops):                   # one batch: sends and receives
         work.wait()
     return k_in, v_in
+
+
+# ---- exercise 3, my_ring_attention.py: the forward ring loop -----------------------------------
+
+def partial(q, k, v, causal=False):
+    """(out, lse) of the queries q over this block of keys alone (the scaffold gives it);
+    ``causal``: the diagonal block, each query seeing the keys up to its own position."""
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5              # (B, H, Sq, Sk)
+    if causal:
+        future = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(future, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                               # (B, H, Sq)
+    return torch.softmax(s, dim=-1) @ v, lse
+
+
+def ring_attention_forward(q, k, v, group=None, is_causal=False):
+    """This rank's slice of attention over the whole sequence (contiguous layout)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    out = torch.zeros_like(q)                                      # (B, H, S/cp, D)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # no key yet
+    for step in range(world):
+        source = (rank - step) % world                             # whose keys this rank holds
+        if not is_causal or source <= rank:                        # a later rank's: the future
+            block_out, block_lse = partial(q, k, v, causal=is_causal and source == rank)
+            out, lse = merge(out, lse, block_out, block_lse)
+        if step < world - 1:
+            k, v = ring_step(k, v, group)                          # the previous rank's block
+    return out

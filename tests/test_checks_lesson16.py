@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib.checks import check_merge, check_ring_step
+from course_lib.checks import check_merge, check_ring_attention, check_ring_step
 from course_lib.checks import lesson16 as L
 from course_lib.checks._launch import UNANSWERED, first_failure_in_ranks
 from solutions import lesson16 as S
@@ -245,11 +245,110 @@ def test_ring_step_not_answered_and_refused():
     assert result.ok is False and "%%writefile my_ring.py" in result.message
 
 
+# ------------------------------------------------------------------------------------------------
+# wrong forward ring loops (module level: the workers import them)
+# ------------------------------------------------------------------------------------------------
+
+
+def _loop(q, k, v, group, is_causal, *, source_of, merging=True, skip=True, mask=True):
+    """The reference loop with one thing changed: which rank's block is held at each step,
+    whether blocks are merged (or replace the result), future blocks skipped, the diagonal
+    masked."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+    for step in range(world):
+        source = source_of(rank, step, world)
+        if not is_causal or source <= rank or not skip:
+            o, s = S.partial(q, k, v, causal=mask and is_causal and source == rank)
+            out, lse = S.merge(out, lse, o, s) if merging else (o, s)
+        if step < world - 1:
+            k, v = S.ring_step(k, v, group)
+    return out
+
+
+def loop_right(q, k, v, group=None, is_causal=False):
+    return _loop(q, k, v, group, is_causal, source_of=lambda r, i, w: (r - i) % w)
+
+
+def loop_replaces(q, k, v, group=None, is_causal=False):
+    """Each block replaces the result instead of merging into it."""
+    return _loop(q, k, v, group, is_causal, source_of=lambda r, i, w: (r - i) % w,
+                 merging=False)
+
+
+def loop_wrong_direction(q, k, v, group=None, is_causal=False):
+    """Thinks the block held at step i is rank + i's: right at 2 ranks, and without a mask."""
+    return _loop(q, k, v, group, is_causal, source_of=lambda r, i, w: (r + i) % w)
+
+
+def loop_off_by_one(q, k, v, group=None, is_causal=False):
+    """Thinks the block held at step i is rank - i - 1's."""
+    return _loop(q, k, v, group, is_causal, source_of=lambda r, i, w: (r - i - 1) % w)
+
+
+def loop_no_skip(q, k, v, group=None, is_causal=False):
+    """Computes the blocks of later ranks too, unmasked."""
+    return _loop(q, k, v, group, is_causal, source_of=lambda r, i, w: (r - i) % w, skip=False)
+
+
+def loop_by_all_gather(q, k, v, group=None, is_causal=False):
+    world = dist.get_world_size(group)
+    ks = [torch.empty_like(k) for _ in range(world)]
+    vs = [torch.empty_like(v) for _ in range(world)]
+    dist.all_gather(ks, k, group=group)
+    dist.all_gather(vs, v, group=group)
+    return loop_right(q, k, v, group, is_causal)
+
+
+def loop_scaffold(q, k, v, group=None, is_causal=False):  # notebook 16's scaffold
+    raise NotImplementedError("ring_attention_forward")
+
+
+#: (what, answer, {world size: a part of the verdict, None for "right", or UNANSWERED})
+_LOOP_VERDICTS = [
+    ("right", loop_right, {2: None, 3: None}),
+    ("replaces", loop_replaces, {2: "It is attention over one block alone"}),
+    ("wrong direction", loop_wrong_direction,
+     {2: None, 3: "world_size=3, rank 1, ring_attention_forward(q, k, v, is_causal=True): out "
+                  "is"}),
+    ("off by one", loop_off_by_one, {2: "is_causal=True): out is"}),
+    ("no skip", loop_no_skip, {2: "It attends to the keys of later ranks too"}),
+    ("all_gather", loop_by_all_gather, {2: "called all_gather"}),
+    ("scaffold", loop_scaffold, {2: UNANSWERED}),
+]
+
+
+def _loop_verdicts_as_expected(table: list, seed: int) -> str | None:
+    """In every rank: each loop through the checker's worker; what differed, or None."""
+    world = dist.get_world_size()
+    differ = []
+    for what, answer, expected in table:
+        if world not in expected:
+            continue
+        got, want = L._loop_cases(answer, seed), expected[world]
+        right = got is None if want is None else got is not None and want in got
+        if not right:
+            differ.append(f"{what}, world_size={world}: expected {want!r}, got {got!r}")
+    return "\n".join(differ) or None
+
+
+def test_ring_attention_solution_passes_and_none_is_unanswered():
+    assert check_ring_attention(S.ring_attention_forward)
+    assert check_ring_attention(None).ok is None
+
+
+def test_wrong_ring_loops_get_their_reasons():
+    found = first_failure_in_ranks(_loop_verdicts_as_expected, _LOOP_VERDICTS, (2, 3), (160,),
+                                   timeout=60.0, hang_hint="", hint="")
+    assert found is None, found
+
+
 _CODE = ("P2POp", "batch_isend_irecv(", "isend", "irecv", "get_global_rank(", "empty_like",
          "logaddexp", "torch.where", "exp(", ".wait()")
 
 
-@pytest.mark.parametrize("hint", ["_MERGE_HINT", "_RING_HINT"])
+@pytest.mark.parametrize("hint", ["_MERGE_HINT", "_RING_HINT", "_LOOP_HINT"])
 def test_hints_point_at_the_idea_without_the_code(hint):
     text = getattr(L, hint)
     assert not [c for c in _CODE if c in text], text

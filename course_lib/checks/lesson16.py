@@ -20,6 +20,12 @@ overwrites anything.
 The merge is a single-process checker: pass the function itself. ``ring_step`` runs in worker
 processes, which import it by module and name: write it to a file (``%%writefile my_ring.py``)
 and pass it as an object or as ``"my_ring:ring_step"``.
+
+``check_ring_attention(fn)`` runs the learner's forward ring loop ``ring_attention_forward(q, k,
+v, group=None, is_causal=False) -> out`` (file ``my_ring_attention.py``) in worker processes at 2
+and 3 ranks: every rank holds the r-th contiguous slice of one sequence's q, k and v (float64)
+and must return its slice of ``F.scaled_dot_product_attention`` over the whole sequence, without
+a causal mask and with one. No collective may be called: keys and values travel by ring steps.
 """
 from __future__ import annotations
 
@@ -32,9 +38,10 @@ import torch.distributed.distributed_c10d as c10d
 from ..distributed.recording import COLLECTIVES, record_collectives
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 from ._launch import UNANSWERED, check_in_ranks, load_answer
+from .harness import StopRank, call_answer, run_in_step
 from .lesson14 import _agree, _short
 
-__all__ = ["check_merge", "check_ring_step"]
+__all__ = ["check_merge", "check_ring_attention", "check_ring_step"]
 
 _DTYPE = torch.float64
 _RTOL, _ATOL = 1e-10, 1e-12    # float64: a right answer differs by the order of a sum only
@@ -439,3 +446,130 @@ def check_ring_step(fn: Callable | str | None, *, world_sizes: tuple[int, ...] =
                f"{list(world_sizes)} (and in a group of ranks 1 and 2), its own left intact, "
                "through one batch of paired sends and receives.", strict=strict)
 
+
+
+# ------------------------------------------------------------------------------------------------
+# the forward ring loop
+# ------------------------------------------------------------------------------------------------
+
+_LOOP_NAME = "ring attention forward"
+_LOOP_HINT = ("at step i this rank holds the keys and values of rank (rank - i) mod cp (they "
+              "arrive from the previous rank). Compute the attention of this rank's queries "
+              "to the block it holds, merge it into the running result, then pass the block "
+              "on: cp blocks in all, each seen once. Under a causal mask the block of an "
+              "earlier rank is wholly visible, this rank's own block is masked on its diagonal, "
+              "and a later rank's block is wholly in the future: skip it (its attention would "
+              "be 0/0). Start from out 0 and lse -inf.")
+_LOOP_SHAPE = (2, 2, 3, 4)   # (batch, heads, positions per rank, head_dim)
+
+
+def _loop_case(fn: Callable, is_causal: bool, seed: int):
+    """One case in every rank (a generator for ``in_step``): this rank's slice of SDPA."""
+    import torch.nn.functional as F
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gen = torch.Generator().manual_seed(seed)
+    B, H, n, D = _LOOP_SHAPE
+    Q, K, V = (torch.randn(B, H, n * world, D, generator=gen, dtype=_DTYPE) for _ in range(3))
+    mine = slice(rank * n, (rank + 1) * n)                       # the r-th contiguous slice
+    q, k, v = (t[:, :, mine].clone() for t in (Q, K, V))
+    want = F.scaled_dot_product_attention(Q, K, V, is_causal=is_causal)[:, :, mine]
+    where = (f"world_size={world}, rank {rank}, ring_attention_forward(q, k, v, "
+             f"is_causal={is_causal})")
+    others = [c for c in COLLECTIVES if c not in _P2P]
+    with record_collectives(others) as records:
+        got = call_answer(f"{where}:", fn, q, k, v, is_causal=is_causal)
+    if records:
+        yield (f"{where} called {', '.join(sorted({r.name for r in records}))}: the keys and "
+               "values travel by ring steps (a send to the next rank, a receive from the "
+               "previous one), not by collectives.")
+        return
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        yield (f"{where} returned {shape}, expected a tensor of shape {tuple(want.shape)}: the "
+               "attention output of this rank's queries (return out, not (out, lse)).")
+        return
+    if _close(got, want):
+        yield None
+        return
+    why = ""
+    own = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    if not torch.isfinite(got).all():
+        why = (" It holds nan or inf: a block wholly in the future (every score masked) has lse "
+               "-inf and output 0/0; skip it.")
+    elif is_causal and _close(got, _later_blocks_seen(q, K, V, rank, n)):
+        why = (" It attends to the keys of later ranks too: under a causal mask a later rank's "
+               "block is wholly in the future; skip it.")
+    elif _close(got, own):
+        why = (" It is attention over this rank's own block alone: the other ranks' blocks "
+               "never reached the result (pass k and v on at every step, and merge).")
+    else:
+        visible = [(src, K[:, :, src * n:(src + 1) * n], V[:, :, src * n:(src + 1) * n])
+                   for src in range(world) if not is_causal or src <= rank]
+        last = visible[0] if is_causal else visible[(rank + 1) % world]  # the last computed
+        kind = is_causal and last[0] == rank
+        alone = F.scaled_dot_product_attention(q, last[1], last[2], is_causal=kind)
+        if _close(got, alone):
+            why = (" It is attention over one block alone: each new block must be merged into "
+                   "the running result (output and lse), not replace it.")
+        elif is_causal:
+            why = (" Without a causal mask the order of the blocks does not matter, with one "
+                   "it does: check which rank's block this rank holds at each step (the "
+                   "previous rank's arrives first) and which part of it is masked.")
+    yield (f"{where}: out is {_short(got)}, expected this rank's slice of "
+           f"F.scaled_dot_product_attention over the whole sequence {_short(want)}.{why}")
+
+
+def _later_blocks_seen(q, K, V, rank: int, n: int) -> torch.Tensor:
+    """Attention of this rank's queries with the diagonal block masked but every other block,
+    later ranks' included, wholly visible: a loop that does not skip the future's result."""
+    import torch.nn.functional as F
+
+    query = torch.arange(rank * n, (rank + 1) * n).unsqueeze(-1)   # global positions
+    key = torch.arange(K.shape[2]).unsqueeze(0)
+    visible = (key // n != rank) | (key <= query)                  # (n, S)
+    return F.scaled_dot_product_attention(q, K, V, attn_mask=visible)
+
+
+def _loop_cases(spec, seed: int) -> str | None:
+    """In every rank: without a causal mask, then with one; the first failure or None."""
+    fn, error = load_answer(spec, "function ring_attention_forward")
+    if error:
+        return error
+    try:
+        return run_in_step((_loop_case(fn, causal, seed + causal), "") for causal in (False, True))
+    except StopRank as e:
+        return str(e)
+
+
+def check_ring_attention(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3),
+                         timeout: float = 30.0, strict: bool = False) -> ExerciseResult:
+    """Exercise 3: ``ring_attention_forward(q, k, v, group=None, is_causal=False) -> out``.
+
+    For each world size, a process group of that many worker processes; every rank holds the
+    r-th contiguous slice (float64, (2, 2, 3, 4) per rank) of one sequence's q, k and v and
+    must return its slice of ``F.scaled_dot_product_attention`` over the whole sequence, to
+    rounding, without a causal mask and with one. Collectives are refused: the blocks travel
+    by ring steps.
+
+    Args:
+        fn: your loop (importable by worker processes) or
+            ``"my_ring_attention:ring_attention_forward"``; None: not answered yet.
+        world_sizes: numbers of processes to try (3 matters: many wrong loops are right for 2).
+        timeout: seconds for each world size (a loop that hangs fails, it does not hang).
+        strict: raise ``AssertionError`` on a wrong answer.
+
+    Returns:
+        The verdict (truthy when right); the first failing case is printed.
+    """
+    if fn is None:
+        return verdict(_LOOP_NAME, None, "write ring_attention_forward to my_ring_attention.py "
+                       "and pass it here.", strict)
+    return check_in_ranks(
+        _LOOP_NAME, fn, "my_ring_attention:ring_attention_forward", _loop_cases, (160,),
+        world_sizes=world_sizes, timeout=timeout, hint=_LOOP_HINT,
+        hang_hint="Does every rank make the same number of ring steps (cp - 1, or cp), each "
+                  "posting its sends and receives together?",
+        passed=f"every rank's output equals its slice of F.scaled_dot_product_attention over "
+               f"the whole sequence, with and without a causal mask, for world sizes "
+               f"{list(world_sizes)}.", strict=strict)
