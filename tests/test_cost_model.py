@@ -303,3 +303,28 @@ def test_one_rank_schemes_get_one_card_not_every_rail():
     assert pcie.predict(n)["naive"] == pytest.approx(cost_model.naive_time(n, 8, m.alpha, m.beta))
     assert pcie.predict(n)["tree"] == pytest.approx(
         cost_model.nccl_tree_time(n, 8, m.alpha, m.beta))
+
+
+def test_step_parts_add_up_to_the_step_and_name_each_term():
+    model = cost_model.AlphaBeta(alpha=1e-5, beta=1e-10, p=2)
+    grads = [4e5, 1e5]
+    for k, one_thread in ((1, True), (2, True), (2, False)):
+        parts = cost_model.data_parallel_step_parts(1e-3, 2e-4, grads, k, model,
+                                                    one_thread=one_thread)
+        assert sum(parts.values()) == cost_model.data_parallel_step_time(
+            1e-3, 2e-4, grads, k, model, one_thread=one_thread)
+        assert parts["compute"] == pytest.approx(1e-3 / k)
+        assert parts["launches"] == pytest.approx(2e-4 * (k if one_thread else 1))
+    assert cost_model.data_parallel_step_parts(1e-3, 2e-4, grads, 1, model)["communication"] == 0
+    two = cost_model.data_parallel_step_parts(1e-3, 2e-4, grads, 2, model)
+    assert two["communication"] == pytest.approx(
+        sum(cost_model.naive_time(n, 2, 1e-5, 1e-10) for n in grads))
+
+
+def test_assumed_gpu_classes_are_labelled_and_ordered():
+    rates = [g.flops for g in cost_model.GPU_CLASSES]
+    assert rates == sorted(rates) and len(rates) == 3
+    for g in cost_model.GPU_CLASSES:
+        assert g.flops == pytest.approx(g.peak_flops * g.utilization)
+        assert "assumed" in g.source and "datasheet" in g.source
+        assert 1e-6 <= g.launch_s <= 1e-4

@@ -37,9 +37,11 @@ from .allreduce import bus_bandwidth
 __all__ = [
     "ALGORITHMS",
     "ASSUMED_UTILIZATION",
+    "GPU_CLASSES",
     "H100_BF16_FLOPS",
     "INTERCONNECTS",
     "AlphaBeta",
+    "AssumedGPU",
     "Interconnect",
     "TensorParallelProjection",
     "allreduce_bytes_lower_bound",
@@ -47,6 +49,7 @@ __all__ = [
     "binomial_tree_time",
     "bus_bandwidth_gbps",
     "data_parallel_speedup",
+    "data_parallel_step_parts",
     "data_parallel_step_time",
     "fit_results",
     "fit_ring",
@@ -306,7 +309,7 @@ def fit_ring(sizes: list[float], times: list[float], p: int, source: str = "") -
 
     The ring model is a straight line in n: ``t = a + b n`` with ``a = 2 (p - 1) alpha`` and
     ``b = 2 (p - 1) / p * beta``. It is fitted by weighted least squares on the *relative*
-    error, minimising ``sum(((a + b n_i) - t_i) / t_i) ** 2``: the sizes span four orders of
+    error, minimising ``sum(((a + b n_i - t_i) / t_i) ** 2)``: the sizes span four orders of
     magnitude, and an ordinary least-squares line would fit the 64 MB points and ignore the
     4 KB ones (whose times can be a hundred or more times smaller). Then
     ``alpha = a / (2 (p - 1))`` and ``beta = b p / (2 (p - 1))``.
@@ -428,11 +431,21 @@ def data_parallel_step_time(compute_s: float, launch_s: float, message_bytes: li
         one_thread: one Python thread drives all k devices in turn (True) or one process each.
         overlap: the fraction of the communication hidden behind backward.
     """
+    return sum(data_parallel_step_parts(compute_s, launch_s, message_bytes, k, model,
+                                        algorithm=algorithm, one_thread=one_thread,
+                                        overlap=overlap).values())
+
+
+def data_parallel_step_parts(compute_s: float, launch_s: float, message_bytes: list[float],
+                             k: int, model: AlphaBeta, *, algorithm: str = "naive",
+                             one_thread: bool = True, overlap: float = 0.0) -> dict[str, float]:
+    """``data_parallel_step_time`` term by term: ``compute`` (``compute_s / k``), ``launches``
+    and the exposed ``communication``, in seconds; the same arguments."""
     if k < 1:
         raise ValueError(f"data_parallel_step_time: k must be >= 1 device, got {k}.")
-    launches = launch_s * (k if one_thread else 1)
-    return predicted_step_time(compute_s / k + launches, message_bytes if k > 1 else [], k,
-                               model, algorithm, overlap)
+    comm = predicted_step_time(0.0, message_bytes if k > 1 else [], k, model, algorithm, overlap)
+    return {"compute": compute_s / k, "launches": launch_s * (k if one_thread else 1),
+            "communication": comm}
 
 
 def data_parallel_speedup(compute_s: float, launch_s: float, message_bytes: list[float],
@@ -649,6 +662,38 @@ INTERCONNECTS = [
                  "as the line above but one 400 Gb/s card per node: every ring crossing "
                  "shares 50 GB/s; alpha 5 us assumed",
                  nodes=2, nic_bandwidth=_NDR, rails=1),
+]
+
+
+@dataclass(frozen=True)
+class AssumedGPU:
+    """A GPU class for PROJECTIONS, not measurements: the vendor's peak times an assumed
+    utilisation, and an assumed cost of launching one kernel."""
+
+    name: str
+    peak_flops: float      # the vendor's float32 peak, FLOP/s
+    launch_s: float        # assumed seconds to issue one eager operation (Python, dispatch, CUDA)
+    source: str
+    utilization: float = 0.25   # assumed share of the peak small convolutions sustain
+
+    @property
+    def flops(self) -> float:
+        """The effective FLOP/s assumed: ``peak_flops * utilization``."""
+        return self.peak_flops * self.utilization
+
+
+_LAUNCH = ("launch 10 us assumed: an eager PyTorch operation's host-side dispatch and CUDA "
+           "launch, the order commonly measured; host work, so the same on each GPU")
+#: Three GPU classes for lesson 10's projection. float32 peaks without tensor cores (d2l trains
+#: in float32; PyTorch lets cuDNN use TF32 for convolutions by default, so an A100 or H100 may
+#: compute faster than this); a quarter of the peak assumed; the launch cost assumed.
+GPU_CLASSES = [
+    AssumedGPU("V100-class", 15.7e12, 10e-6,
+               "NVIDIA V100 datasheet (SXM2): 15.7 TFLOP/s FP32; 25 % assumed; " + _LAUNCH),
+    AssumedGPU("A100-class", 19.5e12, 10e-6,
+               "NVIDIA A100 datasheet: 19.5 TFLOP/s FP32; 25 % assumed; " + _LAUNCH),
+    AssumedGPU("H100-class", 67e12, 10e-6,
+               "NVIDIA H100 datasheet (SXM): 67 TFLOP/s FP32; 25 % assumed; " + _LAUNCH),
 ]
 
 

@@ -518,17 +518,25 @@ def speedup_table(run: dict, model: str, impls: list[str] | None = None) -> str:
     d, ks = e["derived"], sorted(e["by_workers"], key=int)
     base_ms = d["baseline_s"] * 1e3
     impls = impls or list(d["speedup"])
+    epoch = "epoch_s" in d
     lines = [f"{model}: global batch {e['global_batch']}; median ms per step [the one baseline "
-             f"{base_ms:.1f} ms ({BASELINE!r}, 1 worker) / step = speed-up (95 % interval)]"]
-    lines.append(f"{'':>16}" + "".join(f"{k + ' worker(s)':>46}" for k in ks))
+             f"{base_ms:.1f} ms ({BASELINE!r}, 1 worker) / step = speed-up (95 % interval)], "
+             f"efficiency = speed-up / workers"]
+    lines.append(f"{'':>16}" + "".join(f"{k + ' worker(s)':>{46 if k == '1' else 56}}"
+                                       for k in ks)
+                 + (f"{'epoch s, ' + ks[-1] + ' workers':>20}" if epoch else ""))
     for impl in impls:
         cells = []
         for k in ks:
             ms = e["by_workers"][k]["step"][impl]["median_s"] * 1e3
             lo, hi = d["speedup_interval"][impl][k]
-            cells.append(f"{ms:.1f} [{base_ms:.1f}/{ms:.1f} = {d['speedup'][impl][k]:.2f}x "
-                         f"({lo:.2f}-{hi:.2f})]")
-        lines.append(f"{impl:>16}" + "".join(f"{c:>46}" for c in cells))
+            sp = d["speedup"][impl][k]
+            eff = "" if k == "1" else f" eff {sp / int(k):.2f}"
+            cells.append(f"{ms:.1f} [{base_ms:.1f}/{ms:.1f} = {sp:.2f}x ({lo:.2f}-{hi:.2f})]"
+                         + eff)
+        lines.append(f"{impl:>16}" + "".join(f"{c:>{46 if k == '1' else 56}}"
+                                             for k, c in zip(ks, cells))
+                     + (f"{d['epoch_s'][impl][ks[-1]]:>20.1f}" if epoch else ""))
     return "\n".join(lines)
 
 

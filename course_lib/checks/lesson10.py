@@ -138,7 +138,7 @@ def check_bus_bandwidth(fn: Callable | None, *, strict: bool = False) -> Exercis
 # ------------------------------------------------------------------------------------------------
 
 _FIT = "alpha_beta_fit"
-_FIT_HINT = ("fit t = a + b n minimising sum(((a + b n_i) - t_i) / t_i) ** 2 (for example "
+_FIT_HINT = ("fit t = a + b n minimising sum(((a + b n_i - t_i) / t_i) ** 2) (for example "
              "np.polyfit(sizes, times, 1, w=1 / times)), then alpha = a / (2 (p - 1)) and "
              "beta = b p / (2 (p - 1)), from t_ring = 2 (p - 1) alpha + 2 (p - 1) / p n beta.")
 
