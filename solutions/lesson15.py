@@ -8,7 +8,7 @@
 2. ``update_scale``: the dynamic loss scaler's update rule, torch's ``_amp_update_scale_`` on
    plain numbers: back off and reset on an overflow, grow after ``growth_interval`` good steps
    in a row (``check_scaler_update``);
-3. ``all_gather_seq`` and ``reduce_scatter_seq``: sequence parallelism's conjugate pair on
+3. ``enter_tp_region`` and ``leave_tp_region``: sequence parallelism's conjugate pair g / g-bar on
    ``(B, T, C)`` tensors, all-gather along the sequence forward and reduce-scatter backward, and
    the other way round (``check_sequence_parallel_block``; the notebook's ``my_sequence.py``).
 
@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from course_lib.distributed import compat
 
-__all__ = ["AllGatherSeq", "Checkpoint", "ReduceScatterSeq", "all_gather_seq", "checkpoint",
-           "reduce_scatter_seq", "update_scale"]
+__all__ = ["Checkpoint", "EnterTPRegion", "LeaveTPRegion", "checkpoint", "enter_tp_region",
+           "leave_tp_region", "update_scale"]
 
 
 # ---- exercise 1: checkpoint --------------------------------------------------------------------
@@ -86,7 +86,7 @@ def _reduce_scatter(x, group):
     """(B, T, C) partial sums on each rank -> (B, T/t, C): their sum, this rank's positions."""
     world = dist.get_world_size(group)
     if x.shape[SEQ] % world:
-        raise ValueError(f"reduce_scatter_seq: the sequence length {x.shape[SEQ]} is not "
+        raise ValueError(f"leave_tp_region: the sequence length {x.shape[SEQ]} is not "
                          f"divisible by the group's size {world}; choose a multiple of it.")
     blocks = torch.stack(x.chunk(world, dim=SEQ))                          # (t, B, T/t, C)
     out = torch.empty_like(blocks[0])
@@ -94,7 +94,7 @@ def _reduce_scatter(x, group):
     return out
 
 
-class AllGatherSeq(torch.autograd.Function):
+class EnterTPRegion(torch.autograd.Function):
     """All-gather along the sequence forward, reduce-scatter backward."""
 
     @staticmethod
@@ -107,7 +107,7 @@ class AllGatherSeq(torch.autograd.Function):
         return _reduce_scatter(grad, ctx.group), None
 
 
-class ReduceScatterSeq(torch.autograd.Function):
+class LeaveTPRegion(torch.autograd.Function):
     """Reduce-scatter along the sequence forward, all-gather backward."""
 
     @staticmethod
@@ -120,11 +120,11 @@ class ReduceScatterSeq(torch.autograd.Function):
         return _gather(grad, ctx.group), None
 
 
-def all_gather_seq(x, group=None):
+def enter_tp_region(x, group=None):
     """Every rank's positions joined along the sequence; the gradient reduce-scattered back."""
-    return AllGatherSeq.apply(x, group)
+    return EnterTPRegion.apply(x, group)
 
 
-def reduce_scatter_seq(x, group=None):
+def leave_tp_region(x, group=None):
     """The sum over ranks of this rank's positions; the gradient all-gathered back."""
-    return ReduceScatterSeq.apply(x, group)
+    return LeaveTPRegion.apply(x, group)

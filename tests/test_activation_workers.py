@@ -138,3 +138,18 @@ def test_formula_per_layer_terms_and_with_recomputation_gradients():
             torch.testing.assert_close(g, want, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="recompute must be one of"):
         W.with_recomputation(model, "half")
+
+
+def test_peak_saved_bytes_counts_the_recomputed_layer_during_backward():
+    """Full recomputation keeps L inputs after forward, but its peak is L - 1 inputs plus one
+    whole layer; without recomputation the peak is what forward leaves; selective between."""
+    small, L = dict(n_layer=1, n_embd=24, n_head=4, block_size=16), 3
+    none, sel, full = (W.peak_saved_bytes(small, 2, 16, L, rc) for rc in W.RECOMPUTE)
+    x_bytes = 2 * 16 * 24 * 4                                    # one float32 (B, T, C) input
+    assert full["kept"] == x_bytes and none["kept"] == full["whole"] == none["whole"]
+    for p in (none, sel, full):
+        assert p["forward"] == L * p["kept"]
+    assert none["peak"] == L * none["kept"]
+    assert full["peak"] == (L - 1) * x_bytes + full["whole"] > full["forward"]
+    assert L * sel["kept"] <= sel["peak"] <= (L - 1) * sel["kept"] + sel["whole"]
+    assert full["peak"] < sel["peak"] < none["peak"]

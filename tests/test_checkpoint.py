@@ -206,3 +206,19 @@ def test_clear_errors():
         checkpoint(lambda x: {"y": x}, torch.randn(2, requires_grad=True))
     with pytest.raises(TypeError, match="holds no"):
         selective_recompute(lin)
+
+
+def test_checkpoint_refuses_autograd_grad_like_torch_reentrant():
+    """Reached through torch.autograd.grad (or backward(inputs=...)), the recomputation cannot
+    return its gradients: refused with a message, as torch's use_reentrant=True refuses."""
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 4).double()
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="use_reentrant=False"):
+        torch.autograd.grad(checkpoint(layer, x).sum(), x)
+    with pytest.raises(RuntimeError, match="backward"):
+        checkpoint(layer, x).sum().backward(inputs=[x])
+    with pytest.raises(RuntimeError):          # torch's own reentrant checkpoint, the same
+        torch.autograd.grad(torch_checkpoint.checkpoint(layer, x, use_reentrant=True).sum(), x)
+    checkpoint(layer, x).sum().backward()      # the supported call still works
+    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(3, 4))

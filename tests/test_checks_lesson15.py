@@ -254,7 +254,7 @@ def gather_last_dim(x, group=None):
 class _GatherSplitBack(torch.autograd.Function):
     """Backward keeps this rank's block of its own gradient: no sum over the ranks."""
 
-    forward = staticmethod(S.AllGatherSeq.forward)
+    forward = staticmethod(S.EnterTPRegion.forward)
 
     @staticmethod
     def backward(ctx, grad):
@@ -269,7 +269,7 @@ def gather_splits_backward(x, group=None):
 class _GatherGatherBack(torch.autograd.Function):
     """Backward all-gathers instead of reduce-scattering."""
 
-    forward = staticmethod(S.AllGatherSeq.forward)
+    forward = staticmethod(S.EnterTPRegion.forward)
 
     @staticmethod
     def backward(ctx, grad):
@@ -291,7 +291,7 @@ class _GatherFromTheEnd(torch.autograd.Function):
         dist.all_gather(parts, x.contiguous(), group=group)
         return torch.cat([parts[-r] for r in range(w)], dim=1)
 
-    backward = staticmethod(S.AllGatherSeq.backward)
+    backward = staticmethod(S.EnterTPRegion.backward)
 
 
 def gather_from_the_end(x, group=None):
@@ -311,7 +311,7 @@ class _ScatterByAllReduce(torch.autograd.Function):
         dist.all_reduce(total, group=group)
         return total.chunk(w, dim=1)[r].contiguous()
 
-    backward = staticmethod(S.ReduceScatterSeq.backward)
+    backward = staticmethod(S.LeaveTPRegion.backward)
 
 
 def scatter_by_all_reduce(x, group=None):
@@ -321,7 +321,7 @@ def scatter_by_all_reduce(x, group=None):
 class _ScatterPadsBack(torch.autograd.Function):
     """Backward puts this rank's gradient at its block and zeros elsewhere (a split's adjoint)."""
 
-    forward = staticmethod(S.ReduceScatterSeq.forward)
+    forward = staticmethod(S.LeaveTPRegion.forward)
 
     @staticmethod
     def backward(ctx, grad):
@@ -348,7 +348,7 @@ class _ScatterNoCheck(torch.autograd.Function):
         dist.reduce_scatter(out, list(blocks.unbind(0)), group=group)
         return out
 
-    backward = staticmethod(S.ReduceScatterSeq.backward)
+    backward = staticmethod(S.LeaveTPRegion.backward)
 
 
 def scatter_without_size_check(x, group=None):
@@ -371,20 +371,20 @@ def gather_ignores_group(x, group=None):
 
 
 def gather_scaffold(x, group=None):  # notebook 15's scaffold, not yet written
-    raise NotImplementedError("AllGatherSeq.forward")
+    raise NotImplementedError("EnterTPRegion.forward")
 
 
 def scatter_scaffold(x, group=None):
-    raise NotImplementedError("ReduceScatterSeq.forward")
+    raise NotImplementedError("LeaveTPRegion.forward")
 
 
-_G, _R = S.all_gather_seq, S.reduce_scatter_seq
+_G, _R = S.enter_tp_region, S.leave_tp_region
 
-#: (what, (all_gather_seq, reduce_scatter_seq), {world size: a part of the verdict, or None for
+#: (what, (enter_tp_region, leave_tp_region), {world size: a part of the verdict, or None for
 #: "right", or UNANSWERED})
 _VERDICTS = [
     ("gathers along the features", (gather_last_dim, _R),
-     {2: "all_gather_seq(x of shape (2, 6, 5)): returned a tensor of shape (2, 6, 10), expected "
+     {2: "enter_tp_region(x of shape (2, 6, 5)): returned a tensor of shape (2, 6, 10), expected "
          "(2, 12, 5). The blocks were joined along the last dimension"}),
     ("backward splits instead of reduce-scatter", (gather_splits_backward, _R),
      {3: "It is this rank's block of its own upstream gradient only"}),
@@ -399,7 +399,7 @@ _VERDICTS = [
     ("reduce-scatter pads its gradient", (_G, scatter_pads_backward),
      {3: "Only this rank's positions got a gradient (its own), zeros elsewhere"}),
     ("reduce-scatter refuses nothing", (_G, scatter_without_size_check),
-     {2: "reduce_scatter_seq(x) with x of shape (2, 7, 5) did not raise"}),
+     {2: "leave_tp_region(x) with x of shape (2, 7, 5) did not raise"}),
     ("gather ignores the group", (gather_ignores_group, _R),
      {2: "group=a group of this rank alone): returned a tensor of shape (2, 12, 5), expected "
          "(2, 6, 5). The group given has this rank alone"}),
@@ -423,7 +423,7 @@ def _verdicts_as_expected(table: list, seed: int) -> str | None:
 
 
 def test_sequence_parallel_solution_passes():
-    assert check_sequence_parallel_block(S.all_gather_seq, S.reduce_scatter_seq)
+    assert check_sequence_parallel_block(S.enter_tp_region, S.leave_tp_region)
 
 
 def test_wrong_sequence_parallel_pairs_get_their_reasons():
@@ -433,14 +433,14 @@ def test_wrong_sequence_parallel_pairs_get_their_reasons():
 
 
 def test_sequence_parallel_not_answered_and_refused():
-    assert check_sequence_parallel_block(None, "my_sequence:reduce_scatter_seq").ok is None
-    assert check_sequence_parallel_block("my_sequence:all_gather_seq", None).ok is None
+    assert check_sequence_parallel_block(None, "my_sequence:leave_tp_region").ok is None
+    assert check_sequence_parallel_block("my_sequence:enter_tp_region", None).ok is None
 
     def answer(x, group=None):
         return x
 
     answer.__module__ = "__main__"
-    result = check_sequence_parallel_block(answer, S.reduce_scatter_seq)
+    result = check_sequence_parallel_block(answer, S.leave_tp_region)
     assert result.ok is False and "%%writefile my_sequence.py" in result.message
 
 

@@ -10,17 +10,17 @@ forward, then again in backward), the same dropout mask drawn again, and the cal
 stream left where it was. ``check_scaler_update(fn)`` plays the loss scaler's update rule over
 long sequences of overflow flags against torch's own (``torch._amp_update_scale_``, else a
 ``torch.amp.GradScaler`` driven step by step) and shows the first step that differs with the
-flags so far. ``check_sequence_parallel_block(all_gather_seq, reduce_scatter_seq)`` runs the two
-conjugate operations of sequence parallelism in real worker processes at 2, 3 and 4 ranks, in
-float64, against one process and against the course's ``gather_from_sequence_parallel_region``
-/ ``reduce_scatter_to_sequence_parallel_region``, counts their collectives (one all-gather one
-way, one reduce-scatter the other: the bytes of tensor parallelism's all-reduce, not more) and
-wants a sequence the group does not divide refused with ``ValueError``.
+flags so far. ``check_sequence_parallel_block(enter_tp_region, leave_tp_region)`` runs the two
+conjugate operations of sequence parallelism (the paper's g and g-bar) in real worker processes
+at 2, 3 and 4 ranks, in float64, against one process and against the course's version, counts
+their collectives (exactly one forward and one backward each: together no more bytes than
+tensor parallelism's all-reduce) and wants a sequence the group does not divide refused with
+``ValueError``.
 
 The first two are single-process checkers: pass the function itself (defined in a notebook cell
 is fine). The sequence-parallel functions run in worker processes, which import them by module
 and name: write them to a file (``%%writefile my_sequence.py``) and pass them as objects or as
-``"my_sequence:all_gather_seq"`` and ``"my_sequence:reduce_scatter_seq"``.
+``"my_sequence:enter_tp_region"`` and ``"my_sequence:leave_tp_region"``.
 """
 from __future__ import annotations
 
@@ -530,10 +530,10 @@ def check_scaler_update(fn: Callable | None, *, strict: bool = False) -> Exercis
 # sequence parallelism's conjugate pair
 # ------------------------------------------------------------------------------------------------
 
-_SEQ_NAME = "sequence-parallel all-gather and reduce-scatter"
+_SEQ_NAME = "sequence parallelism's g and g-bar (enter_tp_region, leave_tp_region)"
 _SEQ_HINT = ("in (B, T, C) the sequence is dimension 1, and rank r holds block r of it. "
-             "all_gather_seq makes every rank's block the whole sequence on every rank; "
-             "reduce_scatter_seq makes every rank's partial sums of the whole sequence the total "
+             "enter_tp_region makes every rank's block the whole sequence on every rank; "
+             "leave_tp_region makes every rank's partial sums of the whole sequence the total "
              "of this rank's block. Backward receives the gradient of the output: which rank's "
              "output used which rank's input decides where each gradient goes and whether "
              "gradients add up. The flat collectives of compat work on flat tensors in rank "
@@ -615,7 +615,7 @@ def _shape_why(y: torch.Tensor, x_shape: tuple, world: int, gather: bool) -> str
 
 def _gather_case(fn: Callable, group, xs: torch.Tensor, us: torch.Tensor,
                  where: str) -> Iterator[str | None]:
-    """``fn`` = all_gather_seq on this rank's block ``tanh(xs[rank])``, upstream gradient
+    """``fn`` = enter_tp_region on this rank's block ``tanh(xs[rank])``, upstream gradient
     ``us[rank]`` (its first positions with a group of one); yields what is wrong (or None) at
     each step (``in_step``)."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -668,8 +668,8 @@ def _call_seq(what: str, fn: Callable, *args):
         text = str(e)
         if "invalid gradient" in text:
             text += (" (backward returns one gradient per input of forward, of that input's "
-                     "shape: all_gather_seq's input is this rank's block (B, T/t, C), "
-                     "reduce_scatter_seq's the whole sequence (B, T, C).)")
+                     "shape: enter_tp_region's input is this rank's block (B, T/t, C), "
+                     "leave_tp_region's the whole sequence (B, T, C).)")
         raise StopRank(text) from None
 
 
@@ -735,7 +735,7 @@ def _gather_forward_problem(y, x: torch.Tensor, before: torch.Tensor, want: torc
             why = _WHOLE_WORLD
         return _wrong_forward(y, want, "every rank's block, joined along dimension 1 in rank "
                               "order", t, why, where)
-    return _kept_problem(y, x, before, "all_gather_seq", "so it must be left as it is.", where)
+    return _kept_problem(y, x, before, "enter_tp_region", "so it must be left as it is.", where)
 
 
 def _gather_backward_problem(got, want: torch.Tensor, us: torch.Tensor, t: int,
@@ -771,7 +771,7 @@ def _gather_backward_problem(got, want: torch.Tensor, us: torch.Tensor, t: int,
 
 def _scatter_case(fn: Callable, group, ps: torch.Tensor, vs: torch.Tensor, us: torch.Tensor,
                   where: str) -> Iterator[str | None]:
-    """``fn`` = reduce_scatter_seq on this rank's partial sums ``tanh(ps[rank])``, upstream
+    """``fn`` = leave_tp_region on this rank's partial sums ``tanh(ps[rank])``, upstream
     gradient ``vs[rank]`` (``us[rank]`` with a group of one); yields what is wrong (or None)
     at each step (``in_step``)."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -816,7 +816,7 @@ def _scatter_forward_problem(y, x: torch.Tensor, before: torch.Tensor, want: tor
         elif close(y, parts.sum(0)):
             why = _WHOLE_WORLD
         return _wrong_forward(y, want, "the sum over the ranks of block r of x", t, why, where)
-    return _kept_problem(y, x, before, "reduce_scatter_seq",
+    return _kept_problem(y, x, before, "leave_tp_region",
                          "so the result must be written somewhere else.", where)
 
 
@@ -850,7 +850,7 @@ def _refusal_problem(fn: Callable, where: str) -> str | None:
     odd = 3 * world + 1                    # 7, 10, 13: no world size divides it
     return refusal_problem(
         lambda: fn(torch.zeros(_B, odd, _C, dtype=_DTYPE), None),
-        f"{where}, reduce_scatter_seq(x) with x of shape ({_B}, {odd}, {_C})",
+        f"{where}, leave_tp_region(x) with x of shape ({_B}, {odd}, {_C})",
         what=f"{odd} positions", then=" (check before any collective)",
         advice="Raise ValueError, before any collective, when the world size does not divide "
                "the sequence length.")
@@ -864,7 +864,7 @@ def _sequence_cases(specs: tuple, seed: int) -> str | None:
     """In every rank: both functions on the whole group, then on a group of this rank alone,
     then the refusal of a sequence the group does not divide."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    fns, error = load_answers(specs, ("function all_gather_seq", "function reduce_scatter_seq"))
+    fns, error = load_answers(specs, ("function enter_tp_region", "function leave_tp_region"))
     if error:
         return error
     gather, scatter = fns
@@ -880,43 +880,43 @@ def _sequence_cases(specs: tuple, seed: int) -> str | None:
         tail = ")" if group is None else ", group=a group of this rank alone)"
         head = f"world_size={world}, rank {rank}, "
         cases.append(_gather_case(gather, group, xs, us,
-                                  f"{head}all_gather_seq(x of shape {tuple(xs[0].shape)}{tail}"))
+                                  f"{head}enter_tp_region(x of shape {tuple(xs[0].shape)}{tail}"))
         cases.append(_scatter_case(scatter, group, ps, vs, us,
-                                   f"{head}reduce_scatter_seq(x of shape {tuple(ps[0].shape)}"
+                                   f"{head}leave_tp_region(x of shape {tuple(ps[0].shape)}"
                                    f"{tail}"))
     cases.append(_refusal_case(scatter, f"world_size={world}, rank {rank}"))
     return run_in_step((case, "") for case in cases)
 
 
-def check_sequence_parallel_block(all_gather_seq: Callable | str | None,
-                                  reduce_scatter_seq: Callable | str | None, *,
+def check_sequence_parallel_block(enter_tp_region: Callable | str | None,
+                                  leave_tp_region: Callable | str | None, *,
                                   world_sizes: tuple[int, ...] = (2, 3, 4),
                                   timeout: float = 60.0,
                                   strict: bool = False) -> ExerciseResult:
-    """Exercise 3: sequence parallelism's conjugate pair, ``all_gather_seq(x, group=None)`` and
-    ``reduce_scatter_seq(x, group=None)``, on ``(B, T, C)`` tensors (the sequence is dimension 1).
+    """Exercise 3: sequence parallelism's conjugate pair, ``enter_tp_region(x, group=None)`` and
+    ``leave_tp_region(x, group=None)``, on ``(B, T, C)`` tensors (the sequence is dimension 1).
 
     For each world size t, a process group of t worker processes; in float64, each rank passes
     its own input (a tanh's output, which autograd saved) and back-propagates its own upstream
     gradient:
 
-    - ``all_gather_seq`` of this rank's block ``(B, T/t, C)`` must return every rank's block
+    - ``enter_tp_region`` of this rank's block ``(B, T/t, C)`` must return every rank's block
       joined along dimension 1 in rank order ``(B, T, C)``, and give its input the sum over the
-      ranks of block r of their upstream gradients (a reduce-scatter);
-    - ``reduce_scatter_seq`` of this rank's partial sums ``(B, T, C)`` must return the sum over
+      ranks of block r of their upstream gradients;
+    - ``leave_tp_region`` of this rank's partial sums ``(B, T, C)`` must return the sum over
       the ranks of block r ``(B, T/t, C)``, and give its input every rank's upstream gradient
-      joined along dimension 1 (an all-gather);
+      joined along dimension 1;
     - each equal to one process and to the course's ``gather_from_sequence_parallel_region`` /
       ``reduce_scatter_to_sequence_parallel_region``, neither changing its input in place, each
-      making exactly one collective forward and one backward (an all-reduce instead would
-      double the bytes);
+      making exactly one collective forward and one backward, of no more bytes than the result
+      needs;
     - with a group of this rank alone, both the identity both ways; a sequence length t does not
-      divide, refused by ``reduce_scatter_seq`` with ``ValueError``.
+      divide, refused by ``leave_tp_region`` with ``ValueError``.
 
     Args:
-        all_gather_seq: yours (importable by worker processes) or
-            ``"my_sequence:all_gather_seq"``; None: not answered yet.
-        reduce_scatter_seq: yours, or ``"my_sequence:reduce_scatter_seq"``; None: not
+        enter_tp_region: yours (importable by worker processes) or
+            ``"my_sequence:enter_tp_region"``; None: not answered yet.
+        leave_tp_region: yours, or ``"my_sequence:leave_tp_region"``; None: not
             answered yet.
         world_sizes: numbers of processes to try (3 matters: some wrong answers pass at 2).
         timeout: seconds for each world size (a function that hangs fails, it does not hang).
@@ -926,14 +926,14 @@ def check_sequence_parallel_block(all_gather_seq: Callable | str | None,
         The verdict (truthy when right); the first failing case is printed.
     """
     return check_answers_in_ranks(
-        _SEQ_NAME, (all_gather_seq, reduce_scatter_seq),
-        ("my_sequence:all_gather_seq", "my_sequence:reduce_scatter_seq"), _sequence_cases,
+        _SEQ_NAME, (enter_tp_region, leave_tp_region),
+        ("my_sequence:enter_tp_region", "my_sequence:leave_tp_region"), _sequence_cases,
         (15,), world_sizes=world_sizes, timeout=timeout, hint=_SEQ_HINT,
         hang_hint="Does every rank make the same collectives, with the same group and tensors of "
-                  "the same size? all_gather_seq gathers forward and reduce-scatters backward, "
-                  "reduce_scatter_seq the other way round.",
+                  "the same size? Each of the two makes one collective forward and one "
+                  "backward, the same on every rank of the group.",
         passed=f"values and gradients equal one process and the course's for world sizes "
-               f"{list(world_sizes)}, one all-gather and one reduce-scatter each, a group of one "
+               f"{list(world_sizes)}, one collective each way, a group of one "
                f"rank honoured, a sequence the group does not divide refused.",
-        missing="write all_gather_seq and reduce_scatter_seq to my_sequence.py and pass them "
+        missing="write enter_tp_region and leave_tp_region to my_sequence.py and pass them "
                 "here.", strict=strict)

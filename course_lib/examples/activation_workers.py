@@ -51,7 +51,7 @@ from course_lib.amp import GradScaler
 from course_lib.distributed.pipelining import ActivationMeter
 from course_lib.distributed.recording import record_collectives
 from course_lib.distributed.tensor.parallel import parallelize_gpt
-from course_lib.models.gpt import GPT, GPTConfig
+from course_lib.models.gpt import GPT, Block, GPTConfig
 from course_lib.utils import (
     activation_memory_per_layer,
     checkpoint,
@@ -60,7 +60,8 @@ from course_lib.utils import (
 )
 
 __all__ = ["MODES", "PAPER_BYTES_PER_PARAM", "RECOMPUTE", "Recomputed", "autocast_supports",
-           "formula_per_layer", "layer_memory", "precision_memory", "with_recomputation"]
+           "formula_per_layer", "layer_memory", "peak_saved_bytes", "precision_memory",
+           "with_recomputation"]
 
 MODES = ("float32", "bf16-autocast", "fp16-autocast+scaler", "bf16-weights+fp32-master")
 
@@ -307,6 +308,38 @@ def _block_bytes(block: nn.Module, x: torch.Tensor) -> dict[str, int]:
     selective_recompute(block, enabled=False)
     out["full"] = saved_tensor_bytes(lambda y: checkpoint(block, y), x, exclude=params)
     return out
+
+
+def peak_saved_bytes(config_kwargs: dict, batch_size: int, seq_len: int, n_layers: int,
+                     recompute: str, seed: int = 0) -> dict[str, int]:
+    """One forward and backward of ``n_layers`` GPT blocks (float32) recomputing as
+    ``recompute`` says, with the saved-tensor meter on throughout, recomputations included.
+
+    Returns ``forward`` (bytes saved for backward when forward ends), ``peak`` (the largest
+    they came to, backward included) and ``kept`` / ``whole`` (what one block saves with this
+    recomputation / with none, from ``_block_bytes``). The upstream gradient and the
+    parameters are not counted; on a CPU this is the honest stand-in for the allocator's peak.
+    """
+    config = GPTConfig(**config_kwargs)
+    torch.manual_seed(seed)
+    blocks = [Block(config) for _ in range(n_layers)]
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(batch_size, seq_len, config.n_embd, generator=gen).requires_grad_()
+    w = torch.randn(x.shape, generator=gen)                        # a fixed upstream gradient
+    per_layer = _block_bytes(blocks[0], x)
+    if recompute == "selective":
+        for block in blocks:
+            selective_recompute(block)
+    run = [Recomputed(block) if recompute == "full" else block for block in blocks]
+    params = [p for block in blocks for p in block.parameters()]
+    with ActivationMeter(exclude=[*params, w]) as meter:
+        y = x
+        for layer in run:
+            y = layer(y)                                          # (B, T, C)
+        forward = meter.saved_alive
+        (y * w).sum().backward()
+    return {"forward": forward, "peak": meter.saved_peak, "kept": per_layer[recompute],
+            "whole": per_layer["none"]}
 
 
 def formula_per_layer(config_kwargs: dict, batch_size: int, seq_len: int, *, t: int = 1,

@@ -81,6 +81,13 @@ class CheckpointFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        if not torch.autograd._is_checkpoint_valid():   # as torch's reentrant checkpoint refuses
+            raise RuntimeError(
+                "checkpoint: this recomputation runs its own backward() inside the outer one, so "
+                "it works only with loss.backward() without `inputs`; it was reached through "
+                "torch.autograd.grad(...) or backward(inputs=...), whose gradients it cannot "
+                "return. Call loss.backward() and read .grad, or use "
+                "torch.utils.checkpoint.checkpoint(..., use_reentrant=False).")
         saved, needs_grad = iter(ctx.saved_tensors), ctx.needs_input_grad[2:]
         inputs = [next(saved).detach().requires_grad_(need) if t else other
                   for t, other, need in zip(ctx.is_tensor, ctx.others, needs_grad)]
@@ -110,6 +117,11 @@ def checkpoint(function, *args, preserve_rng_state: bool = True):
 
     Returns:
         What ``function(*args)`` returns, with gradients equal to running it directly.
+
+    Raises:
+        RuntimeError: in backward, when reached through ``torch.autograd.grad`` or
+            ``backward(inputs=...)`` (as torch's ``use_reentrant=True`` does): call
+            ``loss.backward()``, or use torch's ``use_reentrant=False``.
     """
     check_checkpoint_inputs(function, args)
     return CheckpointFunction.apply(function, preserve_rng_state, *args)
