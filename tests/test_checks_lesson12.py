@@ -1,12 +1,77 @@
-"""The lesson-12 checker (the 1F1B order of one pipeline stage): None is "not answered yet", the
-reference answer passes, and realistic wrong answers fail with the case shown and what it costs."""
+"""The lesson-12 checkers (a pipeline stage's forward and backward; the 1F1B order of one
+stage): None is "not answered yet", the reference answers pass, and realistic wrong answers fail
+with the case shown and what it costs."""
 import re
 
 import pytest
+import torch
 
-from course_lib.checks.lesson12 import check_one_f_one_b
+from course_lib.checks.lesson12 import check_one_f_one_b, check_stage
 from course_lib.distributed.pipelining import one_f_one_b_order
-from solutions.lesson12 import one_f_one_b
+from solutions.lesson12 import MyStage, one_f_one_b
+
+
+class StageScaffold(MyStage):   # the notebook's scaffold, not yet written
+    def forward_one(self, microbatch, X=None, target=None, loss_fn=None):
+        raise NotImplementedError
+
+
+class NoRequiresGrad(MyStage):   # the received activation is a leaf without requires_grad
+    def forward_one(self, microbatch, X=None, target=None, loss_fn=None):
+        if self.is_first:
+            self.post_sends()
+        else:
+            X = self.recv_activation(microbatch)
+        Y = self.submodule(X)
+        if self.is_last:
+            self._losses[microbatch] = loss_fn(Y, target)
+        else:
+            self.send_activation(Y, microbatch)
+        self._inputs[microbatch], self._outputs[microbatch] = X, Y
+        return Y
+
+
+class SendsNoGradient(MyStage):   # backward never sends X.grad: the previous stage waits
+    def backward_one(self, microbatch, loss_scale=1.0):
+        del self._inputs[microbatch]
+        Y = self._outputs.pop(microbatch)
+        if self.is_last:
+            self.post_sends()
+            (self._losses[microbatch] * loss_scale).backward()
+        else:
+            torch.autograd.backward(Y, self.recv_gradient(Y))
+
+
+class SendsActivation(MyStage):   # sends X back instead of X.grad
+    def send_gradient(self, dX):
+        super().send_gradient(self._sent_input)
+
+    def backward_one(self, microbatch, loss_scale=1.0):
+        self._sent_input = self._inputs[microbatch].detach()
+        super().backward_one(microbatch, loss_scale)
+
+
+class NoLossScale(MyStage):   # the last stage's loss not divided by m
+    def backward_one(self, microbatch, loss_scale=1.0):
+        super().backward_one(microbatch, 1.0)
+
+
+def test_stage_checker_unanswered_and_reference(capsys):
+    assert check_stage(None).ok is None
+    assert check_stage(StageScaffold, world_sizes=(2,)).ok is None
+    assert check_stage(MyStage)                      # 2 and 3 stages
+    assert "correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, world, says", [
+    (NoRequiresGrad, (2,), "requires_grad_()"),
+    (SendsNoGradient, (2,), "no result within"),
+    (SendsActivation, (3,), "gradients differ from one process"),
+    (NoLossScale, (2,), "loss_scale"),
+])
+def test_stage_checker_rejects(wrong, world, says):
+    result = check_stage(wrong, world_sizes=world, timeout=15)
+    assert result.ok is False and says in result.message, result.message
 
 
 def gpipe(stage, p, m):

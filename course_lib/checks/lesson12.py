@@ -1,5 +1,11 @@
 """Checkers for the exercises of lesson 12 (model and pipeline parallelism).
 
+``check_stage`` asks for a pipeline stage's ``forward_one`` and ``backward_one`` (a subclass of
+``PipelineStageBase``, which sends and receives). In worker processes of 2 and 3 ranks, the
+learner's stages run a step of ``ScheduleGPipe`` and ``Schedule1F1B`` on a small float64 MLP,
+and every rank compares its stage's gradients (the last stage, its output too) with one process
+on the whole batch.
+
 ``check_one_f_one_b`` asks for the 1F1B order of one stage. The learner's orders for every stage
 are played together by ``simulate_schedule`` (which finds a deadlock or a backward before its
 forward), then compared with ``one_f_one_b_order``; a valid order that is not 1F1B is told what
@@ -9,20 +15,30 @@ warm-up too short). A failure names the first step where the order differs (whic
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
 from ..distributed.pipelining import (
+    Schedule1F1B,
+    ScheduleGPipe,
     check_order,
     gpipe_order,
     one_f_one_b_order,
     simulate_schedule,
+    split_sequential,
 )
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
+from .harness import StopRank, agree, call_answer, check_in_ranks, load_answer
 
-__all__ = ["check_one_f_one_b", "max_in_flight"]
+__all__ = ["check_one_f_one_b", "check_stage", "max_in_flight"]
 
 _NAME = "one_f_one_b"
-_TRY = ("Play your orders with P.simulate_schedule(one_f_one_b, p, m) and look at them with "
+_TRY = ("Play your orders with simulate_schedule(one_f_one_b, p, m) and look at them with "
         "draw_pipeline_timeline and checks.max_in_flight.")
 _KIND = {"F": "a forward", "B": "a backward"}
 
@@ -118,5 +134,99 @@ def check_one_f_one_b(fn: Callable | None, *, strict: bool = False) -> ExerciseR
                                f"num_microbatches={m} your order {orders[stage]} is valid but "
                                f"not 1F1B's: {_first_divergence(orders[stage], want)}.{why} "
                                f"{_TRY}", strict)
+    stages, micro = sorted({p for p, _ in _CASES}), sorted({m for _, m in _CASES})
     return verdict(_NAME, True, f"1F1B's order on every stage for {len(_CASES)} (stages, "
-                   "micro-batches) pairs from (1, 1) to (5, 7).", strict)
+                   f"micro-batches) pairs: {stages[0]} to {stages[-1]} stages, {micro[0]} to "
+                   f"{micro[-1]} micro-batches.", strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# a pipeline stage's forward_one and backward_one
+# ------------------------------------------------------------------------------------------------
+
+_STAGE_CASES = [(ScheduleGPipe, 1), (ScheduleGPipe, 4), (Schedule1F1B, 2), (Schedule1F1B, 4)]
+_STAGE_HINT = ("forward: X = self.recv_activation(i) (unless first stage), X.requires_grad_(), "
+               "Y = self.submodule(X), keep X and Y, self.send_activation(Y, i) (unless last); "
+               "backward: dY = self.recv_gradient(Y), torch.autograd.backward(Y, dY) (last "
+               "stage: (loss * loss_scale).backward()), self.send_gradient(X.grad) (unless "
+               "first).")
+
+
+def _stage_model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 7), nn.Tanh(),
+                         nn.Linear(7, 4)).double()
+
+
+def _stage_cases(spec) -> str | None:
+    """In every rank: the learner's stage runs one step of each case; its gradients against
+    one process on the whole batch. None, UNANSWERED or what was wrong."""
+    cls, error = load_answer(spec, "class")
+    if error:
+        return error
+    rank, p = dist.get_rank(), dist.get_world_size()
+    gen = torch.Generator().manual_seed(1)
+    X = torch.randn(8, 5, dtype=torch.float64, generator=gen)       # (B, 5)
+    y = torch.randint(0, 4, (8,), generator=gen)                     # (B,)
+    for schedule, m in _STAGE_CASES:
+        where = f"{schedule.__name__} with {m} micro-batches, stage {rank} of {p}"
+        model = _stage_model()
+        oracle = copy.deepcopy(model)
+        mine = split_sequential(model, p)[rank]
+        F.cross_entropy(oracle(X), y).backward()         # one process, the whole batch
+        want = [q.grad for q in split_sequential(oracle, p)[rank].parameters()]
+        try:
+            stage = call_answer("your class", cls, mine, rank, p)
+            sched = schedule(stage, m, loss_fn=F.cross_entropy)
+            args = (X,) if rank == 0 else ()
+            kwargs = {"target": y} if rank == p - 1 else {}
+            out = call_answer("your forward_one / backward_one (in schedule.step)", sched.step,
+                              *args, **kwargs)
+        except StopRank as e:
+            return f"{where}: {e}"
+        found = None
+        got = [q.grad for q in mine.parameters()]
+        if any(g is None for g in got):
+            found = (f"{where}: the stage's parameters have no gradient after the step: did "
+                     "backward_one run autograd from the output (with the gradient received)?")
+        elif not all(torch.allclose(g, w) for g, w in zip(got, want)):
+            ratio = torch.cat([g.flatten() for g in got]).norm() / \
+                torch.cat([w.flatten() for w in want]).norm()
+            found = (f"{where}: the stage's gradients differ from one process on the whole "
+                     f"batch (norm ratio {ratio:.3g})"
+                     + (": m times too large, is the loss multiplied by loss_scale?"
+                        if abs(ratio - m) < 1e-6 and m > 1 else "."))
+        elif rank == p - 1 and not torch.allclose(out, oracle(X).detach()):
+            found = f"{where}: the last stage's outputs differ from one process on the whole batch."
+        found = agree(found)                              # every rank stops, or none
+        if found is not None:
+            return found
+    return None
+
+
+def check_stage(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3),
+                timeout: float = 60.0, strict: bool = False) -> ExerciseResult:
+    """Lesson 12's exercise: ``cls(submodule, stage_index, num_stages)``, a subclass of
+    ``PipelineStageBase`` with ``forward_one`` and ``backward_one``.
+
+    For each world size, that many worker processes, one stage each (a float64 MLP of five
+    layers cut by ``split_sequential``), run one step of ``ScheduleGPipe`` (1 and 4
+    micro-batches) and ``Schedule1F1B`` (2 and 4); every stage's gradients must equal one
+    process's on the whole batch, and the last stage's output its output.
+
+    Args:
+        cls: your class (importable by worker processes) or ``"module:ClassName"``; None: not
+            answered yet.
+        world_sizes: numbers of processes (stages) to try.
+        timeout: seconds for each world size (a stage that never sends fails, it does not hang).
+        strict: raise ``AssertionError`` on a wrong answer.
+    """
+    return check_in_ranks(
+        "MyStage", cls, "my_stage:MyStage", _stage_cases, (), world_sizes=world_sizes,
+        timeout=timeout, hint=_STAGE_HINT,
+        hang_hint=("A stage waited for a message that never came: does forward_one send its "
+                   "output on (unless last), and backward_one send X.grad back (unless first)?"),
+        passed=(f"every stage's gradients equal one process's on the whole batch, GPipe and "
+                f"1F1B, for {list(world_sizes)} stages."),
+        strict=strict, missing="write your class to a file and pass \"my_stage:MyStage\".")
+

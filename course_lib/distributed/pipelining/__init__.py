@@ -7,8 +7,8 @@ PyTorch counterpart: ``torch.distributed.pipelining`` (``PipelineStage``, ``Sche
   ``layer_costs``, ``stage_costs``, ``flatten_sequential``;
 - ``model_parallel``: ``ModelParallel``, stage i on device i in one process;
 - ``microbatch``: ``split_microbatches``;
-- ``stage``: ``PipelineStage`` (one stage per process: activations forward, gradients back with
-  point-to-point operations), ``PipeEvent``;
+- ``stage``: ``PipelineStageBase`` (a stage's messages), ``PipelineStage`` (one stage per
+  process: activations forward, gradients back with point-to-point operations), ``PipeEvent``;
 - ``schedules``: ``ScheduleGPipe``, ``Schedule1F1B``, their orders (``gpipe_order``,
   ``one_f_one_b_order``), ``simulate_schedule`` (plays orders as NCCL runs their messages),
   ``p2p_program`` (a stage's sends, receives and waits), ``bubble_fraction`` (theory),
@@ -30,13 +30,14 @@ from .schedules import (
     simulate_schedule,
 )
 from .split import balance_stages, flatten_sequential, layer_costs, split_sequential, stage_costs
-from .stage import PipeEvent, PipelineStage
+from .stage import PipeEvent, PipelineStage, PipelineStageBase
 
 __all__ = [
     "ActivationMeter",
     "ModelParallel",
     "PipeEvent",
     "PipelineStage",
+    "PipelineStageBase",
     "Schedule1F1B",
     "ScheduleGPipe",
     "balance_stages",

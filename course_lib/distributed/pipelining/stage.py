@@ -24,7 +24,7 @@ from torch import nn
 
 from ...devices import Device, as_device, synchronize
 
-__all__ = ["PipeEvent", "PipelineStage"]
+__all__ = ["PipeEvent", "PipelineStage", "PipelineStageBase"]
 
 #: dtypes an activation may have on the wire; the header names one by its index here
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -47,8 +47,16 @@ class PipeEvent(NamedTuple):
     end: float
 
 
-class PipelineStage:
-    """Stage ``stage_index`` of ``num_stages``, run by rank ``stage_index`` of ``group``.
+class PipelineStageBase:
+    """What a stage needs besides its forward and backward: its place in the pipeline and its
+    messages. ``PipelineStage`` adds ``forward_one`` and ``backward_one`` (lesson 12's exercise
+    writes them too). The messages: ``recv_activation`` / ``send_activation`` (from the previous
+    stage, to the next), ``recv_gradient`` / ``send_gradient`` (from the next, to the previous),
+    ``post_sends`` for an op that receives nothing. Sends are queued and go out with the next
+    receive, as one batch; ``_inputs``, ``_outputs``, ``_losses`` keep, per micro-batch, what
+    backward needs and ``pop_losses`` returns.
+
+    Stage ``stage_index`` of ``num_stages``, run by rank ``stage_index`` of ``group``.
 
     Call ``forward_one`` and ``backward_one`` in the order a schedule says (``ScheduleGPipe``,
     ``Schedule1F1B``); every stage must follow the same schedule, and ``wait_sends`` ends a
@@ -188,6 +196,62 @@ class PipelineStage:
         self._post()
         self._post()   # the second call waits for what the first posted alone
 
+    # ---- the messages of one op, for forward_one and backward_one --------------------------
+
+    def post_sends(self) -> None:
+        """For an op that receives nothing (the first stage's forward, the last stage's
+        backward): post the last op's queued sends now, alone."""
+        self._post()
+
+    def recv_activation(self, microbatch: int) -> torch.Tensor:
+        """The previous stage's output for ``microbatch`` (its shape header first, on micro-batch
+        0), posted with the last op's queued sends; blocks until it is here."""
+        if self.is_first:
+            raise RuntimeError("the first stage receives no activation: it is given X.")
+        if microbatch == 0:
+            self._recv_header()
+        if self._in_meta is None:
+            raise RuntimeError(f"PipelineStage {self.stage_index}: micro-batch {microbatch} "
+                               "received before micro-batch 0 (whose message carries the shape).")
+        shape, dtype = self._in_meta
+        return self._recv(shape, dtype, self.stage_index - 1)
+
+    def send_activation(self, Y: torch.Tensor, microbatch: int) -> None:
+        """Queue this stage's output for the next stage (with its shape header on micro-batch 0)."""
+        if microbatch == 0:
+            self._send_header(Y)
+        self._queue_send(Y, self.stage_index + 1)
+
+    def recv_gradient(self, Y: torch.Tensor) -> torch.Tensor:
+        """The gradient of the loss with respect to output ``Y``, from the next stage, posted with
+        the last op's queued sends; blocks until it is here."""
+        return self._recv(tuple(Y.shape), Y.dtype, self.stage_index + 1)
+
+    def send_gradient(self, dX: torch.Tensor | None) -> None:
+        """Queue the gradient of the loss with respect to this stage's input, for the previous
+        stage."""
+        if dX is None:
+            raise ValueError(f"PipelineStage {self.stage_index}: send_gradient got None, expected "
+                             "the gradient of the stage's input (X.grad). X.grad stays None "
+                             "unless X.requires_grad_() was called in forward before the layers "
+                             "ran on it.")
+        self._queue_send(dX, self.stage_index - 1)
+
+    def pop_losses(self) -> list[torch.Tensor]:
+        """The last stage's losses of this step, detached, by micro-batch (and forget them)."""
+        losses = [self._losses[i].detach() for i in sorted(self._losses)]
+        self._losses.clear()
+        return losses
+
+
+class PipelineStage(PipelineStageBase):
+    """Stage ``stage_index`` of ``num_stages``, run by rank ``stage_index`` of ``group``.
+
+    Call ``forward_one`` and ``backward_one`` in the order a schedule says (``ScheduleGPipe``,
+    ``Schedule1F1B``); every stage must follow the same schedule, and ``wait_sends`` ends a
+    step. Messages, timing and the checks of arguments: ``PipelineStageBase``.
+    """
+
     # ---- one micro-batch -------------------------------------------------------------------
 
     def forward_one(self, microbatch: int, X: torch.Tensor | None = None,
@@ -207,12 +271,9 @@ class PipelineStage:
             if X is None:
                 raise ValueError("the first stage's forward_one needs the micro-batch X.")
             X = X.to(self.device)
-            self._post()                                        # the last op's sends, alone
+            self.post_sends()                                   # the last op's sends, alone
         else:
-            if microbatch == 0:
-                self._recv_header()
-            shape, dtype = self._in_meta
-            X = self._recv(shape, dtype, self.stage_index - 1)  # + the last op's sends
+            X = self.recv_activation(microbatch)                # + the last op's sends
             X.requires_grad_(True)  # its gradient goes back to the previous stage
         start = time.perf_counter()
         Y = self.submodule(X)                                   # (b, ...)
@@ -224,9 +285,7 @@ class PipelineStage:
             self.events.append(PipeEvent(self.stage_index, "F", microbatch, start, end))
         self._inputs[microbatch], self._outputs[microbatch] = X, Y
         if not self.is_last:
-            if microbatch == 0:
-                self._send_header(Y)
-            self._queue_send(Y, self.stage_index + 1)
+            self.send_activation(Y, microbatch)                 # goes with the next receive
         return Y
 
     def backward_one(self, microbatch: int, loss_scale: float = 1.0) -> None:
@@ -242,11 +301,11 @@ class PipelineStage:
             if microbatch not in self._losses:
                 raise RuntimeError("the last stage's backward needs a loss: pass target and "
                                    "loss_fn to forward_one.")
-            self._post()                                        # the last op's sends, alone
+            self.post_sends()                                   # the last op's sends, alone
             start = time.perf_counter()
             (self._losses[microbatch] * loss_scale).backward()
         else:
-            dY = self._recv(tuple(Y.shape), Y.dtype, self.stage_index + 1)  # + last op's sends
+            dY = self.recv_gradient(Y)                          # + the last op's sends
             start = time.perf_counter()
             torch.autograd.backward(Y, dY)                      # fills .grad and X.grad
         synchronize(self.device)
@@ -254,10 +313,4 @@ class PipelineStage:
         if self.record:
             self.events.append(PipeEvent(self.stage_index, "B", microbatch, start, end))
         if not self.is_first:
-            self._queue_send(X.grad, self.stage_index - 1)
-
-    def pop_losses(self) -> list[torch.Tensor]:
-        """The last stage's losses of this step, detached, by micro-batch (and forget them)."""
-        losses = [self._losses[i].detach() for i in sorted(self._losses)]
-        self._losses.clear()
-        return losses
+            self.send_gradient(X.grad)                          # goes with the next receive
