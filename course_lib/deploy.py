@@ -7,6 +7,8 @@ or DataParallel wrapper adds to every key; ``match_keys`` also takes torch.compi
 ``_orig_mod.``, nested and mixed prefixes); ``requires_grad_`` for freezing; and int8
 quantization with torchao (``torchao.quantization.quantize_``), the package PyTorch now
 recommends for it: ``torch.ao.quantization.quantize_dynamic`` warns that it is deprecated.
+``shard_rows`` / ``reshard``: the dim-0 rows torch's ``fully_shard`` gives each rank, and a
+checkpoint saved by N ranks laid out for M (what ``torch.distributed.checkpoint.load`` does).
 Read more: https://pytorch.org/tutorials/beginner/saving_loading_models.html,
 https://docs.pytorch.org/ao/stable/ and notebook 13.
 
@@ -47,6 +49,8 @@ __all__ = [
     "load_weights",
     "match_keys",
     "quantize_int8",
+    "reshard",
+    "shard_rows",
     "state_dict_bytes",
     "strip_prefix",
 ]
@@ -443,3 +447,43 @@ def int8_layers(model: nn.Module) -> list[str]:
         return isinstance(w, torch.Tensor) and type(w).__module__.startswith("torchao")
 
     return [name for name, m in model.named_modules() if quantized(getattr(m, "weight", None))]
+
+
+# ------------------------------------------------------------------------------------------------
+# Sharded checkpoints: N ranks' rows onto M ranks (what DCP's load does for FSDP's Shard(0))
+# ------------------------------------------------------------------------------------------------
+
+
+def shard_rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    """The ``world_size`` dim-0 shards of ``tensor`` as torch's ``fully_shard`` holds them.
+
+    FSDP2 shards with ``torch.chunk``: pieces of ``ceil(rows / world_size)`` rows, the last one
+    shorter; ``chunk`` may return fewer pieces than asked (2 rows on 3 ranks: 2 pieces), so the
+    ranks past the end hold an empty ``(0, ...)`` tensor.
+    """
+    if world_size < 1:
+        raise ValueError(f"shard_rows: world_size must be at least 1, got {world_size}.")
+    pieces = list(torch.chunk(tensor, world_size, dim=0))
+    empty = tensor.new_empty((0, *tensor.shape[1:]))
+    return pieces + [empty] * (world_size - len(pieces))
+
+
+def reshard(shards: list[Mapping[str, torch.Tensor]], world_size: int
+            ) -> list[dict[str, torch.Tensor]]:
+    """A checkpoint's dim-0 shards saved by ``len(shards)`` ranks, laid out for ``world_size``.
+
+    Args:
+        shards: one state dict per saving rank, in rank order, each tensor that rank's rows.
+        world_size: how many ranks will load it; ``1`` gives the full state dict (in a list).
+
+    Returns:
+        One state dict per loading rank: the rows ``fully_shard`` on ``world_size`` ranks holds.
+    """
+    if not shards:
+        raise ValueError("reshard: expected one state dict per saving rank, got none.")
+    keys = list(shards[0])
+    if any(list(s) != keys for s in shards):
+        raise ValueError("reshard: every rank's state dict must have the same keys, in order.")
+    full = {k: torch.cat([s[k] for s in shards], dim=0) for k in keys}    # the whole tensors
+    split = {k: shard_rows(v, world_size) for k, v in full.items()}
+    return [{k: split[k][r] for k in keys} for r in range(world_size)]

@@ -1,13 +1,16 @@
-"""Lesson 13, exercises: loading a checkpoint whatever its keys' prefixes, partly for
-fine-tuning; and the smaller ``strip_prefix`` of earlier versions of the lesson.
+"""Lesson 13, exercises: a sharded checkpoint laid out for another number of ranks; loading a
+checkpoint whatever its keys' prefixes, partly for fine-tuning; and the smaller
+``strip_prefix`` of earlier versions of the lesson.
 
-Checked by ``course_lib.checks.lesson13.check_load_matching`` and ``check_strip_prefix``.
+Checked by ``course_lib.checks.lesson13.check_load_matching``, ``check_reshard`` and
+``check_strip_prefix``.
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-__all__ = ["load_matching", "strip_prefix"]
+__all__ = ["load_matching", "reshard", "strip_prefix"]
 
 #: What wrappers put in front of every key: DDP and DataParallel, torch.compile.
 WRAPPERS = ("module.", "_orig_mod.")
@@ -51,3 +54,20 @@ def strip_prefix(state_dict: dict, prefix: str = "module.") -> dict:
     ``"module.block.module.weight"`` -> ``"block.module.weight"``, ``"conv1.weight"`` unchanged.
     """
     return {key.removeprefix(prefix): value for key, value in state_dict.items()}
+
+
+def reshard(shards: list[dict], world_size: int) -> list[dict]:
+    """The dim-0 shards that ``len(shards)`` ranks saved, as ``world_size`` ranks hold them.
+
+    Each tensor is put back together (the saving ranks' rows, in rank order), then split as
+    ``fully_shard`` splits it: ``torch.chunk`` on dim 0, which may return fewer pieces than
+    ranks; the ranks past the end get an empty ``(0, ...)`` tensor.
+    """
+    out: list[dict] = [{} for _ in range(world_size)]
+    for key in shards[0]:
+        full = torch.cat([s[key] for s in shards], dim=0)
+        pieces = torch.chunk(full, world_size, dim=0)
+        for rank in range(world_size):
+            out[rank][key] = (pieces[rank] if rank < len(pieces)
+                              else full.new_empty((0, *full.shape[1:])))
+    return out

@@ -45,8 +45,8 @@ from .lesson08 import check_epoch_shards, check_exact_accuracy
 from .lesson09 import check_resume, check_syncbn
 from .lesson10 import check_alpha_beta_fit, check_bus_bandwidth
 from .lesson11 import check_fsdp, check_zero
-from .lesson12 import check_one_f_one_b, max_in_flight
-from .lesson13 import check_load_matching, check_strip_prefix
+from .lesson12 import check_one_f_one_b, check_stage, max_in_flight
+from .lesson13 import check_load_matching, check_reshard, check_strip_prefix
 from .lesson14 import (
     check_conjugates,
     check_megatron_mlp,
@@ -54,7 +54,7 @@ from .lesson14 import (
     check_vocab_parallel_cross_entropy,
 )
 from .lesson15 import check_checkpoint, check_scaler_update, check_sequence_parallel_block
-from .lesson16 import check_merge, check_ring_step
+from .lesson16 import check_merge, check_ring_attention, check_ring_step
 
 __all__ = [
     "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer", "check_function",
@@ -74,10 +74,10 @@ __all__ = [
     "check_resume", "check_syncbn",                           # 09
     "check_alpha_beta_fit", "check_bus_bandwidth",            # 10
     "check_zero", "check_fsdp",                              # 11 (sharded)
-    "check_one_f_one_b", "max_in_flight",                     # 11
-    "check_load_matching", "check_strip_prefix",              # 13
+    "check_stage", "check_one_f_one_b", "max_in_flight",       # 12
+    "check_load_matching", "check_reshard", "check_strip_prefix",  # 13
     "check_conjugates", "check_parallel_linears", "check_megatron_mlp",  # 14
     "check_vocab_parallel_cross_entropy",
     "check_checkpoint", "check_scaler_update", "check_sequence_parallel_block",  # 15
-    "check_merge", "check_ring_step",                         # 16
+    "check_merge", "check_ring_attention", "check_ring_step",  # 16
 ]

@@ -7,6 +7,11 @@ refuse a shape that differs before anything is copied. Its oracle is
 ``course_lib.deploy.load_matching``, itself tested against torch's
 ``consume_prefix_in_state_dict_if_present`` and ``load_state_dict(strict=False)``.
 
+``check_reshard`` asks for ``reshard(shards, world_size)``: a checkpoint saved by N ranks of
+torch's ``fully_shard`` (each tensor's rows split with ``torch.chunk``) laid out for M ranks.
+Its oracle is ``course_lib.deploy.reshard``, itself tested against the shards that DCP's load
+puts on 1, 2 and 3 real ranks (tests/test_checkpoint_layouts.py).
+
 ``check_strip_prefix`` (a smaller exercise, kept for learners' copies of older lessons) asks
 for ``strip_prefix(state_dict, prefix="module.")``: the state dict of a wrapped model made
 loadable into the plain model. Its oracle is torch's ``consume_prefix_in_state_dict_if_present``
@@ -20,12 +25,19 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from ..deploy import WRAPPER_PREFIXES, fit_state_dict, load_matching, strip_prefix
+from ..deploy import (
+    WRAPPER_PREFIXES,
+    fit_state_dict,
+    load_matching,
+    reshard,
+    shard_rows,
+    strip_prefix,
+)
 from ..models.lenet import LeNet
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 from .harness import keeps_kernel_state
 
-__all__ = ["check_load_matching", "check_strip_prefix"]
+__all__ = ["check_load_matching", "check_reshard", "check_strip_prefix"]
 
 _NAME = "strip_prefix"
 _HINT = ("remove the prefix only at the START of a key, and only from keys that have it; a "
@@ -332,3 +344,87 @@ def check_load_matching(fn: Callable | None, *, strict: bool = False) -> Exercis
                    "torch.compile's prefixes alone, nested both ways and mixed; a 'module' "
                    "that is a real name; a new head reported, a resized head refused before "
                    "any copy.", strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# reshard: N ranks' shards onto M ranks
+# ------------------------------------------------------------------------------------------------
+
+_RS_NAME = "reshard"
+_RS_HINT = ("put each tensor back together from every saving rank's rows, in rank order, then "
+            "split its rows as fully_shard does on world_size ranks: torch.chunk along dim 0, "
+            "and an empty (0, ...) tensor for each rank that chunk left without rows.")
+#: (ranks that saved, ranks that load): more and fewer, one, and sizes where chunk runs short.
+_RS_LAYOUTS = ((2, 3), (3, 2), (2, 1), (1, 4), (4, 3), (3, 4))
+
+
+def _rs_state() -> dict[str, torch.Tensor]:
+    # rows 7, 5, 2 and 1: uneven on 2, 3 and 4 ranks, and fewer rows than ranks
+    g = torch.Generator().manual_seed(13)
+    return {"fc1.weight": torch.randn(7, 3, dtype=torch.float64, generator=g),
+            "fc1.bias": torch.randn(7, dtype=torch.float64, generator=g),
+            "fc2.weight": torch.randn(5, 7, dtype=torch.float64, generator=g),
+            "head.weight": torch.randn(2, 5, dtype=torch.float64, generator=g),
+            "head.bias": torch.randn(1, dtype=torch.float64, generator=g)}
+
+
+def _rs_compare(got: object, want: list[dict], n: int, m: int) -> str | None:
+    where = f"{n} rank(s) saved, {m} load"
+    if not isinstance(got, list | tuple) or len(got) != m:
+        return (f"{where}: expected a list of {m} state dicts, one per loading rank, got "
+                f"{type(got).__name__}" + (f" of {len(got)}" if hasattr(got, "__len__") else ""))
+    for rank, (mine, theirs) in enumerate(zip(got, want)):
+        if not isinstance(mine, Mapping) or list(mine) != list(theirs):
+            return f"{where}: rank {rank}'s keys should be {list(theirs)}"
+        for key, t in theirs.items():
+            a = mine[key]
+            if not isinstance(a, torch.Tensor) or a.shape != t.shape:
+                shape = tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
+                return (f"{where}: rank {rank}'s {key!r} should have shape {tuple(t.shape)}, "
+                        f"got {shape}")
+            if not torch.equal(a, t):
+                return f"{where}: rank {rank}'s {key!r} has the right shape, not the right rows"
+    return None
+
+
+@keeps_kernel_state
+def check_reshard(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise: ``fn(shards, world_size)`` lays N ranks' dim-0 shards out for M ranks.
+
+    A state dict of float64 tensors with 7, 5, 2 and 1 rows is split as ``fully_shard`` splits
+    it on N ranks; ``fn`` must return, for M ranks, exactly the shards of
+    ``course_lib.deploy.reshard`` (shapes, empty ones included, and values), for
+    (N, M) in (2, 3), (3, 2), (2, 1), (1, 4), (4, 3), (3, 4). The shards passed in must be left
+    as they were.
+
+    Returns:
+        The verdict (truthy when right); the first failing layout is printed.
+    """
+    if fn is None:
+        return verdict(_RS_NAME, None, "define reshard(shards, world_size) and pass it here.",
+                       strict)
+    if not callable(fn):
+        return verdict(_RS_NAME, False, f"expected a function, got {type(fn).__name__}.",
+                       strict)
+    state = _rs_state()
+    for n, m in _RS_LAYOUTS:
+        saved = [{k: shard_rows(v, n)[r] for k, v in state.items()} for r in range(n)]
+        given = [{k: v.clone() for k, v in s.items()} for s in saved]
+        try:
+            got = call_bounded(fn, given, m)
+        except NotImplementedError:
+            return unanswered(_RS_NAME, strict)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+            return verdict(_RS_NAME, False, f"{failure(exc)} with {n} saving and {m} loading "
+                           f"rank(s). Hint: {_RS_HINT}", strict)
+        problem = _rs_compare(got, reshard(saved, m), n, m)
+        if problem is None and any(not torch.equal(a[k], b[k])
+                                   for a, b in zip(given, saved) for k in a):
+            problem = f"{n} rank(s) saved, {m} load: the shards passed in were changed"
+        if problem is not None:
+            return verdict(_RS_NAME, False, f"{problem}. Hint: {_RS_HINT}", strict)
+    return verdict(_RS_NAME, True, f"right on {len(_RS_LAYOUTS)} layouts (more ranks and "
+                   "fewer, one, and ranks left with no rows): every shard's shape and values.",
+                   strict)

@@ -1,4 +1,4 @@
-"""Worker functions that notebook 12 (after training) hands to ``launch``.
+"""Worker functions that notebook 13 (after training) hands to ``launch``.
 
 ``launch`` starts fresh processes that import each function by module and name, so the workers
 live here, never in a notebook cell. The recipe (``course_lib.train_ddp``) saves the unwrapped
