@@ -111,6 +111,15 @@ def test_peak_memory_counts_live_tensors_on_a_cpu():
     del c, d
 
 
+def test_peak_memory_counts_a_gradient_autograd_keeps():
+    """``.grad`` is a new tensor on the storage backward made (autograd drops the first): it
+    still counts, as long as it lives."""
+    w = torch.nn.Parameter(torch.ones(1000))    # 4000 bytes alive at entry
+    with PeakMemory(tensors=[w]) as m:
+        (w * 2).sum().backward()                # w.grad: +4000
+    assert w.grad is not None and (m.start, m.end) == (4000, 8000)
+
+
 def test_peak_memory_breakdown_labels_the_peak():
     """At the peak: each live storage labelled by ``classify`` or by the phase that made it."""
     x = torch.ones(100)                                  # 400 bytes, alive at entry
@@ -133,6 +142,14 @@ def test_peak_parts_sum_to_the_peak(measured):
         assert sum(row["peak_parts"].values()) == row["peak"], row
     fsdp = measured["FSDP", 2, 0]["peak_parts"]
     assert fsdp["parameter shards"] == 4 * 106 and "parameters (whole)" not in fsdp, fsdp
+    # in a unit's reduce-scatter (144 or 68 elements; at these tiny sizes not always the
+    # largest): its weights, its full gradient, gloo's copy of that gradient, and this rank's
+    # slice of the result (half)
+    unit = fsdp["gathered unit weights"]
+    assert unit in (4 * 144, 4 * 68), fsdp
+    assert (fsdp["a unit's full gradient, before reduce-scatter"]
+            == fsdp["gloo's copy of a full gradient (reduce-scatter)"] == unit), fsdp
+    assert 2 * fsdp["reduce-scatter output (this rank's slice)"] == unit, fsdp
     ddp = measured["DDP", 2, 0]["peak_parts"]
     assert ddp["parameters (whole)"] == 4 * PSI and ddp["optimizer state"] == adam(PSI, 4), ddp
 

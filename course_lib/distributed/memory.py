@@ -97,7 +97,8 @@ class PeakMemory:
     On CUDA: ``torch.cuda.max_memory_allocated`` (everything the caching allocator handed out).
     On a CPU: live tensors counted by hand. Tensors alive at entry are found through the garbage
     collector (or given as ``tensors``); every tensor an operation returns inside the block is
-    tracked (a ``TorchDispatchMode`` sees each op) until it is freed; after each op the live
+    tracked (a ``TorchDispatchMode`` sees each op), and its storage counts until every tensor
+    seen on it is freed (``.grad`` is such a second tensor); after each op the live
     total is summed from each storage's current size (so a storage resized to 0, as FSDP frees
     its gathered weights, counts 0). Memory a kernel allocates and frees internally, and
     buffers of the communication library, are not seen.
@@ -117,7 +118,7 @@ class PeakMemory:
                  classify: Callable[[torch.Tensor, str], str | None] | None = None):
         self.device = torch.device(device)
         self._given = None if tensors is None else list(tensors)
-        self._live: dict[int, weakref.ref] = {}
+        self._live: dict[int, list[weakref.ref]] = {}  # storage -> tensors on it
         self._made_in: dict[int, str] = {}
         self.classify = classify
         self.phase = "before"
@@ -125,16 +126,26 @@ class PeakMemory:
         self.breakdown: dict[str, int] = {}
 
     def _track(self, t: torch.Tensor) -> None:
+        """Remember ``t`` (a weak reference): its storage counts while any tensor seen on it
+        lives. Every such tensor is kept, not only the first: autograd hands a gradient to
+        ``.grad`` as a new tensor on the same storage (``detach``) and drops the first."""
         if t.device.type == "cpu" and t.layout == torch.strided:
             key = StorageWeakRef(t.untyped_storage()).cdata
-            if key not in self._live or self._live[key]() is None:
-                self._live[key] = weakref.ref(t)
+            refs = [r for r in self._live.get(key, []) if r() is not None]
+            if not refs:
                 self._made_in[key] = self.phase
+            if not any(r() is t for r in refs):
+                refs.append(weakref.ref(t))
+            self._live[key] = refs
+
+    def _alive(self, key: int) -> torch.Tensor | None:
+        """A live tensor on storage ``key``, or None when every one seen has been freed."""
+        return next((t for t in (r() for r in self._live[key]) if t is not None), None)
 
     def _total(self) -> int:
         total, dead = 0, []
-        for key, ref in self._live.items():
-            t = ref()
+        for key in self._live:
+            t = self._alive(key)
             if t is None:
                 dead.append(key)
             else:
@@ -152,8 +163,8 @@ class PeakMemory:
     def _label(self) -> None:
         """{label: bytes} of the storages alive now (called at each new peak)."""
         parts: dict[str, int] = {}
-        for key, ref in self._live.items():
-            t = ref()
+        for key in self._live:
+            t = self._alive(key)
             if t is not None:
                 made_in = self._made_in[key]
                 label = self.classify(t, made_in) if self.classify is not None else None

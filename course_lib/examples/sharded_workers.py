@@ -39,7 +39,8 @@ from course_lib.distributed.optim import ZeroRedundancyOptimizer
 from course_lib.parallel.ddp import DistributedDataParallel
 
 __all__ = ["KINDS", "bucket_bytes", "compare_with_torch_fsdp", "compare_zero_with_unsharded",
-           "memory_per_rank", "mlp", "step_times"]
+           "memory_per_rank", "mlp", "short_name", "step_times",
+           "traffic_per_step"]
 
 KINDS = ("DDP", "ZeRO-1", "FSDP")
 
@@ -146,7 +147,11 @@ def _classifier(kind: str, model: nn.Module, local: torch.optim.Optimizer, batch
             if made_in == "backward" and t.dim() == 1 and t.numel() in padded:
                 return "a unit's full gradient, before reduce-scatter"
             if made_in == "backward" and t.dim() == 1 and t.numel() in shards:
-                return "shard-sized tensors made in backward"
+                if t.untyped_storage().nbytes() in {n * t.element_size() for n in padded}:
+                    # gloo's reduce-scatter: the input copied, all-reduced whole, this rank's
+                    # slice copied out (a view of that copy, which NCCL never makes)
+                    return "gloo's copy of a full gradient (reduce-scatter)"
+                return "reduce-scatter output (this rank's slice)"
         if made_in == "forward":
             return "activations and loss (made in forward)"
         if made_in == "backward" and t.dim() == 2 and t.shape[0] == batch[0].shape[0]:
@@ -328,8 +333,9 @@ class _PaperZeRO1:
                 offset += p.numel()
 
 
-def _short(name: str) -> str:
-    """A collective's name without the variant: all_gather, reduce_scatter, all_reduce, ..."""
+def short_name(name: str) -> str:
+    """A collective's name without the variant: all_gather, reduce_scatter, all_reduce, ...
+    (``all_gather_single`` and ``all_gather_into_tensor`` are both ``all_gather``)."""
     for short in ("all_gather", "reduce_scatter", "all_reduce", "broadcast"):
         if short in name:
             return short
@@ -360,8 +366,9 @@ def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
             totals[r.name] = totals.get(r.name, 0) + r.elements * scale
         out[kind] = totals
         if kind == "FSDP":   # the order of the calls: when each unit is gathered, when scattered
-            out["FSDP order"] = [(_short(r.name), r.elements * (world if "reduce_scatter" in r.name
-                                                                else 1)) for r in records]
+            out["FSDP order"] = [(short_name(r.name),
+                                  r.elements * (world if "reduce_scatter" in r.name else 1))
+                                 for r in records]
     # The paper's ZeRO-1: a plain model, its gradients reduce-scattered, its slices all-gathered;
     # after the two steps, its parameters against DDP's (the unsharded AdamW) after two steps
     torch.manual_seed(0)
