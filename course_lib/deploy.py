@@ -427,7 +427,8 @@ def quantize_int8(model: nn.Module, *, dynamic_activations: bool = True,
         dynamic_activations: True: ``Int8DynamicActivationInt8WeightConfig``, the successor of
             ``torch.ao.quantization.quantize_dynamic``: each batch's activations are quantized
             on the fly and the matmul runs in int8. False: ``Int8WeightOnlyConfig``: weights
-            stored in int8 and dequantized for a float matmul (memory, not arithmetic).
+            stored in int8 and dequantized for a float matmul (smaller to store; in eager mode
+            the whole weight is dequantized on each call, so it saves no time).
         inplace: quantize ``model`` itself instead of a copy.
     """
     q = _torchao()
