@@ -70,7 +70,7 @@ def test_stage_checker_unanswered_and_reference(capsys):
     (NoLossScale, (2,), "loss_scale"),
 ])
 def test_stage_checker_rejects(wrong, world, says):
-    result = check_stage(wrong, world_sizes=world, timeout=15)
+    result = check_stage(wrong, world_sizes=world, timeout=6)
     assert result.ok is False and says in result.message, result.message
 
 
