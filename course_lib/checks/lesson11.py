@@ -174,15 +174,15 @@ def _flat(linear: nn.Linear, grad: bool = False) -> torch.Tensor:
 def _kept_since(before: set[int], sizes: set[int]) -> list[int]:
     """Sizes of the tensors made since ``before`` (their ids) and still alive, of a full
     weight's size. gloo's worker thread may hold a collective's output a moment after the
-    collective returned: only a tensor still alive after a second (a dozen looks) counts."""
-    for _ in range(12):
+    collective returned: only a tensor still alive after a second (five looks) counts."""
+    for _ in range(5):
         gc.collect()
         kept = [t.numel() for t in gc.get_objects() if issubclass(type(t), torch.Tensor)
                 and id(t) not in before and t.numel() in sizes
                 and t.untyped_storage().nbytes() > 0]
         if not kept:
             return []
-        time.sleep(0.1)
+        time.sleep(0.25)
     return kept
 
 
