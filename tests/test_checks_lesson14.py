@@ -21,7 +21,7 @@ from course_lib.checks import (
     check_vocab_parallel_cross_entropy,
 )
 from course_lib.checks import lesson14 as L
-from course_lib.checks._launch import UNANSWERED, first_failure_in_ranks
+from course_lib.checks.harness import UNANSWERED, first_failure_in_ranks, verdicts_as_expected
 from course_lib.distributed.tensor.parallel import vocab_parallel_cross_entropy
 from solutions import lesson14 as S
 
@@ -484,21 +484,8 @@ _VERDICTS = [
      {2: "That sends the logits themselves: V/t = 12 numbers per position instead of 3"}),
     ("loss scaffold", _LOSS, loss_scaffold, {2: UNANSWERED}),
 ]
-
-
-def _verdicts_as_expected(table: list, seed: int) -> str | None:
-    """In every rank of a group: each wrong answer of ``table`` through its checker's worker
-    (the ranks agree on every verdict, so they stay in step); what differed, or None."""
-    world = dist.get_world_size()
-    differ = []
-    for what, worker, answers, expected in table:
-        if world not in expected:
-            continue
-        got, want = getattr(L, worker)(answers, seed), expected[world]
-        right = got is None if want is None else got is not None and want in got
-        if not right:
-            differ.append(f"{what}, world_size={world}: expected {want!r}, got {got!r}")
-    return "\n".join(differ) or None
+_ROWS = [(what, getattr(L, worker), answers, expected)
+         for what, worker, answers, expected in _VERDICTS]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -514,7 +501,7 @@ def test_solutions_pass_the_four_checkers():
 
 
 def test_wrong_answers_get_their_reasons():
-    found = first_failure_in_ranks(_verdicts_as_expected, _VERDICTS, (2, 3), (14,),
+    found = first_failure_in_ranks(verdicts_as_expected, _ROWS, (2, 3), (14,),
                                    timeout=120.0, hang_hint="", hint="")
     assert found is None, found
 

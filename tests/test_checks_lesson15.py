@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from course_lib.checks import check_checkpoint, check_scaler_update, check_sequence_parallel_block
 from course_lib.checks import lesson15 as L
-from course_lib.checks._launch import UNANSWERED, first_failure_in_ranks
+from course_lib.checks.harness import UNANSWERED, first_failure_in_ranks, verdicts_as_expected
 from solutions import lesson15 as S
 
 # ------------------------------------------------------------------------------------------------
@@ -405,21 +405,7 @@ _VERDICTS = [
          "(2, 6, 5). The group given has this rank alone"}),
     ("scaffolds", (gather_scaffold, scatter_scaffold), {2: UNANSWERED}),
 ]
-
-
-def _verdicts_as_expected(table: list, seed: int) -> str | None:
-    """In every rank of a group: each wrong pair of ``table`` through the checker's worker (the
-    ranks agree on every verdict, so they stay in step); what differed, or None."""
-    world = dist.get_world_size()
-    differ = []
-    for what, answers, expected in table:
-        if world not in expected:
-            continue
-        got, want = L._sequence_cases(answers, seed), expected[world]
-        right = got is None if want is None else got is not None and want in got
-        if not right:
-            differ.append(f"{what}, world_size={world}: expected {want!r}, got {got!r}")
-    return "\n".join(differ) or None
+_ROWS = [(what, L._sequence_cases, answers, expected) for what, answers, expected in _VERDICTS]
 
 
 def test_sequence_parallel_solution_passes():
@@ -427,7 +413,7 @@ def test_sequence_parallel_solution_passes():
 
 
 def test_wrong_sequence_parallel_pairs_get_their_reasons():
-    found = first_failure_in_ranks(_verdicts_as_expected, _VERDICTS, (2, 3), (15,),
+    found = first_failure_in_ranks(verdicts_as_expected, _ROWS, (2, 3), (15,),
                                    timeout=120.0, hang_hint="", hint="")
     assert found is None, found
 

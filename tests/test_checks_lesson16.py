@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from course_lib.checks import check_merge, check_ring_attention, check_ring_step
 from course_lib.checks import lesson16 as L
-from course_lib.checks._launch import UNANSWERED, first_failure_in_ranks
+from course_lib.checks.harness import UNANSWERED, first_failure_in_ranks, verdicts_as_expected
 from solutions import lesson16 as S
 
 # ------------------------------------------------------------------------------------------------
@@ -207,21 +207,7 @@ _VERDICTS = [
     ("copies over k", ring_copies_into_k, {2: "ring_step changed k or v in place"}),
     ("scaffold", ring_scaffold, {2: UNANSWERED}),
 ]
-
-
-def _verdicts_as_expected(table: list, seed: int) -> str | None:
-    """In every rank: each wrong ring step through the checker's worker (the ranks agree on
-    every verdict, so they stay in step); what differed, or None."""
-    world = dist.get_world_size()
-    differ = []
-    for what, answer, expected in table:
-        if world not in expected:
-            continue
-        got, want = L._ring_cases(answer, seed), expected[world]
-        right = got is None if want is None else got is not None and want in got
-        if not right:
-            differ.append(f"{what}, world_size={world}: expected {want!r}, got {got!r}")
-    return "\n".join(differ) or None
+_ROWS = [(what, L._ring_cases, answer, expected) for what, answer, expected in _VERDICTS]
 
 
 def test_ring_step_solution_passes():
@@ -229,7 +215,7 @@ def test_ring_step_solution_passes():
 
 
 def test_wrong_ring_steps_get_their_reasons():
-    found = first_failure_in_ranks(_verdicts_as_expected, _VERDICTS, (2, 3), (16,),
+    found = first_failure_in_ranks(verdicts_as_expected, _ROWS, (2, 3), (16,),
                                    timeout=60.0, hang_hint="", hint="")
     assert found is None, found
 
@@ -317,20 +303,8 @@ _LOOP_VERDICTS = [
     ("all_gather", loop_by_all_gather, {2: "called all_gather"}),
     ("scaffold", loop_scaffold, {2: UNANSWERED}),
 ]
-
-
-def _loop_verdicts_as_expected(table: list, seed: int) -> str | None:
-    """In every rank: each loop through the checker's worker; what differed, or None."""
-    world = dist.get_world_size()
-    differ = []
-    for what, answer, expected in table:
-        if world not in expected:
-            continue
-        got, want = L._loop_cases(answer, seed), expected[world]
-        right = got is None if want is None else got is not None and want in got
-        if not right:
-            differ.append(f"{what}, world_size={world}: expected {want!r}, got {got!r}")
-    return "\n".join(differ) or None
+_LOOP_ROWS = [(what, L._loop_cases, answer, expected)
+              for what, answer, expected in _LOOP_VERDICTS]
 
 
 def test_ring_attention_solution_passes_and_none_is_unanswered():
@@ -339,7 +313,7 @@ def test_ring_attention_solution_passes_and_none_is_unanswered():
 
 
 def test_wrong_ring_loops_get_their_reasons():
-    found = first_failure_in_ranks(_loop_verdicts_as_expected, _LOOP_VERDICTS, (2, 3), (160,),
+    found = first_failure_in_ranks(verdicts_as_expected, _LOOP_ROWS, (2, 3), (160,),
                                    timeout=60.0, hang_hint="", hint="")
     assert found is None, found
 

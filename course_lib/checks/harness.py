@@ -89,7 +89,8 @@ __all__ = ["ATOL", "GRADE_LOG", "RTOL", "UNANSWERED", "CheckTimeout", "ExerciseR
            "check_answers_in_ranks", "check_cases", "check_function", "check_in_ranks", "close",
            "counting", "describe", "failure", "first_failure_in_ranks", "group_of_one", "in_step",
            "keeps_kernel_state", "load_answer", "load_answers", "refusal_problem", "resolve",
-           "run_in_step", "said", "unanswered", "unguarded_script", "verdict", "worker_spec"]
+           "run_in_step", "said", "unanswered", "unguarded_script", "verdict",
+           "verdicts_as_expected", "worker_spec"]
 
 #: What a rank's worker returns when the learner's code still raises NotImplementedError.
 UNANSWERED = "not answered: NotImplementedError"
@@ -331,6 +332,29 @@ def first_failure_in_ranks(worker: Callable, spec: Any, world_sizes: Sequence[in
                 if f is not None]
     # a rank that saw a wrong value says more than a peer whose collective then broke
     return f"{sorted(failures, key=lambda f: 'raised' in f)[0]} Hint: {hint}"
+
+
+def verdicts_as_expected(table: Sequence[tuple], *args: Any) -> str | None:
+    """A homework author's test that each wrong answer gets the diagnosis meant for it: a worker
+    for ``first_failure_in_ranks(verdicts_as_expected, table, world_sizes, args, ...)``.
+
+    ``table`` holds rows ``(what, cases, answer, expected)``: ``cases(answer, *args)`` is the
+    checker's own per-rank worker (a module-level function, it travels to the ranks by name),
+    and ``expected`` maps a world size to a phrase its verdict must contain, or to None where
+    the answer must pass; world sizes it does not name are skipped. Every rank runs every row
+    (the ranks agree on every verdict, so they stay in step). Returns what differed, one line a
+    row, or None.
+    """
+    world = dist.get_world_size()
+    differ = []
+    for what, cases, answer, expected in table:
+        if world not in expected:
+            continue
+        got, want = cases(answer, *args), expected[world]
+        right = got is None if want is None else got is not None and want in got
+        if not right:
+            differ.append(f"{what}, world_size={world}: expected {want!r}, got {got!r}")
+    return "\n".join(differ) or None
 
 
 def answer_kind(answer: Callable | str, example: str) -> str:
