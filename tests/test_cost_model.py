@@ -123,19 +123,33 @@ def test_rails_between_nodes():
 
 def test_one_thread_pays_every_device_launch():
     model = cost_model.AlphaBeta(alpha=1e-5, beta=1e-10, p=2)
-    compute, launch, grads = 0.01, 1e-3, [4e6, 4e3]
+    compute, launch, grads = 1e-3, 1e-3, [4e6, 4e3]    # launch-bound on two devices
     one = cost_model.data_parallel_step_time(compute, launch, grads, 1, model)
-    assert one == pytest.approx(compute + launch)                    # one device: no message
+    assert one == pytest.approx(max(compute, launch))                # one device: no message
     thread = cost_model.data_parallel_step_time(compute, launch, grads, 2, model)
     procs = cost_model.data_parallel_step_time(compute, launch, grads, 2, model,
                                                one_thread=False)
     comm = sum(cost_model.naive_time(n, 2, 1e-5, 1e-10) for n in grads)
-    assert procs == pytest.approx(compute / 2 + launch + comm)
-    assert thread - procs == pytest.approx(launch)                   # twice the launch cost
+    assert procs == pytest.approx(launch + comm)                     # launches hide the compute
+    assert thread == pytest.approx(2 * launch + comm)                # twice the launch cost
     assert cost_model.data_parallel_speedup(compute, launch, grads, 2, model) == \
         pytest.approx(one / thread)
     with pytest.raises(ValueError, match="k must be"):
         cost_model.data_parallel_step_time(compute, launch, grads, 0, model)
+
+
+def test_launches_overlap_the_compute():
+    """CUDA launches are asynchronous: the step is max(compute, launches) + communication, so
+    a compute-bound step hides its launches; the sum (the wrong variant) would not."""
+    model = cost_model.AlphaBeta(alpha=1e-5, beta=1e-10, p=2)
+    compute, launch, grads = 0.01, 1e-3, [4e6, 4e3]
+    comm = sum(cost_model.naive_time(n, 2, 1e-5, 1e-10) for n in grads)
+    thread = cost_model.data_parallel_step_time(compute, launch, grads, 2, model)
+    procs = cost_model.data_parallel_step_time(compute, launch, grads, 2, model,
+                                               one_thread=False)
+    assert thread == procs == pytest.approx(compute / 2 + comm)
+    assert thread < compute / 2 + 2 * launch + comm                  # not the sum
+    assert cost_model.data_parallel_step_time(compute, launch, grads, 1, model) == compute
 
 
 def test_the_puzzle_in_the_model():
@@ -305,14 +319,15 @@ def test_one_rank_schemes_get_one_card_not_every_rail():
         cost_model.nccl_tree_time(n, 8, m.alpha, m.beta))
 
 
-def test_step_parts_add_up_to_the_step_and_name_each_term():
+def test_step_parts_make_the_step_and_name_each_term():
     model = cost_model.AlphaBeta(alpha=1e-5, beta=1e-10, p=2)
     grads = [4e5, 1e5]
     for k, one_thread in ((1, True), (2, True), (2, False)):
         parts = cost_model.data_parallel_step_parts(1e-3, 2e-4, grads, k, model,
                                                     one_thread=one_thread)
-        assert sum(parts.values()) == cost_model.data_parallel_step_time(
-            1e-3, 2e-4, grads, k, model, one_thread=one_thread)
+        step = cost_model.data_parallel_step_time(1e-3, 2e-4, grads, k, model,
+                                                  one_thread=one_thread)
+        assert step == max(parts["compute"], parts["launches"]) + parts["communication"]
         assert parts["compute"] == pytest.approx(1e-3 / k)
         assert parts["launches"] == pytest.approx(2e-4 * (k if one_thread else 1))
     assert cost_model.data_parallel_step_parts(1e-3, 2e-4, grads, 1, model)["communication"] == 0

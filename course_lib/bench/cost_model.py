@@ -410,16 +410,21 @@ def data_parallel_step_time(compute_s: float, launch_s: float, message_bytes: li
                             one_thread: bool = True, overlap: float = 0.0) -> float:
     """A projected step of data parallelism over k devices, launch costs included.
 
-    ``compute_s / k + launches + (1 - overlap) * communication``, where ``compute_s`` is the
-    whole batch's arithmetic on one device and ``launch_s`` what one device's step costs
-    whatever its batch (Python, kernel launches). With ``one_thread`` (d2l's from-scratch loop
-    over GPUs) one Python thread launches every kernel on every device in turn:
-    ``k * launch_s``; with one process per device (DDP) the launches run side by side:
-    ``launch_s``. ``nn.DataParallel`` lies between: ``parallel_apply`` runs each replica's
-    forward in a thread of its own, but the threads share the interpreter lock, so their Python
-    work still takes turns. A larger batch does not shrink the launch cost, it amortizes it over
-    more images; what shrinks it is fewer launches (CUDA graphs, ``torch.compile``) or more
-    threads issuing them (one process per device).
+    ``max(compute_s / k, launches) + (1 - overlap) * communication``, where ``compute_s`` is the
+    whole batch's arithmetic on one device and ``launch_s`` what one device's step costs the
+    host whatever its batch (Python, kernel launches). CUDA kernels run asynchronously: the
+    host issues a step's kernels while the devices compute the earlier ones, so the step lasts
+    as long as the slower of the two (the ideal overlap: where the two are close, the first
+    launch and the last kernel add a little). The all-reduces not hidden behind backward come
+    on top. With ``one_thread`` (d2l's from-scratch loop over GPUs) one Python thread launches
+    every kernel on every device in turn: ``k * launch_s``; with one process per device (DDP)
+    the launches run side by side: ``launch_s``. ``nn.DataParallel`` lies between:
+    ``parallel_apply`` runs each replica's forward in a thread of its own, but the threads share
+    the interpreter lock, so their Python work still takes turns. A step whose launches exceed
+    its compute is *launch-bound*: a larger batch does not shrink the launch cost, it gives the
+    devices more to compute in its shadow (more images for the same step time); what shrinks it
+    is fewer launches (CUDA graphs, ``torch.compile``) or more threads issuing them (one process
+    per device).
 
     Args:
         compute_s: seconds of arithmetic of the whole batch on one device.
@@ -431,16 +436,18 @@ def data_parallel_step_time(compute_s: float, launch_s: float, message_bytes: li
         one_thread: one Python thread drives all k devices in turn (True) or one process each.
         overlap: the fraction of the communication hidden behind backward.
     """
-    return sum(data_parallel_step_parts(compute_s, launch_s, message_bytes, k, model,
-                                        algorithm=algorithm, one_thread=one_thread,
-                                        overlap=overlap).values())
+    parts = data_parallel_step_parts(compute_s, launch_s, message_bytes, k, model,
+                                     algorithm=algorithm, one_thread=one_thread, overlap=overlap)
+    return max(parts["compute"], parts["launches"]) + parts["communication"]
 
 
 def data_parallel_step_parts(compute_s: float, launch_s: float, message_bytes: list[float],
                              k: int, model: AlphaBeta, *, algorithm: str = "naive",
                              one_thread: bool = True, overlap: float = 0.0) -> dict[str, float]:
-    """``data_parallel_step_time`` term by term: ``compute`` (``compute_s / k``), ``launches``
-    and the exposed ``communication``, in seconds; the same arguments."""
+    """``data_parallel_step_time``'s terms: ``compute`` (``compute_s / k``), ``launches`` and
+    the exposed ``communication``, in seconds; the same arguments. The step is
+    ``max(compute, launches) + communication``, not their sum: the host launches while the
+    devices compute."""
     if k < 1:
         raise ValueError(f"data_parallel_step_time: k must be >= 1 device, got {k}.")
     comm = predicted_step_time(0.0, message_bytes if k > 1 else [], k, model, algorithm, overlap)

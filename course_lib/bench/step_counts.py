@@ -57,8 +57,13 @@ def kernels_per_step(net: nn.Module, input_shape: Sequence[int] = (8, 1, 28, 28)
 
 
 def torch_bucket_bytes(net: nn.Module, caps: Sequence[int]) -> list[int]:
-    """Bytes of each gradient bucket torch's reducer builds for ``net`` at first: parameters in
-    reverse registration order (about when gradients arrive), bucket ``i`` capped at
+    """Bytes of each gradient bucket torch's reducer uses for ``net`` once it has rebuilt them.
+
+    The first iteration puts every parameter in one bucket; before the second forward the
+    reducer rebuilds them, with ``dist._compute_bucket_assignment_by_size``, in the order the
+    gradients arrived. This helper models those rebuilt buckets, calling that function with
+    reverse registration order as an approximation of the arrival order (close for a chain of
+    layers; not checked against the order a run records): bucket ``i`` capped at
     ``caps[min(i, len(caps) - 1)]`` bytes; a tensor is added, then the bucket closes once full.
 
     Args:
