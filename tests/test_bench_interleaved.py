@@ -129,7 +129,7 @@ def test_ddp_refuses_one_round(capsys):
 def test_dataloader_interleaved_with_interval(capsys, tmp_path):
     report, _ = _run(dataloader.main, ["--quick", "--samples", "3", "--min-sample-ms", "10"],
                      capsys, tmp_path)
-    assert report["samples"] == 3
+    assert report["samples"] == 3 and report["lr"] == 0.3   # lesson 01's baseline learning rate
     assert len(report["fast_s_per_epoch"]) == len(report["dataloader_s_per_epoch"]) == 3
     for name in ("fast", "dataloader"):
         assert 0 < report[f"{name}_min_s_per_epoch"] <= report[f"{name}_median_s_per_epoch"]

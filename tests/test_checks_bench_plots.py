@@ -41,8 +41,12 @@ def test_check_functions_accept_right_and_reject_wrong():
             for p in params:
                 p -= lr * p.grad
 
+    def twice_sgd(params, lr):   # a step of 2 lr: torch.optim.SGD's step differs
+        good_sgd(params, 2 * lr)
+
     assert checks.check_sgd_fn(good_sgd)
     assert not checks.check_sgd_fn(no_zero_sgd)
+    assert not checks.check_sgd_fn(twice_sgd)
     assert checks.check_try_all_gpus(lambda: [torch.device("cpu")] if not torch.cuda.is_available()
                                      else [torch.device(f"cuda:{i}")
                                            for i in range(torch.cuda.device_count())])

@@ -2,7 +2,8 @@
 
 Run: ``python -m course_lib.bench dataloader [--samples 12] [--batch-size 256] [--quick] [--out
 PATH]`` (full runs also write ``results/dataloader-MACHINE.json``). Prints JSON. Both paths train
-the same LeNet with the same loop in the same process, interleaved
+the same LeNet with the same step (``train_epoch``, lesson 01's learning rate 0.3 by default) in
+the same process, interleaved
 (``course_lib.timing.compare``): each timed call trains on one chunk of batches (a sixteenth
 of an epoch by default; the batches run on across epochs), each sample as many calls as last
 ``--min-sample-ms``, the two paths alternating sample by sample so that a change in the
@@ -42,14 +43,16 @@ def _forever(batches: Iterable) -> Iterator:
         yield from batches
 
 
-def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: int = 16,
-                            samples: int | None = None, min_sample_s: float | None = None,
-                            quick: bool | None = None, device: torch.device | None = None,
+def compare_input_pipelines(batch_size: int = 256, *, lr: float = 0.3, epochs: int = 1,
+                            chunks: int = 16, samples: int | None = None,
+                            min_sample_s: float | None = None, quick: bool | None = None,
+                            device: torch.device | None = None,
                             stamp: LoadStamp | None = None) -> dict:
     """Train LeNet through each input path, interleaved; seconds per epoch and their ratio.
 
     Args:
         batch_size: examples per batch.
+        lr: the learning rate both paths train with (default lesson 01's baseline, 0.3).
         epochs: with ``chunks``, the default number of samples (``epochs * chunks``): about
             ``epochs`` epochs of each path are timed.
         chunks: a timed call trains on ``1 / chunks`` of an epoch's batches.
@@ -65,7 +68,7 @@ def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: i
         ``{"fast_s_per_epoch": [...], "dataloader_s_per_epoch": [...]`` (one estimate per
         sample, in the order taken), ``"fast_median_s_per_epoch"``, ``"fast_min_s_per_epoch"``
         (and the same for ``dataloader``), ``"ratio_fast_over_dataloader"`` (of the medians),
-        ``"ratio_interval"`` (95 % bootstrap), ``"verdict"``, ``"batches_per_epoch"``,
+        ``"ratio_interval"`` (95 % bootstrap), ``"verdict"``, ``"lr"``, ``"batches_per_epoch"``,
         ``"batches_per_call"``, ``"comparison"`` (``Comparison.to_json()``, seconds per call)}``.
     """
     if samples is None:
@@ -89,7 +92,7 @@ def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: i
 
     def chunk(name: str) -> Callable[[], None]:
         def train_chunk() -> None:
-            train_epoch(params[name], islice(streams[name], size), lr=0.9, device=device)
+            train_epoch(params[name], islice(streams[name], size), lr=lr, device=device)
         return train_chunk
 
     timed = compare({name: chunk(name) for name in paths}, samples=samples,
@@ -102,7 +105,7 @@ def compare_input_pipelines(batch_size: int = 256, *, epochs: int = 1, chunks: i
         out[f"{name}_median_s_per_epoch"] = statistics.median(per_epoch[name])
         out[f"{name}_min_s_per_epoch"] = min(per_epoch[name])
     out.update({"ratio_fast_over_dataloader": ratio, "ratio_interval": [lo, hi],
-                "verdict": timed.verdict("fast"), "batches_per_epoch": n_batches,
+                "verdict": timed.verdict("fast"), "lr": lr, "batches_per_epoch": n_batches,
                 "batches_per_call": size, "min_sample_s": min_sample_s,
                 "comparison": timed.to_json()})
     return out
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-sample-ms", type=float, default=None,
                     help="the least a sample lasts (default 200; quick 20)")
     ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=0.3,
+                    help="learning rate of both paths (default 0.3, lesson 01's baseline)")
     ap.add_argument("--quick", action="store_true", help="the quick-mode slice of the data")
     ap.add_argument("--out", default=None,
                     help="where to write the JSON (default results/dataloader-MACHINE.json; "
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     device = try_gpu()
     report = report_header("dataloader", list(argv or []), quick=args.quick)
     start = time.perf_counter()
-    result = compare_input_pipelines(args.batch_size, samples=samples,
+    result = compare_input_pipelines(args.batch_size, lr=args.lr, samples=samples,
                                      min_sample_s=None if args.min_sample_ms is None
                                      else args.min_sample_ms / 1e3, quick=args.quick,
                                      device=device)

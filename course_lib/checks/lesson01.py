@@ -42,7 +42,10 @@ def check_lenet_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResu
                           strict=strict)
 
 def check_accuracy_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
-    """Exercise 01: ``fn(y_hat, y)`` returns the number of correct predictions."""
+    """Exercise 01: ``fn(y_hat, y)`` returns the number of correct predictions.
+
+    The oracle is the course's ``accuracy`` (PyTorch has no accuracy function of its own).
+    """
     from ..train import accuracy
 
     g = torch.Generator().manual_seed(0)
@@ -54,20 +57,22 @@ def check_accuracy_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseR
 
 
 def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
-    """Exercise 01: ``fn(params, lr)`` updates in place like ``course_lib.lenet.sgd``."""
-    from ..models.lenet import sgd
+    """Exercise 01: ``fn(params, lr)`` updates in place like ``torch.optim.SGD``, then zeroes.
 
+    The oracle is ``torch.optim.SGD(params, lr).step()`` (no momentum, no weight decay) on a copy
+    of the same random parameters and gradients, in float64.
+    """
     if fn is None:
         return verdict("sgd", None, "define your function and pass it here.", strict)
     g = torch.Generator().manual_seed(1)
-    params = [torch.randn(3, 4, generator=g).requires_grad_(), torch.randn(4, generator=g)
-              .requires_grad_()]
+    params = [torch.randn(3, 4, generator=g, dtype=torch.float64).requires_grad_(),
+              torch.randn(4, generator=g, dtype=torch.float64).requires_grad_()]
     for p in params:
-        p.grad = torch.randn(p.shape, generator=g)
+        p.grad = torch.randn(p.shape, generator=g, dtype=torch.float64)
     mine = [p.detach().clone().requires_grad_() for p in params]
     for p, q in zip(mine, params):
         p.grad = q.grad.clone()
-    sgd(params, 0.1)
+    torch.optim.SGD(params, lr=0.1).step()           # the oracle: PyTorch's own step
     with torch.enable_grad():
         try:
             call_bounded(fn, mine, 0.1)
@@ -80,12 +85,13 @@ def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult
     for p, q in zip(mine, params):
         if not torch.allclose(p.detach(), q.detach()):
             return verdict("sgd", False, "the parameters after your step differ from "
-                            "p - lr * p.grad (did you update in place under torch.no_grad()?)",
-                            strict)
+                            "torch.optim.SGD's p - lr * p.grad (did you update in place under "
+                            "torch.no_grad()?)", strict)
     if any(p.grad is not None and torch.count_nonzero(p.grad) for p in mine):
         return verdict("sgd", False, "the step is right but the gradients were not zeroed.",
                         strict)
-    return verdict("sgd", True, "same parameters as the course's sgd, gradients zeroed.", strict)
+    return verdict("sgd", True, "same parameters as torch.optim.SGD's step, gradients zeroed.",
+                   strict)
 
 
 def check_initial_loss(answer: float | None, *, strict: bool = False) -> ExerciseResult:
