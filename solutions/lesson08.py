@@ -33,11 +33,12 @@ def epoch_shard(n: int, rank: int, world_size: int, epoch: int, seed: int = 0) -
     ``DistributedSampler`` gives them after ``set_epoch(epoch)``.
 
     One permutation per epoch, drawn from ``seed + epoch`` (the same on every rank, a new one
-    every epoch), padded with its first indices to a multiple of ``world_size``, then every
-    ``world_size``-th index from ``rank`` on.
+    every epoch), padded to a multiple of ``world_size`` by repeating it from its start (as
+    torch does, also when the padding is longer than the data), then every ``world_size``-th
+    index from ``rank`` on.
     """
     g = torch.Generator().manual_seed(seed + epoch)
-    order = torch.randperm(n, generator=g).tolist()
+    perm = torch.randperm(n, generator=g).tolist()            # the same on every rank
     total = -(-n // world_size) * world_size                  # ceil(n / k) * k
-    order += order[:total - n]                                # pad: every rank as many steps
-    return order[rank::world_size]
+    order = [perm[i % n] for i in range(total)]               # pad from the start, cyclically
+    return order[rank::world_size]                            # every k-th, from position rank

@@ -109,36 +109,72 @@ from course_lib.checks.lesson08 import check_epoch_shards  # noqa: E402
 from solutions.lesson08 import epoch_shard  # noqa: E402
 
 
-def sampler_with_set_epoch(n, rank, world_size, epoch, seed):  # the library way: also right
+def sampler_with_set_epoch(n, rank, world_size, epoch, seed):  # asks torch: refused
     sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, seed=seed)
     sampler.set_epoch(epoch)
     return list(sampler)
 
 
-def forgets_set_epoch(n, rank, world_size, epoch, seed):
-    return list(DistributedSampler(range(n), num_replicas=world_size, rank=rank, seed=seed))
+def forgets_set_epoch(n, rank, world_size, epoch, seed):  # epoch 0's order every epoch
+    return epoch_shard(n, rank, world_size, 0, seed)
 
 
 def seeded_with_the_rank(n, rank, world_size, epoch, seed):
     return epoch_shard(n, rank, world_size, epoch, seed + 1000 * rank)
 
 
+def _perm(n, epoch, seed):
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
 def drops_instead_of_padding(n, rank, world_size, epoch, seed):
-    g = torch.Generator().manual_seed(seed + epoch)
-    return torch.randperm(n, generator=g)[rank::world_size].tolist()
+    return _perm(n, epoch, seed)[rank::world_size]
 
 
 def never_shuffles(n, rank, world_size, epoch, seed):
-    return list(DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False))
+    total = -(-n // world_size) * world_size
+    return [i % n for i in range(total)][rank::world_size]
+
+
+def contiguous_blocks(n, rank, world_size, epoch, seed):  # right permutation and padding
+    perm = _perm(n, epoch, seed)
+    total = -(-n // world_size) * world_size
+    order = perm + perm[:total - n]
+    m = total // world_size
+    return order[rank * m:(rank + 1) * m]
+
+
+def pads_with_the_last_indices(n, rank, world_size, epoch, seed):
+    perm = _perm(n, epoch, seed)
+    total = -(-n // world_size) * world_size
+    return (perm + perm[n - (total - n):])[rank::world_size]
+
+
+def another_permutation(n, rank, world_size, epoch, seed):  # its own RNG, seeded right
+    g = torch.Generator().manual_seed(seed + epoch)
+    perm = torch.argsort(torch.rand(n, generator=g)).tolist()
+    total = -(-n // world_size) * world_size
+    return (perm + perm[:total - n])[rank::world_size]
 
 
 def test_epoch_shards_unanswered():
     assert check_epoch_shards(None).ok is None
 
 
-def test_epoch_shards_reference_and_sampler_pass():
+def test_epoch_shards_reference_passes_and_matches_torch_where_padding_exceeds_n(capsys):
     assert check_epoch_shards(epoch_shard)
-    assert check_epoch_shards(sampler_with_set_epoch)
+    assert "element by element" in capsys.readouterr().out
+    for n, k in ((1, 3), (2, 5), (7, 7)):  # padding longer than the data, and none at all
+        for rank in range(k):
+            assert epoch_shard(n, rank, k, 2, 5) == sampler_with_set_epoch(n, rank, k, 2, 5)
+
+
+def test_epoch_shards_refuses_a_distributed_sampler_and_restores_it():
+    iter_before = DistributedSampler.__iter__
+    result = check_epoch_shards(sampler_with_set_epoch)
+    assert result.ok is False and "iterates a torch DistributedSampler" in result.message
+    assert DistributedSampler.__iter__ is iter_before
+    assert len(sampler_with_set_epoch(10, 0, 3, 1, 5)) == 4  # usable again after the check
 
 
 @pytest.mark.parametrize("wrong, says", [
@@ -151,6 +187,21 @@ def test_epoch_shards_wrong_answers_fail_and_are_named(wrong, says):
     result = check_epoch_shards(wrong)
     assert result.ok is False
     assert says in result.message, result.message
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("wrong, says", [
+    (contiguous_blocks, "consecutive blocks"),
+    (pads_with_the_last_indices, "padding index(es) differ"),
+    (another_permutation, "permutation is not torch's"),
+])
+def test_epoch_shards_orders_unlike_torch_fail_at_2_and_3_ranks(wrong, says, world):
+    # every one of these covers the data in equal shards with a new order each epoch: only
+    # the element-by-element comparison with torch's sampler catches them
+    result = check_epoch_shards(wrong, sizes=(11,), world_sizes=(world,))
+    assert result.ok is False
+    assert says in result.message and f"world_size={world}" in result.message, result.message
+    assert "torch's DistributedSampler(range(11)" in result.message
 
 
 def test_epoch_shards_scaffold_is_not_answered_yet():

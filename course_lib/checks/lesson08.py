@@ -1,7 +1,8 @@
 """Checkers for the exercises of lesson 08 (the DDP training recipe).
 
 ``check_epoch_shards`` judges a learner's ``epoch_shard(n, rank, world_size, epoch, seed)``:
-the indices a ``DistributedSampler`` with ``set_epoch`` gives this rank, in one process.
+the indices a ``DistributedSampler`` with ``set_epoch`` gives this rank, in one process,
+compared element by element with torch's sampler (which the learner's function may not iterate).
 
 ``check_exact_accuracy`` runs the learner's ``exact_accuracy(model, X, y)`` in real worker
 processes (``course_lib.distributed.launch``) for several world sizes and evaluation-set sizes
@@ -16,12 +17,14 @@ string ``"my_eval:exact_accuracy"``.
 """
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DistributedSampler
 
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 from ._launch import UNANSWERED, check_in_ranks, load_answer
@@ -178,11 +181,65 @@ def check_exact_accuracy(fn: Callable | str | None, *,
 # ================================================================================================
 
 _SHARDS_NAME = "epoch_shards"
-_SHARDS_HINT = ("draw one permutation of range(n) from a generator seeded with seed + epoch "
-                "(the same on every rank), pad it by repeating its first indices to a multiple "
-                "of world_size, and take perm[rank::world_size]; or build a "
-                "DistributedSampler(range(n), num_replicas=world_size, rank=rank, seed=seed), "
-                "call set_epoch(epoch), and return list(sampler).")
+_SHARDS_HINT = ("draw one permutation of range(n) with torch.randperm(n, generator=g), g a "
+                "torch.Generator seeded with seed + epoch (the same on every rank, new every "
+                "epoch); pad it to a multiple of world_size by repeating it from its start; "
+                "take every world_size-th index from position rank on: perm[rank::world_size].")
+
+
+class _SamplerRefused(RuntimeError):
+    """Raised when the learner's function iterates a ``DistributedSampler``."""
+
+
+@contextlib.contextmanager
+def _sampler_refused() -> Iterator[None]:
+    """While it is open, iterating any ``DistributedSampler`` raises ``_SamplerRefused``: the
+    exercise is to produce its order, not to ask it. Restored in ``finally``."""
+    saved = DistributedSampler.__iter__
+
+    def refused(self):
+        raise _SamplerRefused("iterating a DistributedSampler is not the exercise")
+
+    DistributedSampler.__iter__ = refused
+    try:
+        yield
+    finally:
+        DistributedSampler.__iter__ = saved
+
+
+def _call(fn: Callable, *args) -> list[int]:
+    """The learner's shard as a list of ints, computed with ``DistributedSampler`` refused."""
+    with _sampler_refused():
+        got = call_bounded(fn, *args)
+    return [int(i) for i in got]
+
+
+def _torch_shards(n: int, world: int, epoch: int, seed: int) -> list[list[int]]:
+    """The oracle: what torch's own sampler gives every rank after ``set_epoch(epoch)``."""
+    shards = []
+    for rank in range(world):
+        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True,
+                                     seed=seed)
+        sampler.set_epoch(epoch)
+        shards.append(list(sampler))
+    return shards
+
+
+def _mismatch(shards: list[list[int]], want: list[list[int]], n: int) -> str:
+    """Why ``shards`` (equal lengths, covering range(n)) differ from torch's ``want``."""
+    world = len(want)
+    order = [want[j % world][j // world] for j in range(len(want[0]) * world)]  # padded perm
+    mine = [shards[j % world][j // world] for j in range(len(order))]           # interleaved
+    blocks = [i for s in shards for i in s]                                      # concatenated
+    if blocks == order or blocks[:n] == order[:n]:
+        return (" Your shards are consecutive blocks of torch's permutation: the sampler gives "
+                "rank r every world_size-th index from position r, not a block.")
+    if mine[:n] == order[:n]:
+        return (f" The permutation and the split are right; the {len(order) - n} padding "
+                f"index(es) differ: torch's are {order[n:]}, yours {mine[n:]}.")
+    if sorted(order[:n]) == sorted(mine[:n]) and mine[n:] == mine[:len(mine) - n]:
+        return " Your permutation is not torch's (a different generator, seed or draw)."
+    return ""
 
 
 def _shards_failure(fn: Callable, n: int, world: int, seed: int, epochs: int) -> str | None:
@@ -193,14 +250,16 @@ def _shards_failure(fn: Callable, n: int, world: int, seed: int, epochs: int) ->
         for rank in range(world):
             where = f"n={n}, world_size={world}, epoch {epoch}, rank {rank}"
             try:
-                got = call_bounded(fn, n, rank, world, epoch, seed)
-                shard = [int(i) for i in got]
+                shard = _call(fn, n, rank, world, epoch, seed)
             except NotImplementedError:
                 raise
+            except _SamplerRefused:
+                return (f"{where}: your function iterates a torch DistributedSampler. The "
+                        f"exercise is to produce its order yourself, with torch's random "
+                        f"functions (try a sampler in a cell of your own to see what it gives).")
             except Exception as e:
                 return f"{where}: {failure(e)}"
-            again = [int(i) for i in call_bounded(fn, n, rank, world, epoch, seed)]
-            if again != shard:
+            if _call(fn, n, rank, world, epoch, seed) != shard:
                 return (f"{where}: two calls with the same arguments gave different shards: the "
                         f"order must depend only on (seed, epoch), never on a global RNG.")
             shards.append(shard)
@@ -208,9 +267,9 @@ def _shards_failure(fn: Callable, n: int, world: int, seed: int, epochs: int) ->
         lengths = [len(s) for s in shards]
         want = -(-n // world)
         if len(set(lengths)) > 1 or lengths[0] != want:
-            return (f"{where}: shard lengths {lengths}, expected {want} on every rank (pad by "
-                    f"repeating the first indices: every rank must take the same number of "
-                    f"steps, or one waits forever in an all-reduce).")
+            return (f"{where}: shard lengths {lengths}, expected {want} on every rank (pad: "
+                    f"every rank must take the same number of steps, or one waits forever in "
+                    f"an all-reduce).")
         seen = Counter(i for s in shards for i in s)
         missing = [i for i in range(n) if i not in seen]
         if missing or set(seen) - set(range(n)):
@@ -222,14 +281,25 @@ def _shards_failure(fn: Callable, n: int, world: int, seed: int, epochs: int) ->
     for epoch in range(1, epochs):
         if per_epoch[epoch] == per_epoch[0]:
             return (f"n={n}, world_size={world}: epoch {epoch} gives exactly epoch 0's shards: "
-                    f"the epoch is not in the seed (DistributedSampler: call "
-                    f"set_epoch(epoch) at the start of every epoch).")
-    other = [[int(i) for i in call_bounded(fn, n, r, world, 0, seed + 1)] for r in range(world)]
+                    f"the epoch is not in the seed (a DistributedSampler draws a new order "
+                    f"after each set_epoch(epoch)).")
+    other = [_call(fn, n, r, world, 0, seed + 1) for r in range(world)]
     if other == per_epoch[0]:
         return (f"n={n}, world_size={world}: seed {seed} and seed {seed + 1} give the same "
                 f"shards: the seed is ignored.")
     if n >= 10 and all(s == sorted(s) for s in per_epoch[0]):
         return f"n={n}, world_size={world}, epoch 0: every shard is in increasing order: shuffle."
+    for epoch, shards in enumerate(per_epoch):
+        want = _torch_shards(n, world, epoch, seed)
+        for rank, (got, expected) in enumerate(zip(shards, want)):
+            if got != expected:
+                at = next(j for j, (a, b) in enumerate(zip(got, expected)) if a != b)
+                return (f"n={n}, world_size={world}, epoch {epoch}, rank {rank}: position {at} "
+                        f"of your shard is {got[at]}, torch's DistributedSampler(range({n}), "
+                        f"num_replicas={world}, rank={rank}, shuffle=True, seed={seed}) after "
+                        f"set_epoch({epoch}) gives {expected[at]} there (its shard starts "
+                        f"{expected[:8]}, yours {got[:8]})."
+                        f"{_mismatch(shards, want, n)}")
     return None
 
 
@@ -238,17 +308,21 @@ def check_epoch_shards(fn: Callable | None, *, sizes: tuple[int, ...] = (10, 11,
                        strict: bool = False) -> ExerciseResult:
     """Exercise 08: ``fn(n, rank, world_size, epoch, seed)`` returns this rank's indices.
 
-    What a ``DistributedSampler`` with ``set_epoch`` gives: for each epoch, one permutation of
-    ``range(n)`` shared by every rank (it depends on ``seed`` and ``epoch`` only), padded to a
-    multiple of the world size, split so that every rank gets ``ceil(n / world_size)`` indices
-    and every example is in some shard; a new permutation every epoch. Pure: run in this
-    process, each call under a time limit.
+    The oracle is torch's own ``DistributedSampler(range(n), num_replicas=world_size,
+    rank=rank, shuffle=True, seed=seed)`` after ``set_epoch(epoch)``: every rank's shard of
+    every epoch must equal it element by element. Before that comparison the usual mistakes
+    are named: unequal shard lengths (no padding), examples in no shard (a permutation per
+    rank), the same order every epoch (the epoch not in the seed), the seed ignored, no
+    shuffle; after it, what differs (consecutive blocks instead of a stride, another padding,
+    another permutation). Iterating a ``DistributedSampler`` inside ``fn`` is refused (its
+    ``__iter__`` raises during the call). Pure: run in this process, each call under a time
+    limit.
 
     Args:
         fn: the learner's function; None: not answered yet.
-        sizes: dataset sizes to try (10 and 11 are not divisible by 3 or 4).
+        sizes: dataset sizes to try (10 and 11 are not divisible by 3 or 4, 1001 by 2, 3, 4).
         world_sizes: numbers of ranks to simulate.
-        epochs: epochs per case.
+        epochs: epochs per case (epochs 0, 1, ...).
         strict: raise ``AssertionError`` on a wrong answer.
 
     Returns:
@@ -270,6 +344,6 @@ def check_epoch_shards(fn: Callable | None, *, sizes: tuple[int, ...] = (10, 11,
                 problem = f"n={n}, world_size={world}: {failure(e)}"
             if problem is not None:
                 return verdict(_SHARDS_NAME, False, f"{problem} Hint: {_SHARDS_HINT}", strict)
-    return verdict(_SHARDS_NAME, True, f"one shared permutation per epoch, new each epoch, "
-                   f"split into equal shards covering the data, for sizes {list(sizes)} and "
-                   f"world sizes {list(world_sizes)}.", strict)
+    return verdict(_SHARDS_NAME, True, f"every rank's shard equals torch's DistributedSampler's "
+                   f"after set_epoch, element by element, for sizes {list(sizes)}, world sizes "
+                   f"{list(world_sizes)} and {epochs} epochs.", strict)
