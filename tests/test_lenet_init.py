@@ -57,7 +57,7 @@ def test_default_init_learns_on_every_seed():
             torch.manual_seed(seed)
             train_iter, test_iter = load_fashion_mnist(64, quick=True, seed=seed)  # 2048 images
             params = init_lenet_params(seed=seed)
-            for _ in range(3):  # 3 x 32 = 96 steps (seeds 0-2 measured at 0.55 to 0.59 here)
+            for _ in range(2):  # 2 x 32 = 64 steps (seeds 0-2 measured at 0.44 to 0.54 here)
                 train_epoch(params, train_iter, lr=lr)
             accs.append(evaluate_accuracy(lambda X, p=params: lenet(X, p), test_iter))
-    assert min(accs) > 0.45, f"accuracy after 96 steps, seeds 0-2: {accs} (chance is 0.1)"
+    assert min(accs) > 0.3, f"accuracy after 64 steps, seeds 0-2: {accs} (chance is 0.1)"
