@@ -17,6 +17,9 @@ Command line: ``python -m course_lib.bench NAME [options]`` (``--list`` names th
   text: loss per step, tokens per second, held-out loss; the oracle of lesson 14 on.
 - ``tp-vs-dp`` (``course_lib.bench.gpt``): a tensor-parallel against a data-parallel training
   step of that GPT, 2 ranks, the same global batch, with the all-reduces each sends (lesson 14).
+- ``gpu-queue`` (``course_lib.bench.gpu_queue``): on a CUDA GPU only, matrix products timed with
+  the clock read at once, after synchronizing and with CUDA events (lesson 00 reads the stored
+  runs on machines without a GPU).
 
 Every benchmark compares its variants with ``course_lib.timing.compare`` (interleaved in the same
 processes, loops sized from the median of several calls, a bootstrap interval on each ratio, a
@@ -48,6 +51,7 @@ BENCHMARKS: dict[str, str] = {
     "collectives": "course_lib.bench.collectives:main",
     "gpt-baseline": "course_lib.bench.gpt:main_baseline",
     "tp-vs-dp": "course_lib.bench.gpt:main_tp_vs_dp",
+    "gpu-queue": "course_lib.bench.gpu_queue:main",
 }
 
 
