@@ -63,7 +63,7 @@ def test_checkpoint_from_a_real_2_process_ddp_run_loads_into_a_plain_model(tmp_p
     _, test_iter = load_fashion_mnist(8, quick=True)
     X = test_iter.X[:8].float().div(255).to(try_gpu())                 # (8, 1, 28, 28)
     for r in ranks:                                                    # the same on both ranks
-        torch.testing.assert_close(model(X).cpu(), r["logits"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(X).cpu(), r["logits"], rtol=1e-4, atol=1e-4)  # a GPU: ~1e-5 off
 
 
 def test_checkpoint_written_on_a_gpu_loads_on_this_device(tmp_path, monkeypatch):
@@ -77,7 +77,7 @@ def test_checkpoint_written_on_a_gpu_loads_on_this_device(tmp_path, monkeypatch)
     model = load_for_inference(LeNet(), path)                           # map_location=try_gpu()
     assert {p.device for p in model.parameters()} == {try_gpu()}
     X = torch.rand(4, 1, 28, 28)
-    torch.testing.assert_close(model(X.to(try_gpu())).cpu(), trained(X))
+    torch.testing.assert_close(model(X.to(try_gpu())).cpu(), trained(X), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -90,7 +90,7 @@ def test_checkpoint_moves_between_cpu_and_gpu(tmp_path):
     torch.save(on_cpu.state_dict(), tmp_path / "cpu.pt")
     back = load_for_inference(LeNet(), tmp_path / "cpu.pt", device="cuda")
     X = torch.rand(4, 1, 28, 28)
-    torch.testing.assert_close(back(X.cuda()).cpu(), on_cpu(X))
+    torch.testing.assert_close(back(X.cuda()).cpu(), on_cpu(X), rtol=1e-4, atol=1e-4)
 
 
 def test_checkpoint_mismatches_name_the_keys_and_the_fix(tmp_path):
@@ -136,6 +136,7 @@ def test_a_models_own_module_attribute_is_not_taken_for_a_wrapper(tmp_path):
     saved = Holder()
     torch.save(saved.state_dict(), tmp_path / "plain.pt")               # module.weight
     torch.save(nn.DataParallel(saved).state_dict(), tmp_path / "dp.pt")  # module.module.weight
+    saved.cpu()                     # with one GPU, DataParallel's constructor moved it there
     for name in ("plain.pt", "dp.pt"):
         model = load_weights(Holder(), tmp_path / name, device="cpu")
         assert torch.equal(model.module.weight, saved.module.weight), name
@@ -197,6 +198,7 @@ def test_load_matching_loads_what_torchs_prefix_removal_and_strict_load_load(bui
 
     saved = _seeded(build, 0)
     state = wrap(saved).state_dict()
+    saved.cpu()                     # with one GPU, DataParallel's constructor moved it there
     keys = list(state)
     ours, theirs = _seeded(build, 1), _seeded(build, 1)
     result = load_matching(ours, state)

@@ -111,20 +111,20 @@ def test_check_scaled_batch():
 # ---- notebook 05 ---------------------------------------------------------------------------------
 
 def test_check_bn_examples_seen_agrees_with_data_parallel():
-    net = torch.nn.Sequential(torch.nn.BatchNorm2d(2))
     devs = devices(3)                  # repeats of one CPU on a machine without GPUs
+    net = torch.nn.Sequential(torch.nn.BatchNorm2d(2)).to(devs[0])
     X = torch.rand(7, 2, 3, 3)
     DataParallel(net, devs)(X)
     assert int(net[0].num_batches_tracked) == 1
     # running_mean moved by momentum * (mean of replica 0's shard): the first 3 examples
-    torch.testing.assert_close(net[0].running_mean, 0.1 * X[:3].mean(dim=(0, 2, 3)))
+    torch.testing.assert_close(net[0].running_mean.cpu(), 0.1 * X[:3].mean(dim=(0, 2, 3)))
     verdicts(checks.check_bn_examples_seen, None, 3, 7)
 
 
 def test_check_module_calls_counts_with_a_hook():
     verdicts(checks.check_module_calls, None, 1, 2)
     devs = devices(2)                  # repeats of one CPU on a machine without GPUs
-    net, calls = LeNet(), []
+    net, calls = LeNet().to(devs[0]), []
     net.register_forward_hook(lambda *a: calls.append(1))
     DataParallel(net, devs)(torch.rand(4, 1, 28, 28))
     assert checks.check_module_calls(len(calls), batch=4, n=2).ok is True  # 2 calls for 4

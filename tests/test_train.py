@@ -69,7 +69,7 @@ def test_train_batch_float32_with_default_tolerances():
     device_params = replicate_params(params, devs(3))           # uneven: 4, 4, 2
     train_batch(X, y, device_params, devs(3), lr=0.9)
     for p, q in zip(device_params[2], ref):
-        assert_close(p.detach(), q.detach())
+        assert_close(p.detach().cpu(), q.detach())
 
 
 def linear(X, params):
@@ -94,7 +94,7 @@ def test_train_batch_hypothesis(k, extra, steps, seed):
         train_batch(X, y, device_params, devs(k), lr=0.3, net=linear)
     for replica in device_params:
         for p, q in zip(replica, ref):
-            assert_close(p.detach(), q.detach())
+            assert_close(p.detach().cpu(), q.detach())
 
 
 @pytest.mark.parametrize("k", [2, 3, 4])
@@ -106,7 +106,7 @@ def test_train_batch_threads_give_the_same_step(k):
     train_batch(X, y, device_params, devs(k), lr=0.5, parallel=True)
     for replica in device_params:
         for p, q in zip(replica, ref):
-            assert_close(p.detach(), q.detach())
+            assert_close(p.detach().cpu(), q.detach())
 
 
 def test_train_batch_errors():
@@ -128,7 +128,9 @@ def test_sharded_evaluation_is_exact(k):
     reps = replicate_params(params, devs(k))
     nets = [functools.partial(lenet, params=p) for p in reps]
     assert evaluate_accuracy(nets, batches, devs(k)) == one
-    assert evaluate_accuracy(lambda X: lenet(X, params), batches, devs(k)) == one
+    # one net for every device: it follows its input (on a CPU every device is the CPU)
+    assert evaluate_accuracy(lambda X: lenet(X, [p.to(X.device) for p in params]), batches,
+                             devs(k)) == one
     assert evaluate_accuracy(nets, batches, devs(k), parallel=True) == one
 
 

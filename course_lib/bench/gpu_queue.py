@@ -3,8 +3,9 @@
 Run: ``python -m course_lib.bench gpu-queue [--n 4096] [--runs 7] [--quick] [--out PATH]`` on a
 machine with a CUDA GPU (full runs write ``results/gpu-queue-MACHINE.json``). Prints JSON. Ten
 products of an ``(n, n)`` float32 matrix are timed ``runs`` times, the three ways interleaved:
-the clock read as soon as the calls return (the kernels are only queued), ``course_lib.timing.Timer``
-(it synchronizes, then reads the clock) and CUDA events (recorded in the GPU's own stream).
+the clock read as soon as the calls return (the kernels are only queued),
+``course_lib.timing.Timer`` (it synchronizes, then reads the clock) and CUDA events (recorded in
+the GPU's own stream).
 PyTorch counterpart: ``torch.utils.benchmark.Timer``, which synchronizes CUDA around its loop.
 """
 from __future__ import annotations

@@ -225,7 +225,8 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
                     min_sample_s: float, warmup: int, calibration: int) -> dict | None:
     """Runs in every rank of a launch of k ranks: every variant, interleaved; rank 0 returns."""
     device, rank, k = current_device(), dist.get_rank(), dist.get_world_size()
-    spec, gpus = MODELS[model], num_gpus()
+    spec = MODELS[model]
+    on_gpus = device.type == "cuda"   # a GPU per worker (NCCL); else every worker is CPU cores
     if device.type == "cpu":
         torch.set_num_threads(threads)  # a worker is `threads` cores (this process is ours)
     cores = k * threads
@@ -260,20 +261,24 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
         wide = copy.deepcopy(base)
         variants["plain"] = rank0(stepper(wide, torch.optim.SGD(wide.parameters(), lr=LR),
                                           Xg, yg, cores))
-    devs = devices(k, warn=False) if rank == 0 else [device]
+    devs = (devices(k, warn=False) if on_gpus else [device] * k) if rank == 0 else [device]
     if model == "lenet":
         params, fnet = init_lenet_params(seed=0, device=device), lenet
     else:
         params = [p.detach().clone() for p in base.parameters()]
         fnet = _Functional(copy.deepcopy(base))
     device_params = replicate_params(params, devs)
-    parallel = (k > 1) if gpus == 0 else None
+    parallel = None if on_gpus else k > 1
 
     def dp_scratch() -> None:
         with cpu_threads(cores) if device.type == "cpu" else contextlib.nullcontext():
             train_batch(Xg, yg, device_params, devs, LR, net=fnet, parallel=parallel)
     variants["dp_scratch"] = rank0(dp_scratch)
-    wrapped = nn.DataParallel(copy.deepcopy(base), device_ids=list(range(k)) if gpus else None)
+    if on_gpus or not torch.cuda.is_available():   # without GPUs it just calls the module
+        wrapped = nn.DataParallel(copy.deepcopy(base),
+                                  device_ids=list(range(k)) if on_gpus else None)
+    else:   # CPU workers on a machine with too few GPUs: DataParallel would take the GPUs
+        wrapped = copy.deepcopy(base)
     variants["nn_dataparallel"] = rank0(stepper(
         wrapped, torch.optim.SGD(wrapped.parameters(), lr=LR), Xg, yg, cores))
 
@@ -314,7 +319,7 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
     return {"comparison": result.to_json(), "comm": comm.to_json() if comm else None,
             "param_bytes": param_bytes, "bucket_bytes": bucket_bytes,
             "backend": dist.get_backend(),
-            "nn_dataparallel_device_ids": list(wrapped.device_ids)}
+            "nn_dataparallel_device_ids": list(getattr(wrapped, "device_ids", []))}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -366,8 +371,9 @@ def measure_scaling(models: list[str], *, workers: list[int] | None = None, quic
         timeout: seconds for each launch.
     """
     workers = sorted({1, *(workers or default_workers())})  # 1: the launch of the baseline
-    threads = max(1, cpu_cores() // max(workers)) if num_gpus() == 0 else 1
-    out: dict = {"workers": workers, "threads_per_worker": threads if num_gpus() == 0 else None,
+    gpu_workers = num_gpus() >= max(workers)   # else every worker is CPU cores (gloo)
+    threads = 1 if gpu_workers else max(1, cpu_cores() // max(workers))
+    out: dict = {"workers": workers, "threads_per_worker": None if gpu_workers else threads,
                  "models": {}}
     for model in models:
         spec = MODELS[model]

@@ -78,12 +78,13 @@ def _cases() -> list[tuple[str, nn.Module, dict, str, torch.Tensor]]:
         tagger.train()(torch.randn(16, 6))   # running statistics that differ from the defaults
     tagger.eval()
     compiled = {"_orig_mod." + k: v for k, v in tagger.state_dict().items()}
+    wrapped = {m: nn.DataParallel(m).state_dict() for m in (lenet, tagger)}
+    lenet.cpu(), tagger.cpu()   # with one GPU, DataParallel's constructor moved them there
     return [
         ("LeNet saved from nn.DataParallel (keys 'module.conv1.weight', ...)", lenet,
-         nn.DataParallel(lenet).state_dict(), "module.", torch.rand(3, 1, 28, 28)),
+         wrapped[lenet], "module.", torch.rand(3, 1, 28, 28)),
         ("a model with layers named embed, block.module, norm, linear, saved from "
-         "nn.DataParallel", tagger, nn.DataParallel(tagger).state_dict(), "module.",
-         torch.randn(5, 6)),
+         "nn.DataParallel", tagger, wrapped[tagger], "module.", torch.randn(5, 6)),
         ("LeNet saved without a wrapper (no key has the prefix)", lenet, lenet.state_dict(),
          "module.", torch.rand(2, 1, 28, 28)),
         ("the same small model saved from torch.compile (prefix '_orig_mod.')", tagger,

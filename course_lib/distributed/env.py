@@ -277,7 +277,8 @@ def init_distributed_mode(backend: str | None = None, timeout: float = 300.0,
     else:
         torch.set_num_threads(max(1, cpu_cores() // local_world_size))
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout))
+                            timeout=timedelta(seconds=timeout),
+                            device_id=device if device.type == "cuda" else None)
     if verbose:
         print(f"init_distributed_mode: {launcher}, rank {rank}/{world_size} (local rank "
               f"{local_rank}), {choice.reason}, {device}, master {env['MASTER_ADDR']}:"

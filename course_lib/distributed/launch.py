@@ -105,11 +105,16 @@ def run_worker(rank: int, world_size: int, backend: str, init_method: str, timeo
                           LOCAL_WORLD_SIZE=str(world_size), COURSE_LAUNCH="1",
                           COURSE_LAUNCH_TAG=tag)
         torch.set_num_threads(max(1, cpu_cores() // world_size))
+        # NCCL: bind this rank's GPU to the group, so that barrier() and collectives need not
+        # guess it (torch warns when they do)
+        device_id = None
         if backend == "nccl":
             torch.cuda.set_device(rank)
+            device_id = torch.device("cuda", rank)
         fn, args = pickle.loads(payload)
         dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+                                world_size=world_size, timeout=timedelta(seconds=timeout_s),
+                                device_id=device_id)
         # Every rank fully connected before any may return and exit: without this, a rank whose
         # fn makes no collective can leave while a peer is still connecting to it.
         dist.barrier()

@@ -24,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.distributed import current_device
 from course_lib.distributed.optim import ZeroRedundancyOptimizer
 from course_lib.train_ddp import save_checkpoint
 
@@ -50,11 +51,14 @@ def probe_batch(n: int = 6, seed: int = 1) -> torch.Tensor:
 
 
 def _shard(model: nn.Module) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    # the mesh of this group's device: fully_shard's default takes a GPU per rank when CUDA exists
+    mesh = init_device_mesh(current_device().type, (dist.get_world_size(),))
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    return fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def _local(model: nn.Module) -> dict[str, torch.Tensor]:

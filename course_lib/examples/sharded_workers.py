@@ -260,13 +260,16 @@ def compare_with_torch_fsdp(widths: list[int], per_rank: int = 4, steps: int = 3
     one = copy.deepcopy(base)
     ours = FullyShardedDataParallel(copy.deepcopy(base))
     try:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # this group's device: fully_shard's default mesh takes a GPU per rank when CUDA exists
+        mesh = init_device_mesh(_device().type, (world,))
         theirs = copy.deepcopy(base)
         for m in theirs:
             if isinstance(m, nn.Linear):
-                fully_shard(m)
-        fully_shard(theirs)
+                fully_shard(m, mesh=mesh)
+        fully_shard(theirs, mesh=mesh)
     except Exception as e:  # an old torch, or a backend fully_shard refuses: say which
         return {"error": f"{type(e).__name__}: {e}"}
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (one, ours, theirs)]
