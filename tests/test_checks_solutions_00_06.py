@@ -63,6 +63,19 @@ def _direct(queue, work, repeat):           # calls the work itself instead of q
     return [0.02] * repeat
 
 
+def _two_per_timing(queue, work, repeat):   # each timing covers two calls of the work
+    queue.submit(work)
+    times = []
+    for _ in range(repeat):
+        queue.synchronize()
+        start = time.perf_counter()
+        queue.submit(work)
+        queue.submit(work)
+        queue.synchronize()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def _open(queue, work, repeat):
     raise NotImplementedError
 
@@ -73,6 +86,7 @@ def test_time_queued_checker_accepts_reference_and_names_each_mistake(capsys):
                          (_no_warmup, "warm-up"),
                          (_no_sync_at_start, "before starting the clock"),
                          (_direct, "called directly"),
+                         (_two_per_timing, "more than one work call"),
                          (lambda q, w, r: [0.02], "repeat=3")):
         capsys.readouterr()
         result = checks.check_time_queued(wrong)
