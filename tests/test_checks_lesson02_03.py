@@ -271,6 +271,54 @@ def test_split_batch_exercise_names_the_usual_mistakes(wrong, says):
     assert "10 over 4" in result.message
 
 
+def never_moves_its_shards(X, y, devices):  # torch.chunk's shards, left where X and y are
+    n = len(devices)
+    return list(torch.chunk(X, n)), list(torch.chunk(y, n))
+
+
+def all_on_the_first_device(X, y, devices):  # every shard on devices[0]
+    n = len(devices)
+    return ([c.to(devices[0]) for c in torch.chunk(X, n)],
+            [c.to(devices[0]) for c in torch.chunk(y, n)])
+
+
+def labels_never_move(X, y, devices):  # the images' shards moved, the labels' not
+    n = len(devices)
+    return [c.to(d) for c, d in zip(torch.chunk(X, n), devices)], list(torch.chunk(y, n))
+
+
+def balanced_all_on_the_first_device(X, y, devices):  # balanced sizes, every shard on devices[0]
+    return (lesson03.balanced_scatter(X, devices[:1] * len(devices)),
+            lesson03.balanced_scatter(y, devices[:1] * len(devices)))
+
+
+@pytest.mark.parametrize("wrong, sizes, says", [
+    (never_moves_its_shards, "chunk", "X shard 0 is on cpu, expected on devices[0] = meta"),
+    (all_on_the_first_device, "chunk", "X shard 1 is on meta, expected on devices[1] = cpu"),
+    (labels_never_move, "chunk", "y shard 0 is on cpu, expected on devices[0] = meta"),
+    (balanced_all_on_the_first_device, "balanced", "X shard 1 is on meta"),
+])
+def test_split_batch_exercise_sees_where_each_shard_lands(wrong, sizes, says):
+    # On a list of CPUs alone (what devices(n) is without GPUs) these give the right shards ...
+    cpus = [torch.device("cpu")] * 4
+    X, y = torch.arange(10.0).reshape(10, 1), torch.arange(10)
+    reference = lesson03.split_batch if sizes == "chunk" else lesson03.balanced_split_batch
+    right = reference(X, y, cpus)
+    for got, want in zip(wrong(X, y, cpus), right):
+        assert all(torch.equal(g, w) and g.device == w.device for g, w in zip(got, want))
+    # ... so only the list mixing 'cpu' and 'meta' catches them.
+    result = checks.check_split_batch(wrong, sizes=sizes)
+    assert result.ok is False and says in result.message, result.message
+    assert "10 over 4" in result.message and "meta" in result.message
+
+
+def test_scatter_checker_sees_where_each_chunk_lands():
+    result = checks.check_scatter(lambda t, devices: list(torch.chunk(t, len(devices))))
+    assert result.ok is False
+    assert "chunk 0 is on cpu, expected on devices[0] = meta" in result.message
+    assert checks.check_scatter(scatter)                              # moves every chunk
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="nn.parallel.scatter works on GPUs")
 def test_split_batch_exercise_explains_torchs_scatter_on_a_cpu():
     result = checks.check_split_batch(torchs_scatter, sizes="chunk")

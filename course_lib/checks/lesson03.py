@@ -79,6 +79,34 @@ def _chunks_problem(chunks, whole: torch.Tensor, devs: list[torch.device]) -> st
     return None
 
 
+def _mixed_devices(n: int) -> list[torch.device]:
+    """n devices alternating 'meta' and 'cpu': shards on the wrong device show without GPUs.
+
+    A 'meta' tensor has a shape and a dtype but no data, so any ``.to("meta")`` is free. With
+    ``devices(n)`` alone a CPU-only machine names the CPU n times, and a split that never moves
+    its shards (or puts them all on ``devices[0]``) would look right.
+    """
+    return [torch.device("meta" if i % 2 == 0 else "cpu") for i in range(n)]
+
+
+def _placement_problem(what: str, chunks, devs: list[torch.device]) -> str | None:
+    """Unless chunk i of ``chunks`` is on ``devs[i]`` (at most one chunk per device): what is
+    wrong. Looks at devices only, never at values (a 'meta' tensor has none)."""
+    if not isinstance(chunks, (list, tuple)) or not all(isinstance(c, torch.Tensor)
+                                                        for c in chunks):
+        return f"expected a list of tensors for {what}, received {type(chunks).__name__}"
+    if len(chunks) > len(devs):
+        return f"{len(chunks)} {what} for {len(devs)} devices"
+    for i, c in enumerate(chunks):
+        if c.device != devs[i]:
+            names = "[" + ", ".join(d.type for d in devs) + "]"
+            return (f"with devices {names}, {what} {i} is on {c.device}, expected on "
+                    f"devices[{i}] = {devs[i]}. The checker mixes 'cpu' and 'meta' (a device "
+                    "with shapes but no data) so that a misplaced shard shows without GPUs: "
+                    "move each one with .to(devices[i])")
+    return None
+
+
 def _examples_problem(ids: list[int], B: int) -> str:
     """What is wrong with the example numbers ``ids`` found in the chunks of a batch of B."""
     missing = sorted(set(range(B)) - set(ids))
@@ -113,7 +141,9 @@ def check_scatter(fn: Callable | None, *, balanced: bool = False,
     The chunks put together must be the tensor: every example once, in order; at most one chunk
     per device. With ``balanced=True`` every one of the n devices must also get ``B // n`` or
     ``B // n + 1`` examples (``torch.chunk``'s sizes leave devices idle and fail). Tried on
-    batches of 1 to 256 examples over 1 to 8 devices, fewer examples than devices included.
+    batches of 1 to 256 examples over 1 to 8 devices, fewer examples than devices included,
+    each batch twice: on ``devices(n)`` for the values, then on a list alternating 'meta' and
+    'cpu' for where each chunk lands (on a CPU-only machine ``devices(n)`` is n times the CPU).
     """
     name = getattr(fn, "__name__", "scatter")
     if fn is None:
@@ -132,6 +162,15 @@ def check_scatter(fn: Callable | None, *, balanced: bool = False,
         problem = _chunks_problem(chunks, X, devs)
         if problem is None:
             problem = _sizes_problem([c.shape[0] for c in chunks], B, n, balanced)
+        if problem is None:                  # again, on devices the CPU-only list cannot tell
+            try:
+                problem = _placement_problem("chunk", call_bounded(fn, X, _mixed_devices(n)),
+                                             _mixed_devices(n))
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: B036 - a verdict, never a crash
+                problem = (f"{failure(exc)} with devices alternating 'meta' and 'cpu' (move "
+                           "each chunk with .to(devices[i]))")
         if problem is not None:
             return verdict(name, False, f"a batch of {B} over {n} devices: {problem}.", strict)
     kind = "balanced chunks" if balanced else "every example once, in order"
@@ -154,9 +193,12 @@ def check_split_batch(fn: Callable | None, *, sizes: str = "balanced",
     along dim 0, which ``nn.parallel.scatter`` makes on GPUs (the oracle). ``sizes="balanced"``
     (the later ``balanced_split_batch``): each of the n devices gets ``B // n`` or
     ``B // n + 1`` examples. Batches of B >= n examples (1 to 256) over 1 to 8 devices, sizes
-    n does not divide and splits that leave devices idle included. Names the usual mistakes:
+    n does not divide and splits that leave devices idle included; each batch is split twice,
+    on ``devices(n)`` for the values and on a list alternating 'meta' and 'cpu' for where each
+    shard lands (``devices(n)`` alone is n times the CPU on a CPU-only machine, where a shard
+    left on the wrong device would go unseen). Names the usual mistakes:
     a short last shard dropped, a split along another dim, labels cut differently from the
-    images, ``nn.parallel.scatter`` on a CPU.
+    images, a shard on the wrong device, ``nn.parallel.scatter`` on a CPU.
     """
     if sizes not in _SPLITS:
         raise ValueError(f"check_split_batch: sizes must be one of {_SPLITS}, got {sizes!r}.")
@@ -207,8 +249,31 @@ def check_split_batch(fn: Callable | None, *, sizes: str = "balanced",
                     problem = (f"shard sizes {got}: expected torch.chunk's {want} (the chunks "
                                "nn.parallel.scatter makes: ceil(B / n) examples each until the "
                                "batch runs out, no empty ones)")
+        if problem is None:                  # again, on devices the CPU-only list cannot tell
+            problem = _split_placement_problem(fn, X, y, n)
         if problem is not None:
             return verdict(name, False, f"{where}: {problem}.", strict)
     kind = "balanced shards" if sizes == "balanced" else "torch.chunk's shards"
-    return verdict(name, True, f"{kind}, each example with its label, on {len(_SPLIT_CASES)} "
-                   "batches.", strict)
+    return verdict(name, True, f"{kind}, each example with its label, shard i on devices[i] "
+                   f"(a list mixing 'cpu' and 'meta' too), on {len(_SPLIT_CASES)} batches.",
+                   strict)
+
+
+def _split_placement_problem(fn: Callable, X: torch.Tensor, y: torch.Tensor,
+                             n: int) -> str | None:
+    """``fn(X, y, devs)`` with devs alternating 'meta' and 'cpu': unless shard i of the images
+    and of the labels is on ``devs[i]``, what is wrong."""
+    devs = _mixed_devices(n)
+    try:
+        X_shards, y_shards = call_bounded(fn, X, y, devs)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: B036 - a verdict, never a crash
+        hint = ""
+        if "non cpu device" in str(exc):
+            hint = (" nn.parallel.scatter accepts GPUs only: cut with torch.chunk and move "
+                    "each chunk with .to(device).")
+        return (f"{failure(exc)} with devices alternating 'meta' and 'cpu' (shard i must go "
+                f"to devices[i] with .to(devices[i])).{hint}")
+    return (_placement_problem("X shard", X_shards, devs)
+            or _placement_problem("y shard", y_shards, devs))
