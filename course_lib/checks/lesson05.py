@@ -1,6 +1,7 @@
 """Checkers for the exercises of lesson 05 (nn.DataParallel)."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -42,7 +43,7 @@ def check_module_calls(answer: int | None, batch: int = 1, n: int = 2, *,
 # ---- exercise: data_parallel(module, X, devices), the four parts as a function ---------------
 
 _DP_NAME = "data_parallel"
-_DP_HINT = ("scatter X over the devices (torch.chunk sizes; maybe fewer shards than devices), "
+_DP_HINT = ("scatter X over the devices (there may be fewer shards than devices), "
             "replicate the module onto as many devices as there are shards (differentiable "
             "copies), parallel_apply, and gather the outputs onto devices[0].")
 #: (devices, batch size): 1 to 4 devices, batches they do not divide, and 3 examples over 4
@@ -63,7 +64,13 @@ def _dp_case(fn: Callable, k: int, B: int, seed: int) -> str | None:
     net, oracle = _dp_model(seed), _dp_model(seed)
     net.to(devs[0])
     calls: list[int] = []
-    net.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0]))
+    callers: list[tuple[nn.Module, threading.Thread]] = []   # who made each call, in which thread
+
+    def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        calls.append(inputs[0].shape[0])
+        callers.append((module, threading.current_thread()))
+
+    net.register_forward_hook(hook)   # replicas share the module's hooks: it fires on each
     X = torch.rand(B, 1, 6, 6, dtype=torch.float64,
                    generator=torch.Generator().manual_seed(seed + B))   # (B, 1, 6, 6)
     want = oracle(X)                                                       # (B, 4), one device
@@ -89,6 +96,8 @@ def _dp_case(fn: Callable, k: int, B: int, seed: int) -> str | None:
     if sorted(calls) != shards:
         return (f"{where}: the module's copies were called on batches of {sorted(calls)}; "
                 f"expected one call per shard, {shards} (torch.chunk sizes).")
+    if len(shards) > 1 and (problem := _replicas_in_threads(callers, net, len(shards))):
+        return f"{where}: {problem}"
     if not torch.allclose(got.detach().cpu(), want.detach(), rtol=1e-9, atol=1e-12):
         return f"{where}: the output differs from the module applied to the whole batch."
     if got.grad_fn is None:
@@ -106,6 +115,22 @@ def _dp_case(fn: Callable, k: int, B: int, seed: int) -> str | None:
     return None
 
 
+def _replicas_in_threads(callers: list[tuple[nn.Module, threading.Thread]], net: nn.Module,
+                         n_shards: int) -> str | None:
+    """With several shards: each ran on its own replica (not the module), in its own thread."""
+    if any(module is net for module, _ in callers):
+        return ("the module itself was called on a shard; DataParallel calls one copy per "
+                "shard, made by replicate(module, devices[:len(shards)]), so that each device "
+                "holds its own copy of the weights.")
+    if len({id(module) for module, _ in callers}) < n_shards:
+        return "one copy of the module ran several shards; replicate makes one copy per shard."
+    # The Thread objects stay referenced in ``callers``, so distinct threads are distinct objects.
+    if len({id(thread) for _, thread in callers}) < n_shards:
+        return ("the replicas ran one after another in one thread; parallel_apply runs each "
+                "replica in its own thread, so that the devices work at the same time.")
+    return None
+
+
 @keeps_kernel_state
 def check_data_parallel_fn(fn: Callable | None, *,
                            cases: tuple[tuple[int, int], ...] = _DP_CASES,
@@ -114,8 +139,10 @@ def check_data_parallel_fn(fn: Callable | None, *,
 
     For each case (1 to 4 devices, batch sizes they do not divide, a batch smaller than the
     device count) the module must be called once per ``torch.chunk`` shard (a forward hook
-    counts), the output must equal the plain module on the whole batch, on ``devices[0]``, and
-    one backward through it must leave on the module's parameters the whole batch's gradient.
+    counts); with several shards each call must be made by its own replica (not the module
+    itself) in its own thread (``replicate`` and ``parallel_apply``); the output must equal
+    the plain module on the whole batch, on ``devices[0]``, and one backward through it must
+    leave on the module's parameters the whole batch's gradient.
     The oracle is the plain module on one device (a small float64 conv net, no batch norm).
 
     Args:
