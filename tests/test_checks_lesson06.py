@@ -146,3 +146,22 @@ def test_the_notebooks_timing_worker_interleaves_three_variants_in_one_launch():
         assert len(comparison.order) == 2 * 3                     # 2 rounds of 3, interleaved
         assert comparison.order[:3] != comparison.order[3:]       # rotated: A B C, then B C A
         assert all(len(s) == 2 and min(s) > 0 for s in comparison.seconds.values())
+
+
+def test_rows_that_fail_the_noise_rule_get_a_flag_not_a_verdict():
+    from course_lib.examples.lesson06_workers import NOISY_MEDIAN_OVER_MIN, verdict_or_flag
+    from course_lib.timing import Comparison
+
+    def comparison(base, ring):
+        names = ["dist.all_reduce", "ring"]
+        return Comparison(names, names[0], {"dist.all_reduce": base, "ring": ring},
+                          {n: 1 for n in names}, names * len(base))
+
+    tight = [1.0, 1.1, 1.05, 1.02, 1.08]
+    slow = [3.0, 3.1, 3.05, 3.02, 3.2]
+    assert "slower" in verdict_or_flag(comparison(tight, slow), "ring")
+    spread = [1.0, 2.5, 2.6, 2.4, 2.7]        # the stored 4 KB row: median 2.5x the minimum
+    assert NOISY_MEDIAN_OVER_MIN < 2.5
+    for c in (comparison(spread, slow), comparison(tight, [3.0, 9.0, 8.0, 7.5, 8.5])):
+        text = verdict_or_flag(c, "ring")
+        assert "NOISY" in text and "slower" not in text, text

@@ -12,7 +12,12 @@ import torch.distributed as dist
 from ..distributed import current_device, ring_allreduce, ring_allreduce_pipelined
 from ..timing import Comparison, LoadStamp, compare
 
-__all__ = ["time_allreduces"]
+__all__ = ["NOISY_MEDIAN_OVER_MIN", "median_over_min", "time_allreduces", "verdict_or_flag"]
+
+#: The lesson's noise rule: when a variant's median is more than this many times its minimum,
+#: most samples waited for something other than the messages (other programs on the cores), and
+#: a ratio of medians says more about the machine than about the all-reduces.
+NOISY_MEDIAN_OVER_MIN = 1.5
 
 
 def _slowest(seconds: float) -> float:
@@ -32,16 +37,34 @@ def _variants(x: torch.Tensor, segments: int) -> dict:
     }
 
 
+def median_over_min(c: Comparison, name: str) -> float:
+    """How far the median of ``name``'s samples sits above their minimum (1.0: no spread)."""
+    return c.median(name) / c.min(name)
+
+
+def verdict_or_flag(c: Comparison, name: str, limit: float = NOISY_MEDIAN_OVER_MIN) -> str:
+    """``c.verdict(name)``, or a flag instead of it when the samples fail the noise rule.
+
+    The rule applies to both sides of the ratio: ``name`` and the baseline it is divided by.
+    """
+    spread = {n: median_over_min(c, n) for n in (name, c.baseline)}
+    noisy = [n for n, x in spread.items() if x > limit]
+    if not noisy:
+        return c.verdict(name)
+    found = ", ".join(f"{n} {spread[n]:.2f}" for n in noisy)
+    return f"{name} against {c.baseline}: NOISY, no verdict (med/min above {limit}: {found})"
+
+
 def time_allreduces(sizes: list[int], segments: int, samples: int, min_sample_s: float,
                     stamp: LoadStamp | None = None) -> dict[int, Comparison] | None:
     """Time three all-reduces of float32 tensors of each size (bytes), interleaved, in every rank.
 
     The variants: ``dist.all_reduce`` (the baseline), the textbook ``ring_allreduce`` and
     ``ring_allreduce_pipelined`` with ``segments`` pieces per chunk (passed explicitly: its
-    default is one piece for chunks under 2 MiB, the textbook schedule). Every rank runs the
-    same ``compare``: a barrier before each sample, each time the slowest rank's, so every rank
-    loops the same number of times. The rings skip their argument check (``check=False``): it
-    would add one small all-gather per call to what is timed.
+    default, chunk bytes // 2 MiB, is one piece for chunks under 4 MiB, the textbook schedule).
+    Every rank runs the same ``compare``: a barrier before each sample, each time the slowest
+    rank's, so every rank loops the same number of times. The rings skip their argument check
+    (``check=False``): it would add one small all-gather per call to what is timed.
 
     Returns:
         On rank 0, {bytes: Comparison}; None on the other ranks.

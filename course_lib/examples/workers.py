@@ -39,8 +39,10 @@ def point_to_point() -> list[int]:
     rank, dev = dist.get_rank(), current_device()
     x = torch.zeros(3, dtype=torch.int64, device=dev)
     if rank == 0:
-        dist.send(torch.tensor([1, 2, 3], device=dev), dst=1)  # blocks until rank 1 has it
-        req = dist.irecv(x, src=1)  # returns at once; wait() before reading x
+        # send returns once its tensor may be reused (gloo: handed to the transport; NCCL: queued
+        # on the GPU's stream), not when rank 1 has it: it is not a synchronisation point.
+        dist.send(torch.tensor([1, 2, 3], device=dev), dst=1)
+        req = dist.irecv(x, src=1)  # returns at once; read x only after wait()
         req.wait()
     elif rank == 1:
         dist.recv(x, src=0)
@@ -82,7 +84,9 @@ def collectives() -> dict[str, list]:
 
     x = torch.zeros(1, **i64)
     mine_rs = torch.arange(world, **i64) + rank                # (world,) in, (1,) out
-    reduce_scatter_tensor(x, mine_rs)                       # dist's, by either name
+    # course_lib's wrapper: dist.reduce_scatter_tensor on gloo and NCCL; other backends get the
+    # same result from an all_reduce and a slice
+    reduce_scatter_tensor(x, mine_rs)
     out["reduce_scatter"] = x.tolist()
 
     x = torch.zeros(world, **i64)
@@ -133,7 +137,7 @@ def compare_by_hand(numel: int | list[int] | tuple[int, ...], seed: int = 0) -> 
 
 
 def fail_on_rank(bad_rank: int) -> int:
-    """Rank ``bad_rank`` raises; the others wait for it in a collective that never completes."""
+    """Rank ``bad_rank`` raises; the others are in a barrier when ``launch`` hears of it."""
     if dist.get_rank() == bad_rank:
         raise ValueError(f"rank {bad_rank} found a NaN in its batch")
     dist.barrier()
