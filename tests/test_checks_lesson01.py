@@ -52,3 +52,30 @@ def test_initialisations_have_the_stated_variances(init, weight_var):
         conv = torch.nn.Conv2d(20, 50, 5)
         assert conv.weight.var().item() == pytest.approx(1 / (3 * 500), rel=0.1)
         assert conv.weight.abs().max().item() <= 1 / math.sqrt(500)
+
+
+def test_sgd_and_accuracy_checkers_refuse_right_values_in_the_wrong_form():
+    """Two wrong answers the checkers used to pass: an ``sgd`` that puts new tensors in the
+    caller's list (the right values, but whoever else holds the parameters sees no update),
+    and an ``accuracy`` that returns the right count as a tensor or a float, not an int."""
+    from solutions import lesson01
+
+    def rebinding_sgd(params, lr):
+        for i, p in enumerate(params):
+            params[i] = (p - lr * p.grad).detach().requires_grad_()
+            params[i].grad = torch.zeros_like(p)
+
+    assert checks.check_sgd_fn(lesson01.sgd).ok is True
+    assert checks.check_sgd_fn(rebinding_sgd).ok is False
+
+    assert checks.check_accuracy_fn(lesson01.accuracy).ok is True
+    for wrong in (lambda y_hat, y: (y_hat.argmax(1) == y).sum(),           # a 0-d tensor
+                  lambda y_hat, y: float((y_hat.argmax(1) == y).sum()),    # a float
+                  lambda y_hat, y: bool((y_hat.argmax(1) == y).any())):    # a bool
+        assert checks.check_accuracy_fn(wrong).ok is False
+    with pytest.raises(AssertionError, match="Python int"):
+        checks.check_accuracy_fn(lambda y_hat, y: (y_hat.argmax(1) == y).sum(), strict=True)
+
+    def scaffold(y_hat, y):
+        raise NotImplementedError
+    assert checks.check_accuracy_fn(scaffold).ok is None

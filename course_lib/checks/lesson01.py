@@ -8,6 +8,7 @@ import torch
 
 from ._core import (
     ExerciseResult,
+    _short,
     call_bounded,
     check_function,
     failure,
@@ -44,15 +45,30 @@ def check_lenet_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResu
 def check_accuracy_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise 01: ``fn(y_hat, y)`` returns the number of correct predictions.
 
-    The oracle is the course's ``accuracy`` (PyTorch has no accuracy function of its own).
+    The oracle is the course's ``accuracy`` (PyTorch has no accuracy function of its own). The
+    count must be a Python ``int``: a 0-d tensor (``(...).sum()`` without ``int()``) is refused,
+    for counts from several devices are added in Python.
     """
     from ..train import accuracy
 
     g = torch.Generator().manual_seed(0)
     cases = [(torch.randn(n, 10, generator=g), torch.randint(0, 10, (n,), generator=g))
              for n in (1, 7, 256)]
-    return check_function("accuracy", fn, lambda a, b: accuracy(a, b), cases,
-                          hint="argmax over the class dimension, compare with y, count.",
+    hint = "argmax over the class dimension, compare with y, count."
+    if fn is not None:   # the type first, on one case (check_function compares values only)
+        try:
+            got = call_bounded(fn, *cases[1])
+        except KeyboardInterrupt:
+            raise
+        except NotImplementedError:
+            return unanswered("accuracy", strict)
+        except BaseException as exc:  # noqa: B036 - reported, never raised
+            return verdict("accuracy", False, f"{failure(exc)} on input {_short(cases[1])}. "
+                           f"{hint}", strict)
+        if not isinstance(got, int) or isinstance(got, bool):
+            return verdict("accuracy", False, f"expected a Python int, got {type(got).__name__}"
+                           f" ({got!r}): wrap the count in int(...).", strict)
+    return check_function("accuracy", fn, lambda a, b: accuracy(a, b), cases, hint=hint,
                           strict=strict)
 
 
@@ -72,6 +88,7 @@ def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult
     mine = [p.detach().clone().requires_grad_() for p in params]
     for p, q in zip(mine, params):
         p.grad = q.grad.clone()
+    passed = list(mine)          # the caller's list: its tensors must change, not be replaced
     torch.optim.SGD(params, lr=0.1).step()           # the oracle: PyTorch's own step
     with torch.enable_grad():
         try:
@@ -82,6 +99,11 @@ def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult
             return unanswered("sgd", strict)
         except BaseException as exc:  # noqa: B036 - reported, never raised
             return verdict("sgd", False, failure(exc), strict)
+    if any(a is not b for a, b in zip(mine, passed)) or len(mine) != len(passed):
+        return verdict("sgd", False, "your step replaced tensors in the list with new ones; "
+                       "whoever else holds the parameters (a model, a training loop) would not "
+                       "see the update. Update each tensor in place (p -= ...) under "
+                       "torch.no_grad().", strict)
     for p, q in zip(mine, params):
         if not torch.allclose(p.detach(), q.detach()):
             return verdict("sgd", False, "the parameters after your step differ from "

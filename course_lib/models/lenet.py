@@ -32,9 +32,10 @@ def init_lenet_params(scale: float | None = None, seed: int | None = None,
     - ``init="torch"`` (the default): what ``nn.Conv2d`` and ``nn.Linear`` do (``reset_parameters``:
       ``kaiming_uniform_(a=sqrt(5))`` for the weights), scaled by each layer's fan-in: weights and
       biases uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, weight variance ``1/(3 fan_in)``
-      (Torch7's bound, which PyTorch kept). Each layer multiplies the mean square of its input by
-      about 1/3 and the ReLU after it halves it, so the signal shrinks layer by layer, far less
-      than under d2l's.
+      (Torch7's bound, which PyTorch kept). Each layer's weights multiply the mean square of its
+      input by about 1/3 and its bias adds ``1/(3 fan_in)`` (which counts where the input is
+      small, as at the last layer); the ReLU and pooling after it keep part of the rest, so the
+      signal shrinks layer by layer, far less than under d2l's.
     - ``init="d2l"`` (or any ``scale`` given): d2l's, weights normal times ``scale`` (0.01 unless
       given), biases zero. A layer multiplies the signal's root mean square by about
       ``scale * sqrt(fan_in)``: the logits start near zero, the loss near ln 10.
