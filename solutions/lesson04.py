@@ -2,7 +2,7 @@
 scaling questions.
 
 Checked by ``course_lib.checks.lesson04`` (``check_train_batch``, ``check_lr_for_shard_means``,
-``check_scaled_batch``).
+``check_shard_mean_weights``, ``check_scaled_batch``).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from course_lib.models.lenet import lenet, sgd
 from course_lib.parallel.comm import allreduce, split_batch
 
-__all__ = ["lr_for_shard_means", "scaled_batch", "train_batch"]
+__all__ = ["lr_for_shard_means", "scaled_batch", "shard_mean_weights", "train_batch"]
 
 
 def train_batch(X: torch.Tensor, y: torch.Tensor, device_params: Sequence[list[torch.Tensor]],
@@ -42,6 +42,12 @@ def train_batch(X: torch.Tensor, y: torch.Tensor, device_params: Sequence[list[t
 def lr_for_shard_means(k: int, lr: float) -> float:
     """The allreduce adds k shard means (each about the batch mean): divide lr by k."""
     return lr / k
+
+
+def shard_mean_weights(sizes: tuple[int, ...]) -> list[float]:
+    """Averaging k shard means: an example of a shard of n counts 1/(k n), B/(k n) times 1/B."""
+    k, B = len(sizes), sum(sizes)
+    return [B / (k * n) for n in sizes]
 
 
 def scaled_batch(per_device: int, k: int, base_lr: float,

@@ -6,14 +6,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib.checks.lesson04 import check_scaled_batch, check_train_batch
+from course_lib.checks.lesson04 import (
+    check_scaled_batch,
+    check_shard_mean_weights,
+    check_train_batch,
+)
 from course_lib.checks.lesson05 import (
     check_bn_examples_seen,
     check_data_parallel_fn,
     check_module_calls,
 )
 from course_lib.models.lenet import lenet, sgd
-from course_lib.parallel import gather, parallel_apply, scatter
+from course_lib.parallel import gather, parallel_apply, replicate, scatter
 from course_lib.parallel.comm import allreduce, split_batch
 from course_lib.train import train_batch as library_train_batch
 from solutions import lesson04, lesson05
@@ -98,6 +102,25 @@ def test_number_answers_of_lesson04_pass():
                               base_lr=0.3).ok is True
 
 
+def test_shard_mean_weights_checker_rejects_plausible_wrong_answers():
+    sizes = (192, 48, 16)                                  # notebook 04's uneven shards, B = 256
+    assert check_shard_mean_weights(lesson04.shard_mean_weights(sizes), sizes).ok is True
+    assert check_shard_mean_weights([0.444, 1.78, 5.33], sizes).ok is True   # three digits
+    assert check_shard_mean_weights(None, sizes).ok is None                  # open, not failed
+    for wrong in ([1, 1, 1],                               # "the average is the batch mean"
+                  [256 / n for n in sizes],                # forgot the average's 1/k
+                  [3 * n / 256 for n in sizes],            # upside down
+                  [n / 256 for n in sizes],                # each shard's share of the batch
+                  [0.4, 1.8, 5.3],                         # rounded too coarsely
+                  [0.444, 1.78],                           # one shard missing
+                  0.444):                                  # not one number per shard
+        result = check_shard_mean_weights(wrong, sizes)
+        assert result.ok is False, wrong
+    # Another split: the answer depends on the sizes, not on a memorised list.
+    assert check_shard_mean_weights(lesson04.shard_mean_weights((5, 3)), (5, 3)).ok is True
+    assert check_shard_mean_weights(lesson04.shard_mean_weights(sizes), (5, 3)).ok is False
+
+
 # ---- lesson 05: data_parallel ----------------------------------------------------------------
 
 
@@ -116,9 +139,29 @@ def deep_copies(module, X, devices):
 def drops_the_remainder(module, X, devices):
     """torch.split by B // k: the short last piece is zipped away."""
     k = len(devices)
-    pieces = torch.split(X, max(1, X.shape[0] // k))
-    outputs = [module(piece.to(d)) for piece, d in zip(pieces, devices)]
-    return gather(outputs, devices[0])
+    pieces = [piece.to(d) for piece, d in zip(torch.split(X, max(1, X.shape[0] // k)), devices)]
+    replicas = replicate(module, devices[:len(pieces)])
+    return gather(parallel_apply(replicas, pieces), devices[0])
+
+
+def module_on_each_shard(module, X, devices):
+    """Right numbers, right calls, but no replicas and no threads: the module itself, shard by
+    shard (on a CPU every output and gradient equals the plain module's)."""
+    return torch.cat([module(shard) for shard in torch.chunk(X, len(devices))])
+
+
+def replicas_in_a_loop(module, X, devices):
+    """Replicas, but run one after another in the calling thread instead of parallel_apply."""
+    shards = scatter(X, devices)
+    replicas = replicate(module, devices[:len(shards)])
+    return gather([r(s) for r, s in zip(replicas, shards)], devices[0])
+
+
+def one_replica_for_all(module, X, devices):
+    """One copy of the module, run on every shard in threads."""
+    shards = scatter(X, devices)
+    replica = replicate(module, devices[:1])[0]
+    return gather(parallel_apply([replica] * len(shards), shards), devices[0])
 
 
 def test_data_parallel_unanswered_and_reference_answer_pass():
@@ -130,6 +173,9 @@ def test_data_parallel_unanswered_and_reference_answer_pass():
     (never_splits, "called on batches of"),
     (deep_copies, ".grad is None"),
     (drops_the_remainder, "expected output shape"),
+    (module_on_each_shard, "the module itself was called on a shard"),
+    (replicas_in_a_loop, "one after another in one thread"),
+    (one_replica_for_all, "one copy of the module ran several shards"),
 ])
 def test_data_parallel_wrong_answers_fail_with_the_case(wrong, says):
     result = check_data_parallel_fn(wrong)

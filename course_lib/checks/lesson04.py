@@ -12,7 +12,8 @@ from ..devices import cpu_threads, devices
 from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
 from .harness import keeps_kernel_state
 
-__all__ = ["check_lr_for_shard_means", "check_scaled_batch", "check_train_batch"]
+__all__ = ["check_lr_for_shard_means", "check_scaled_batch", "check_shard_mean_weights",
+           "check_train_batch"]
 
 
 def check_lr_for_shard_means(answer: Any, k: int = 4, lr: float = 0.5, *,
@@ -22,6 +23,37 @@ def check_lr_for_shard_means(answer: Any, k: int = 4, lr: float = 0.5, *,
     return check_answer(f"lr for {k} shard means", answer, lr / k,
                         hint=f"the allreduce adds k = {k} shard means, each about the batch "
                         "mean: k times too large a gradient.", strict=strict)
+
+
+def check_shard_mean_weights(answer: Any, sizes: tuple[int, ...] = (192, 48, 16), *,
+                             strict: bool = False) -> ExerciseResult:
+    """Exercise 04: averaging the k shard means of a batch cut into shards of ``sizes``, how many
+    times its weight in the batch mean (1/B) does an example of each shard get?
+
+    The answer is one number per shard, B / (k * n_i); each must be within 0.5 % (three digits
+    are enough; an expression such as ``256 / (3 * 192)`` is exact).
+    """
+    name = "weights of the shard means"
+    if answer is None:
+        return verdict(name, None, "replace None with your answer and run the cell again.",
+                       strict)
+    k, B = len(sizes), sum(sizes)
+    expected = [B / (k * n) for n in sizes]
+    try:
+        got = [float(a) for a in answer]
+    except (TypeError, ValueError):
+        return verdict(name, False, f"got {answer!r}; expected {k} numbers, one per shard of "
+                       f"sizes {list(sizes)}, e.g. a list.", strict)
+    if len(got) != k:
+        return verdict(name, False, f"got {len(got)} numbers; expected {k}, one per shard of "
+                       f"sizes {list(sizes)}.", strict)
+    for n, g, want in zip(sizes, got, expected):
+        if not abs(g - want) <= 5e-3 * want:
+            return verdict(name, False, f"got {g:.4g} for the shard of {n}. Each of the {k} shard "
+                           f"means weighs its examples 1/{n}, and the average of the {k} "
+                           f"means divides by {k}; the batch mean weighs every example 1/{B}.",
+                           strict)
+    return verdict(name, True, "well done.", strict)
 
 
 def check_scaled_batch(global_batch: int | None, lr: float | None, steps: int | None, *,
