@@ -103,7 +103,7 @@ class TrainingPlot:
 
 def draw_parallelism(num_devices: int = 2) -> plt.Figure:
     """Three ways to put ``num_devices`` devices to work on one network, side by side (as in
-    d2l's figure 12.5.1): data parallelism (the whole model on every device, the batch split,
+    d2l's Fig. 13.5.2): data parallelism (the whole model on every device, the batch split,
     every layer's gradients allreduced), model parallelism (the layers split over the devices,
     activations passed along) and splitting within a layer (every layer's units split over the
     devices in column/row pairs, one all-reduce of the activation after each pair)."""

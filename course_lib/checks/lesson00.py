@@ -131,7 +131,7 @@ def check_time_queued(fn: Callable | None, *, strict: bool = False) -> ExerciseR
     """Exercise 00: ``fn(queue, work, repeat)`` returns ``repeat`` timings, in seconds, of one
     ``work`` call run on ``queue`` (a ``WorkQueue``: ``submit`` returns at once).
 
-    The checker's ``work`` sleeps 20 ms; the first call on a fresh queue costs 250 ms more (a
+    The checker's ``work`` sleeps 100 ms; the first call on a fresh queue costs 250 ms more (a
     warm-up must absorb it); in a second case 250 ms of earlier work is already queued when
     ``fn`` is called (the clock must start after it). Every timing must lie between half the
     work's time and the work's time plus 50 ms (two calls in one timing fail).
