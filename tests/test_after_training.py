@@ -474,6 +474,12 @@ def test_load_matching_checker_rejects_wrong_answers_with_the_case(wrong, says):
         check_load_matching(wrong, strict=True)
 
 
+def test_load_matching_checker_hint_points_to_the_idea_not_the_code():
+    message = check_load_matching(strips_module_only).message
+    assert "Hint:" in message and "START of a key" in message, message
+    assert not any(code in message for code in ("load_state_dict(", "ONE leading", "strict=False"))
+
+
 def replaces_everywhere(state_dict, prefix="module."):       # also the middle of a key
     return {k.replace(prefix, ""): v for k, v in state_dict.items()}
 

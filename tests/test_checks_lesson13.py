@@ -36,3 +36,10 @@ def test_check_reshard():
     for wrong in (_even_split, _no_empty, _in_place):
         assert not check_reshard(wrong), wrong.__name__
     assert check_reshard(None).ok is None
+
+
+def test_check_reshard_hint_gives_the_layout_not_the_code():
+    # the first failure points to the idea (which rows each rank holds), not to a solution
+    message = check_reshard(_even_split).message
+    assert "Hint:" in message and "ceil(rows / world_size)" in message, message
+    assert not any(code in message for code in ("torch.cat", "torch.chunk", "back together"))

@@ -164,10 +164,10 @@ def check_strip_prefix(fn: Callable | None, *, strict: bool = False) -> Exercise
 # ------------------------------------------------------------------------------------------------
 
 _LM_NAME = "load_matching"
-_LM_HINT = ("for each key of the file: keep it if the model has it, else remove ONE leading "
-            "'module.' or '_orig_mod.' at a time until the model has it (or nothing is left to "
-            "remove); check every shape before copying anything; copy with "
-            "load_state_dict(renamed, strict=False).")
+_LM_HINT = ("match each key of the file on its own. Wrappers put their prefixes only at the "
+            "START of a key, possibly several, nested; a key the model already has is the "
+            "model's own name, even one that starts with 'module.'. Decide every key and check "
+            "every shape before the model is touched.")
 
 
 def _holder() -> nn.Module:
@@ -352,9 +352,10 @@ def check_load_matching(fn: Callable | None, *, strict: bool = False) -> Exercis
 # ------------------------------------------------------------------------------------------------
 
 _RS_NAME = "reshard"
-_RS_HINT = ("put each tensor back together from every saving rank's rows, in rank order, then "
-            "split its rows as fully_shard does on world_size ranks: torch.chunk along dim 0, "
-            "and an empty (0, ...) tensor for each rank that chunk left without rows.")
+_RS_HINT = ("the saving ranks' shards, in rank order, hold each tensor's rows in order. Loading "
+            "rank r must end up with rows r * c up to (not including) min((r + 1) * c, rows), "
+            "c = ceil(rows / world_size), and a (0, ...) tensor when r * c >= rows: work out "
+            "where those rows are among the saved shards.")
 #: (ranks that saved, ranks that load): more and fewer, one, and sizes where chunk runs short.
 _RS_LAYOUTS = ((2, 3), (3, 2), (2, 1), (1, 4), (4, 3), (3, 4))
 
