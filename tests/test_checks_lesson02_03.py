@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from course_lib import checks
 from course_lib.checks.lesson02 import _ring_sends
+from course_lib.checks.lesson03 import _SPLIT_CASES as checker_cases
 from course_lib.distributed.collectives import ring_chunk_bounds
 from course_lib.parallel.comm import allreduce, ps_allreduce, ring_allreduce, scatter, split_batch
 from solutions import lesson02, lesson03, lesson06
@@ -262,13 +263,31 @@ def test_split_batch_exercise_accepts_the_reference_and_the_course_version():
     (lambda X, y, d: (drops_the_remainder(X, d), drops_the_remainder(y, d)), "are in no chunk"),
     (along_dim_1, "split along dim 0"),
     (labels_tensor_split, "split X and y with the same sizes"),
-    (lesson03.balanced_split_batch, "expected torch.chunk's [3, 3, 3, 1]"),
+    (lesson03.balanced_split_batch, "shard sizes [3, 3, 2, 2]: expected [3, 3, 3, 1]"),
     (swapped, "return the images' shards first"),
 ])
 def test_split_batch_exercise_names_the_usual_mistakes(wrong, says):
     result = checks.check_split_batch(wrong, sizes="chunk")
     assert result.ok is False and says in result.message, result.message
     assert "10 over 4" in result.message
+
+
+def balanced_on_eight_devices(X, y, devices):  # torch.chunk's shards, except on 8 devices
+    if len(devices) == 8:
+        return lesson03.balanced_split_batch(X, y, devices)
+    return lesson03.split_batch(X, y, devices)
+
+
+def test_split_batch_failure_on_eight_devices_keeps_exercise_5_unanswered():
+    # Exercise 5 asks how many of 8 devices torch.chunk uses for 9 and 17 examples: the checker's
+    # 8-device batch, and the sizes its failure message prints, must be another one.
+    assert not {(9, 8), (17, 8)} & set(checker_cases)
+    result = checks.check_split_batch(balanced_on_eight_devices, sizes="chunk")
+    assert result.ok is False and "a batch of 13 over 8 devices" in result.message, result.message
+    assert "expected [2, 2, 2, 2, 2, 2, 1]" in result.message
+    for B in (9, 17):
+        answer = str([c.shape[0] for c in torch.chunk(torch.empty(B), 8)])
+        assert answer not in result.message and f"{B} over 8" not in result.message
 
 
 def never_moves_its_shards(X, y, devices):  # torch.chunk's shards, left where X and y are
@@ -337,6 +356,8 @@ def test_devices_used_reference():
     assert checks.check_devices_used(9, 8, lesson03.devices_used(9, 8))
     assert checks.check_devices_used(17, 8, lesson03.devices_used(17, 8))
     assert not checks.check_devices_used(9, 8, 8)                     # "each device gets one"
+    hint = checks.check_devices_used(5, 4, 4).message    # exercise 1, before split_batch:
+    assert "ceil(B / n)" in hint and "torch.chunk" not in hint   # the rule, not the function
 
 
 # ---- lesson 06: an allreduce in real processes -------------------------------------------------

@@ -70,10 +70,9 @@ def scatter(tensor: torch.Tensor, devices: Sequence[Device]) -> list[torch.Tenso
 
     Like ``nn.parallel.scatter`` (which this calls when the tensor and every device are GPUs),
     the chunks have size ``ceil(B / n)`` except the last, which holds what is left (B=10 over 4
-    devices: sizes 3, 3, 3, 1), so some batches run out before the last devices. On the CPU
-    and on mixed lists, where ``nn.parallel.scatter`` refuses, the same split is done with
-    ``torch.chunk`` and ``.to``. Chunks that stay on ``tensor``'s device are views of it.
-    Differentiable either way.
+    devices: sizes 3, 3, 3, 1), so some batches run out before the last devices. Otherwise
+    (a CPU tensor, CPU devices, mixed lists) the same split is done with ``torch.chunk`` and
+    ``.to``. Chunks that stay on ``tensor``'s device are views of it. Differentiable either way.
     """
     devices = [torch.device(d) for d in devices]
     if not devices:
@@ -85,8 +84,9 @@ def scatter(tensor: torch.Tensor, devices: Sequence[Device]) -> list[torch.Tenso
         raise ValueError("scatter splits along dim 0 and needs a tensor with at least one "
                          "dimension, got a 0-d tensor.")
     if tensor.is_cuda and all(d.type == "cuda" for d in devices):
-        # (from a CPU tensor, the backward of torch's Scatter gathers the gradient to device -1,
-        # which torch.nn.parallel.comm.gather warns is deprecated: that case takes the path below)
+        # (a CPU tensor takes the path below: if it requires grad, the backward of torch's
+        # Scatter gathers the gradient to device -1, and torch.nn.parallel.comm.gather warns that
+        # -1 is deprecated (FutureWarning); without grad, both paths make the same chunks)
         return list(nn.parallel.scatter(tensor, devices))
     chunks = torch.chunk(tensor, len(devices), dim=0)      # sizes ceil(B/n), ..., remainder
     return [c.to(d) for c, d in zip(chunks, devices)]
