@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from course_lib.checks import lesson05 as lesson05_checks
 from course_lib.checks.lesson04 import (
     check_scaled_batch,
     check_shard_mean_weights,
@@ -182,6 +183,26 @@ def test_data_parallel_wrong_answers_fail_with_the_case(wrong, says):
     assert result.ok is False and says in result.message
     with pytest.raises(AssertionError):
         check_data_parallel_fn(wrong, strict=True)
+
+
+def scaffold_data_parallel(module, X, devices):  # notebook 05's, not yet written
+    raise NotImplementedError
+
+
+def test_data_parallel_scaffold_is_not_answered_yet():
+    result = check_data_parallel_fn(scaffold_data_parallel)
+    assert result.ok is None, result
+    assert "still raises NotImplementedError" in result.message
+
+
+def test_data_parallel_first_hint_gives_the_idea_later_ones_the_recipe(monkeypatch):
+    monkeypatch.setattr(lesson05_checks, "_dp_failures", 0)
+    first = check_data_parallel_fn(replicas_in_a_loop)
+    assert first.ok is False and lesson05_checks._DP_HINT in first.message
+    for call in ("scatter", "replicate", "parallel_apply", "gather"):
+        assert call not in first.message.split("Hint:")[1], call
+    second = check_data_parallel_fn(replicas_in_a_loop)
+    assert second.ok is False and lesson05_checks._DP_RECIPE in second.message
 
 
 def test_number_answers_of_lesson05_pass():

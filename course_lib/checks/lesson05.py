@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..devices import cpu_threads, devices
-from ._core import ExerciseResult, call_bounded, check_answer, failure, verdict
+from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
 from .harness import keeps_kernel_state
 
 __all__ = ["check_bn_examples_seen", "check_data_parallel_fn", "check_module_calls"]
@@ -43,9 +43,15 @@ def check_module_calls(answer: int | None, batch: int = 1, n: int = 2, *,
 # ---- exercise: data_parallel(module, X, devices), the four parts as a function ---------------
 
 _DP_NAME = "data_parallel"
-_DP_HINT = ("scatter X over the devices (there may be fewer shards than devices), "
-            "replicate the module onto as many devices as there are shards (differentiable "
-            "copies), parallel_apply, and gather the outputs onto devices[0].")
+#: The first failing check's hint: the idea, not the calls.
+_DP_HINT = ("every shard needs its own copy of the module, one that autograd links back to the "
+            "module's parameters, run in its own thread; the shards, not the devices, decide "
+            "how many copies there are.")
+#: From the second failing check on (in one kernel) the hint adds the recipe.
+_DP_RECIPE = ("In order: scatter X over the devices, replicate the module onto "
+              "devices[:len(shards)], parallel_apply the replicas to the shards, and gather the "
+              "outputs onto devices[0].")
+_dp_failures = 0   # failing checks so far in this kernel: the first one gets only _DP_HINT
 #: (devices, batch size): 1 to 4 devices, batches they do not divide, and 3 examples over 4
 #: devices (torch.chunk makes 3 shards).
 _DP_CASES = ((1, 5), (2, 6), (2, 7), (3, 10), (4, 10), (4, 3))
@@ -79,10 +85,10 @@ def _dp_case(fn: Callable, k: int, B: int, seed: int) -> str | None:
     where = f"{k} device(s), batch of {B}"
     try:
         got = call_bounded(fn, net, X.to(devs[0]), devs)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, NotImplementedError):   # NotImplementedError: the scaffold
         raise
     except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-        return f"{where}: {failure(exc)}."
+        return f"{where}: {failure(exc).rstrip('.')}."
     if not torch.is_tensor(got):
         return (f"{where}: expected one tensor of shape {tuple(want.shape)} on {devs[0]}, "
                 f"received {type(got).__name__}" + (" (gather the outputs into one tensor)."
@@ -120,8 +126,7 @@ def _replicas_in_threads(callers: list[tuple[nn.Module, threading.Thread]], net:
     """With several shards: each ran on its own replica (not the module), in its own thread."""
     if any(module is net for module, _ in callers):
         return ("the module itself was called on a shard; DataParallel calls one copy per "
-                "shard, made by replicate(module, devices[:len(shards)]), so that each device "
-                "holds its own copy of the weights.")
+                "shard, so that each device holds its own copy of the weights.")
     if len({id(module) for module, _ in callers}) < n_shards:
         return "one copy of the module ran several shards; replicate makes one copy per shard."
     # The Thread objects stay referenced in ``callers``, so distinct threads are distinct objects.
@@ -144,6 +149,8 @@ def check_data_parallel_fn(fn: Callable | None, *,
     the plain module on the whole batch, on ``devices[0]``, and one backward through it must
     leave on the module's parameters the whole batch's gradient.
     The oracle is the plain module on one device (a small float64 conv net, no batch norm).
+    A function that still raises ``NotImplementedError`` is not answered yet. The first failing
+    check's hint gives the idea; later ones (in the same kernel) add the order of the calls.
 
     Args:
         fn: the learner's function; None: not answered yet.
@@ -153,16 +160,22 @@ def check_data_parallel_fn(fn: Callable | None, *,
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
+    global _dp_failures
     if fn is None:
         return verdict(_DP_NAME, None, "define data_parallel(module, X, devices) and pass it "
                        "here.", strict)
     if not callable(fn):
         return verdict(_DP_NAME, False, f"expected a function, got {type(fn).__name__}.",
                        strict)
-    with cpu_threads(1):  # tiny tensors: one intra-op thread is faster, and never stalls
-        problem = next((p for seed, (k, B) in enumerate(cases)
-                        if (p := _dp_case(fn, k, B, seed)) is not None), None)
+    try:
+        with cpu_threads(1):  # tiny tensors: one intra-op thread is faster, and never stalls
+            problem = next((p for seed, (k, B) in enumerate(cases)
+                            if (p := _dp_case(fn, k, B, seed)) is not None), None)
+    except NotImplementedError:
+        return unanswered(_DP_NAME, strict)
     if problem is not None:
-        return verdict(_DP_NAME, False, f"{problem} Hint: {_DP_HINT}", strict)
+        _dp_failures += 1
+        hint = _DP_HINT if _dp_failures == 1 else f"{_DP_HINT} {_DP_RECIPE}"
+        return verdict(_DP_NAME, False, f"{problem} Hint: {hint}", strict)
     return verdict(_DP_NAME, True, "outputs and gradients equal the plain module's on the whole "
                    f"batch for (devices, batch) in {list(cases)}.", strict)
