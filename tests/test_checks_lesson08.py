@@ -88,6 +88,7 @@ def test_wrong_answers_fail_with_the_first_failing_case(wrong, says):
     result = check_exact_accuracy(wrong, **FAST)
     assert result.ok is False
     assert says in result.message and "world_size=3" in result.message, result.message
+    assert "Hint: give each rank its own share" in result.message, result.message
     with pytest.raises(AssertionError):
         check_exact_accuracy(wrong, world_sizes=(3,), strict=True)
 
@@ -187,6 +188,7 @@ def test_epoch_shards_wrong_answers_fail_and_are_named(wrong, says):
     result = check_epoch_shards(wrong)
     assert result.ok is False
     assert says in result.message, result.message
+    assert "Hint: each epoch the sampler shuffles" in result.message, result.message
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -208,3 +210,15 @@ def test_epoch_shards_scaffold_is_not_answered_yet():
     def scaffold(n, rank, world_size, epoch, seed):
         raise NotImplementedError
     assert check_epoch_shards(scaffold).ok is None
+
+
+#: what a hint may not print: the code of an answer (the idea, not the fix)
+_CODE = ("randperm", "manual_seed", "Generator(", "::", "[rank", "% n", "seed + epoch",
+         "all_reduce", "dist.", "correct / count", "total_size")
+
+
+@pytest.mark.parametrize("hint", ["_HINT", "_SHARDS_HINT"])
+def test_hints_point_at_the_idea_without_the_code(hint):
+    from course_lib.checks import lesson08
+    text = getattr(lesson08, hint)
+    assert not [c for c in _CODE if c in text], text

@@ -32,8 +32,11 @@ from ._launch import UNANSWERED, check_in_ranks, load_answer
 __all__ = ["check_epoch_shards", "check_exact_accuracy"]
 
 _NAME = "exact_accuracy"
-_HINT = ("evaluate X[rank::world_size] (every example once, shards differ by at most one), "
-         "all-reduce the integers (correct, count) and return correct / count.")
+#: the idea, not the code (the method is the course's version, shown after the exercise)
+_HINT = ("give each rank its own share of the examples, the shares together holding every "
+         "example exactly once (the world size need not divide N); each rank counts how many "
+         "it got right and how many it evaluated, and one collective adds those counts up "
+         "over the ranks: integers add up exactly, and every rank ends with the same totals.")
 #: float32's precision: a float32 answer passes, every popular wrong one differs by far more
 _TOL = 1e-6
 
@@ -181,10 +184,13 @@ def check_exact_accuracy(fn: Callable | str | None, *,
 # ================================================================================================
 
 _SHARDS_NAME = "epoch_shards"
-_SHARDS_HINT = ("draw one permutation of range(n) with torch.randperm(n, generator=g), g a "
-                "torch.Generator seeded with seed + epoch (the same on every rank, new every "
-                "epoch); pad it to a multiple of world_size by repeating it from its start; "
-                "take every world_size-th index from position rank on: perm[rank::world_size].")
+#: the idea, not the code: the learner reads torch's sampler, as the exercise asks
+_SHARDS_HINT = ("each epoch the sampler shuffles all n indices into one order that depends "
+                "only on its seed and the epoch (so every rank draws the same order), makes "
+                "that order long enough for every rank to get the same number of indices, and "
+                "deals it out to the ranks in turn, like cards. Compare your shards with a "
+                "sampler's for a small n in a cell of your own, and read its short __iter__ in "
+                "torch/utils/data/distributed.py.")
 
 
 class _SamplerRefused(RuntimeError):
