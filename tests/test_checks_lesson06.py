@@ -110,6 +110,18 @@ def test_usual_mistakes_are_named(capsys):
     assert "destroy_process_group" in capsys.readouterr().out
 
 
+def test_the_hints_point_to_the_idea_not_the_code(capsys):
+    """A first wrong answer gets a hint, not the solution's code."""
+    assert not check_spawn_worker(puts_a_bare_sum, world_sizes=(2,))
+    out = capsys.readouterr().out
+    assert "four moves" in out and "init_process_group(" not in out, out
+    assert not checks.check_elements_sent(lambda n, p, rank=0: 2 * (p - 1) * (n // p))
+    out = capsys.readouterr().out
+    assert "ring_chunk_bounds" in out, out
+    for formula in ("(rank - s)", "n // p", "n % p"):      # the old hint spelled these out
+        assert formula not in out, out
+
+
 def test_a_hang_is_reported_in_bounded_time(capsys):
     start = time.monotonic()
     assert not check_spawn_worker(rank_1_never_joins_the_all_reduce, world_sizes=(2,), timeout=4)

@@ -51,19 +51,18 @@ def check_elements_sent(fn: Callable | None, *, strict: bool = False) -> Exercis
     cases = [(n, p, r) for n, p in [(10, 2), (1000, 4), (7, 3), (2, 4), (10**6, 8)]
              for r in range(p)]
     return check_function("elements_sent", fn, _elements_sent, cases,
-                          hint="2 (p - 1) steps; in step s the rank sends chunk (rank - s) mod p, "
-                          "chunk c has n // p elements, one more for the first n % p chunks "
-                          "(ring_chunk_bounds).", strict=strict)
+                          hint="Follow the schedule above for this one rank: which chunk it "
+                          "sends in each step of each phase, and how many elements that chunk "
+                          "has (ring_chunk_bounds). With uneven sizes, which chunks it sends "
+                          "matters.", strict=strict)
 
 
 # ---- the canonical worker: join, work, hand the result back, leave ---------------------------
 
 _WORKER = "spawn_worker"
-_WORKER_HINT = ("spawn_worker(rank, world_size, init_method, results) joins with "
-                "dist.init_process_group('gloo', init_method=init_method, rank=rank, "
-                "world_size=world_size), all-reduces torch.tensor([rank + 1.0]), puts the pair "
-                "(rank, sum as a float) on the queue results, and leaves with "
-                "dist.destroy_process_group().")
+_WORKER_HINT = ("Every rank makes the four moves: join the group at init_method as this rank "
+                "of world_size, all-reduce its tensor, put the pair (rank, sum as a float) on "
+                "results, and leave the group, also after an error.")
 
 
 def _run_worker(spec, rank: int, world_size: int, init_method: str, results, conn) -> None:
