@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from course_lib.checks.lesson12 import check_one_f_one_b, check_stage
+from course_lib.checks.lesson12 import _STAGE_HINT, check_one_f_one_b, check_stage
 from course_lib.distributed.pipelining import one_f_one_b_order
 from solutions.lesson12 import MyStage, one_f_one_b
 
@@ -63,8 +63,14 @@ def test_stage_checker_unanswered_and_reference(capsys):
     assert "correct" in capsys.readouterr().out
 
 
+#: what the reference MyStage calls: a first failure must not spell them out
+_SOLUTION_CALLS = ("requires_grad", "autograd.backward", ".backward(", "recv_activation",
+                   "send_activation", "recv_gradient", "send_gradient", "self.submodule",
+                   "X.grad", "loss_scale")
+
+
 @pytest.mark.parametrize("wrong, world, says", [
-    (NoRequiresGrad, (2,), "requires_grad_()"),
+    (NoRequiresGrad, (2,), "sent None as the gradient of the stage's input"),
     (SendsNoGradient, (2,), "no result within"),
     (SendsActivation, (3,), "gradients differ from one process"),
     (NoLossScale, (2,), "loss_scale"),
@@ -72,6 +78,14 @@ def test_stage_checker_unanswered_and_reference(capsys):
 def test_stage_checker_rejects(wrong, world, says):
     result = check_stage(wrong, world_sizes=world, timeout=6)
     assert result.ok is False and says in result.message, result.message
+    if "differ" in says:     # a wrong value: the message ends with the hint, and no call leaks
+        assert result.message.endswith(f"Hint: {_STAGE_HINT}"), result.message
+        assert not [call for call in _SOLUTION_CALLS if call in result.message], result.message
+
+
+def test_stage_checker_hint_points_to_the_idea_not_the_code():
+    leaked = [call for call in _SOLUTION_CALLS if call in _STAGE_HINT]
+    assert not leaked, f"the hint gives the solution away: {leaked}"
 
 
 def gpipe(stage, p, m):

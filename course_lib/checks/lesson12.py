@@ -145,11 +145,13 @@ def check_one_f_one_b(fn: Callable | None, *, strict: bool = False) -> ExerciseR
 # ------------------------------------------------------------------------------------------------
 
 _STAGE_CASES = [(ScheduleGPipe, 1), (ScheduleGPipe, 4), (Schedule1F1B, 2), (Schedule1F1B, 4)]
-_STAGE_HINT = ("forward: X = self.recv_activation(i) (unless first stage), X.requires_grad_(), "
-               "Y = self.submodule(X), keep X and Y, self.send_activation(Y, i) (unless last); "
-               "backward: dY = self.recv_gradient(Y), torch.autograd.backward(Y, dY) (last "
-               "stage: (loss * loss_scale).backward()), self.send_gradient(X.grad) (unless "
-               "first).")
+#: the idea, not the code: the failure itself says which case and what went wrong
+_STAGE_HINT = ("Each op is one rank's half of section 4's two-rank example, for one micro-batch. "
+               "What arrives from the previous stage is a new tensor with no history: autograd "
+               "can give you its gradient only if you ask for it before the layers run. Backward "
+               "starts from this stage's output and the gradient that came back for it (the last "
+               "stage: from its scaled loss); what goes back is the gradient of the stage's "
+               "input.")
 
 
 def _stage_model(seed: int = 0) -> nn.Sequential:
@@ -183,6 +185,10 @@ def _stage_cases(spec) -> str | None:
             out = call_answer("your forward_one / backward_one (in schedule.step)", sched.step,
                               *args, **kwargs)
         except StopRank as e:
+            if "send_gradient got None" in str(e):   # this rank's mistake, not a peer's
+                return (f"{where}: backward_one sent None as the gradient of the stage's input: "
+                        "X.grad stays None unless autograd was asked for it before the layers "
+                        "ran on X.")
             return f"{where}: {e}"
         found = None
         got = [q.grad for q in mine.parameters()]
