@@ -188,6 +188,36 @@ def test_partition_is_balanced_and_stable():
     assert sum(len(s) for s in shards2) == 8
 
 
+def _broadcast_buffer_bytes(_unused=None) -> dict[str, int]:
+    """Bytes alive at once in ``step()`` beyond the parameters and their gradients, on the
+    default group and on a group of this rank alone. SGD without momentum makes no tensor, so
+    this is what the broadcast packs: Linear(8, 16), Linear(16, 4) in float64."""
+    from course_lib.distributed.memory import PeakMemory
+
+    ones = [dist.new_group([r]) for r in range(dist.get_world_size())]  # every rank makes each
+    out = {}
+    for name, group in [("all ranks", None), ("alone", ones[dist.get_rank()])]:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).double()
+        zero = ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, process_group=group,
+                                       lr=0.1)
+        for p in net.parameters():
+            p.grad = torch.ones_like(p)
+        with PeakMemory(tensors=[t for p in net.parameters() for t in (p, p.grad)]) as m:
+            zero.step()
+        out[name] = m.peak - m.start
+    return out
+
+
+def test_broadcast_keeps_one_owner_buffer_alive():
+    """One flat buffer at a time: each owner's is freed before the next is packed. 3 ranks own
+    {128}, {64}, {16, 4} elements: the largest buffer, 128 * 8 bytes (two alive at once would
+    be (128 + 64) * 8). Alone, a rank broadcasts nothing and packs nothing."""
+    for rank, out in enumerate(launch(_broadcast_buffer_bytes, 3, backend="gloo",
+                                        timeout=120)):
+        assert out == {"all ranks": 128 * 8, "alone": 0}, (rank, out)
+
+
 def _needs_group(_unused=None):
     return None
 

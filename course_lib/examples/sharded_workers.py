@@ -35,7 +35,7 @@ from course_lib.distributed.memory import (
     optimizer_state_bytes,
     tensor_bytes,
 )
-from course_lib.distributed.optim import ZeroRedundancyOptimizer
+from course_lib.distributed.optim import ZeroRedundancyOptimizer, partition_parameters
 from course_lib.parallel.ddp import DistributedDataParallel
 
 __all__ = ["KINDS", "bucket_bytes", "compare_with_torch_fsdp", "compare_zero_with_unsharded",
@@ -112,10 +112,12 @@ def _key(t: torch.Tensor) -> int:
     return StorageWeakRef(t.untyped_storage()).cdata
 
 
-def _classifier(kind: str, model: nn.Module, local: torch.optim.Optimizer, batch: tuple):
+def _classifier(kind: str, model: nn.Module, local: torch.optim.Optimizer, batch: tuple,
+                owner_sizes: frozenset[int] = frozenset()):
     """``classify(tensor, made_in)`` for ``PeakMemory``: what a live storage of a step is,
     looked up at the moment of the peak (parameters, their gradients, optimizer state, DDP's
-    buckets, FSDP's gathered units), else by the phase that made it."""
+    buckets, ZeRO-1's broadcast buffers, FSDP's gathered units), else by the phase that made
+    it. ``owner_sizes``: ZeRO-1's elements per owner (the size of each broadcast buffer)."""
     sharded = kind == "FSDP"
     params = list(model.parameters())
     param_keys = {_key(p) for p in params}
@@ -139,6 +141,8 @@ def _classifier(kind: str, model: nn.Module, local: torch.optim.Optimizer, batch
             return "DDP's gradient buckets"
         if key in batch_keys:
             return "the batch (inputs, labels)"
+        if made_in == "optimizer step" and t.dim() == 1 and t.numel() in owner_sizes:
+            return "ZeRO-1's broadcast buffer (one owner's parameters)"
         if sharded:
             gathers = list(model._gathers) + [g for m in model.modules()
                                               for g in m.__dict__.get("_fsdp_gathers", [])]
@@ -187,7 +191,11 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
         model, opt, local = _setup(kind, widths)
         X, y = _batch(widths, per_rank, seed=1)
         _step(model, opt, X, y)
-        with PeakMemory(_device(), classify=_classifier(kind, model, local, (X, y))) as measured:
+        owners = (partition_parameters(opt.param_groups, dist.get_world_size())
+                  if kind == "ZeRO-1" else [])
+        owner_sizes = frozenset(n for n in (sum(p.numel() for p in s) for s in owners) if n)
+        classify = _classifier(kind, model, local, (X, y), owner_sizes)
+        with PeakMemory(_device(), classify=classify) as measured:
             _step(model, opt, X, y, measured)
         params = list(model.parameters())
         sizes = [p.numel() for p in mlp(widths).parameters()]
@@ -198,7 +206,7 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
                     "optimizer": optimizer_state_bytes(local),
                     "state_elements": sum(p.numel() for p in local.state),
                     "peak": measured.peak, "peak_parts": measured.breakdown})
-        del model, opt, local, params, measured   # measured.classify refers to the model
+        del model, opt, local, params, measured, classify   # classify refers to the model
     return out
 
 

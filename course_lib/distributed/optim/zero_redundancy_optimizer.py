@@ -142,7 +142,10 @@ class ZeroRedundancyOptimizer(Optimizer):
         return loss
 
     def _broadcast_shards(self) -> None:
-        """One broadcast per owner (and dtype): its parameters packed into one flat buffer."""
+        """One broadcast per owner (and dtype): its parameters packed into one flat buffer,
+        freed before the next owner's is built, so that one buffer at a time is alive."""
+        if self.world_size == 1:
+            return  # one rank owns everything: nothing to send, no buffer
         for owner, shard in enumerate(self._shards):
             src = owner if self.process_group is None else dist.get_global_rank(
                 self.process_group, owner)
@@ -154,6 +157,7 @@ class ZeroRedundancyOptimizer(Optimizer):
                     for p in params:
                         p.copy_(flat[offset:offset + p.numel()].view_as(p))
                         offset += p.numel()
+                del flat  # else it lives on while torch.cat builds the next owner's buffer
 
     # ---- checkpoints -------------------------------------------------------------------------
 
