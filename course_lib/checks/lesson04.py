@@ -77,9 +77,10 @@ def check_scaled_batch(global_batch: int | None, lr: float | None, steps: int | 
 # ---- exercise: write train_batch -------------------------------------------------------------
 
 _TB_NAME = "train_batch"
-_TB_HINT = ("on each device, backward of the shard's cross-entropy SUM divided by the whole "
-            "batch size B; allreduce every parameter's .grad (a device without a shard adds "
-            "zeros); sgd(params, lr) on every replica; return (mean loss, number correct).")
+_TB_HINT = ("each replica must end the step with the one-device gradient of the whole batch's "
+            "mean loss: ask what weight each example's loss gets on its device, what the "
+            "devices must exchange, and what a device without a shard contributes; then every "
+            "replica takes the same SGD step.")
 #: (devices, batch size) of each case: uneven shards, more than two devices, and a batch of 5
 #: over 4 devices, where torch.chunk leaves the fourth device without a shard.
 _TB_CASES = ((1, 6), (2, 8), (2, 7), (3, 10), (4, 10), (4, 5))
