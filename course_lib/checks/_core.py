@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["GRADE_LOG", "CheckTimeout", "ExerciseResult", "call_bounded", "check_answer",
-           "check_function", "failure", "unanswered", "verdict"]
+__all__ = ["GRADE_LOG", "CheckTimeout", "ExerciseResult", "as_numbers", "call_bounded",
+           "check_answer", "check_function", "failure", "unanswered", "verdict"]
 
 #: Environment variable naming a file: when set (``make grade`` sets it), every verdict is also
 #: appended to that file as one JSON line ``{"name", "ok", "message"}``, for the grader to read.
@@ -231,3 +231,15 @@ def check_function(name: str, fn: Callable | None, oracle: Callable,
 def _short(case: tuple) -> str:
     parts = [f"tensor{tuple(c.shape)}" if isinstance(c, torch.Tensor) else repr(c) for c in case]
     return "(" + ", ".join(parts) + ")"
+
+
+def as_numbers(value: Any, count: int, what: str) -> tuple[list[float] | None, str]:
+    """A learner's answer read as ``count`` floats: ``(numbers, "")``, or ``(None, message)``
+    where the message says what was expected (``count`` numbers: ``what``) and what came."""
+    try:
+        numbers = [float(v) for v in value]
+    except (TypeError, ValueError):
+        return None, f"expected a list of {count} numbers ({what}), received {value!r}."
+    if len(numbers) != count:
+        return None, f"expected {count} numbers ({what}), received {len(numbers)}: {value!r}."
+    return numbers, ""

@@ -76,6 +76,7 @@ from ._core import (
     GRADE_LOG,
     CheckTimeout,
     ExerciseResult,
+    as_numbers,
     call_bounded,
     check_answer,
     check_function,
@@ -85,7 +86,7 @@ from ._core import (
 )
 
 __all__ = ["ATOL", "GRADE_LOG", "RTOL", "UNANSWERED", "CheckTimeout", "ExerciseResult", "StopRank",
-           "agree", "answer_kind", "call_answer", "call_bounded", "check_answer",
+           "agree", "answer_kind", "as_numbers", "call_answer", "call_bounded", "check_answer",
            "check_answers_in_ranks", "check_cases", "check_function", "check_in_ranks", "close",
            "counting", "describe", "failure", "first_failure_in_ranks", "group_of_one", "in_step",
            "keeps_kernel_state", "load_answer", "load_answers", "refusal_problem", "resolve",
@@ -459,6 +460,7 @@ def describe(t: torch.Tensor | None) -> str:
         return "None"
     values = ", ".join(f"{v:.4g}" for v in t.detach().flatten()[:3].tolist())
     return f"[{values}{', ...' if t.numel() > 3 else ''}] of shape {tuple(t.shape)}"
+
 
 
 def close(got: Any, want: torch.Tensor) -> bool:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ..timing import WorkQueue
-from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
+from ._core import ExerciseResult, as_numbers, call_bounded, failure, unanswered, verdict
 
 __all__ = ["check_matmul_flops", "check_time_queued", "check_try_all_gpus"]
 
@@ -159,14 +159,9 @@ def check_time_queued(fn: Callable | None, *, strict: bool = False) -> ExerciseR
                 return verdict(name, False, f"on {case}: {failure(exc)}.", strict)
         finally:
             q.close()
-        try:
-            times = [float(t) for t in times]
-        except (TypeError, ValueError):
-            return verdict(name, False, f"expected a list of {repeat} numbers (seconds), "
-                           f"received {times!r}.", strict)
-        if len(times) != repeat:
-            return verdict(name, False, f"asked for repeat={repeat} timings, received "
-                           f"{len(times)}: {times!r}.", strict)
+        times, problem = as_numbers(times, repeat, f"seconds, repeat={repeat}")
+        if problem:
+            return verdict(name, False, problem, strict)
         shown = ", ".join(f"{t * 1e3:.1f}" for t in times)
         if min(times) < low:
             return verdict(name, False, f"on {case} your timings were [{shown}] ms for work "

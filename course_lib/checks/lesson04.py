@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..devices import cpu_threads, devices
 from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
-from .harness import keeps_kernel_state
+from .harness import as_numbers, keeps_kernel_state
 
 __all__ = ["check_lr_for_shard_means", "check_scaled_batch", "check_shard_mean_weights",
            "check_train_batch"]
@@ -39,14 +39,9 @@ def check_shard_mean_weights(answer: Any, sizes: tuple[int, ...] = (192, 48, 16)
                        strict)
     k, B = len(sizes), sum(sizes)
     expected = [B / (k * n) for n in sizes]
-    try:
-        got = [float(a) for a in answer]
-    except (TypeError, ValueError):
-        return verdict(name, False, f"got {answer!r}; expected {k} numbers, one per shard of "
-                       f"sizes {list(sizes)}, e.g. a list.", strict)
-    if len(got) != k:
-        return verdict(name, False, f"got {len(got)} numbers; expected {k}, one per shard of "
-                       f"sizes {list(sizes)}.", strict)
+    got, problem = as_numbers(answer, k, f"one per shard of sizes {list(sizes)}")
+    if problem:
+        return verdict(name, False, problem, strict)
     for n, g, want in zip(sizes, got, expected):
         if not abs(g - want) <= 5e-3 * want:
             return verdict(name, False, f"got {g:.4g} for the shard of {n}. Each of the {k} shard "

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed._same_tensors import communication_device
+from ._ddp_checks import raise_unused
 
 MB = 1024 * 1024  # torch's DDP counts bucket_cap_mb in MiB too
 DEFAULT_BUCKET_CAP_MB = 25  # torch's default
@@ -74,6 +75,14 @@ def assign_buckets(params: Sequence[torch.Tensor], bucket_cap_bytes: int, *,
     return sorted(buckets, key=lambda b: position[b[0]])  # by the first gradient to arrive
 
 
+def one_bucket_per_parameter(params: Sequence[torch.Tensor], bucket_cap_bytes: int,
+                             order: Sequence[int] | None = None,
+                             first_bucket_bytes: int | None = None) -> list[list[int]]:
+    """The naive and overlap strategies' buckets: one per parameter, in ``order`` (default: the
+    last parameter first); ``assign_buckets``'s signature, the caps unused."""
+    return [[i] for i in (reversed(range(len(params))) if order is None else order)]
+
+
 class GradBucketInterface:
     """``torch.distributed.GradBucket``'s methods on a bucket with ``_buffer`` (the flat buffer),
     ``_index`` (its place in launch order), ``_is_last``, ``_params`` and ``_views`` (each
@@ -107,6 +116,15 @@ class GradBucketInterface:
             for p, view in zip(self._params, self._views):
                 if p.grad is not None:
                     p.grad = view.copy_(p.grad)
+
+    def _copy_back_as_view(self, skip) -> None:
+        """``copy_back`` with ``gradient_as_bucket_view``: the buffer takes the result and each
+        ``.grad`` (but those whose id is in ``skip``) is a view of it."""
+        if self.result.data_ptr() != self._buffer.data_ptr():
+            self._buffer.copy_(self.result)
+        for p, view in zip(self._params, self._views):
+            if id(p) not in skip and (p.grad is None or p.grad.data_ptr() != view.data_ptr()):
+                p.grad = view
 
     def _shaped(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Views of ``flat`` shaped like each parameter."""
@@ -167,6 +185,22 @@ class Rebuild:
                                first_bucket_bytes=self.first_bucket_bytes))
         for param in arrived if self.delay_first_step else ():
             self.bucket_of[id(param)].mark_ready(param)
+
+    def mark_unused_ready(self) -> list[torch.Tensor]:
+        """At the end of backward: the parameters whose gradient did not arrive, each marked
+        ready (a zero contribution, or a stale ``.grad`` as torch's reducer sends); without
+        ``find_unused_parameters`` a clear error instead. With ``delay_first_step`` the first
+        step's buckets are rebuilt first, so that step travels in them."""
+        arrived = set(self.arrivals or ())  # the first backward marked nothing ready yet
+        unused = [p for bucket in self.buckets for p in bucket.unready()
+                  if self.index_of[id(p)] not in arrived]
+        if unused and not self.find_unused_parameters:
+            raise_unused(self, unused)
+        if self.arrivals is not None and self.delay_first_step:
+            self.rebuild_buckets(unused)
+        for p in unused:
+            self.bucket_of[id(p)].mark_ready(p)
+        return unused
 
     def unused_everywhere(self, unused: list[torch.Tensor]) -> set[int]:
         """Ids of the parameters no rank used since the last synchronisation.

@@ -18,12 +18,9 @@ Every strategy moves gradients in ``Bucket`` s (in the first two each parameter 
 one) and hands each bucket to a communication hook ``hook(state, bucket) -> Future[Tensor]``
 (default ``allreduce_hook``: the average), so torch's hooks and ours work with all three.
 
-Beside it, as torch keeps its reducer apart: ``_ddp_buckets`` (``assign_buckets``, the rebuild
-in the order the first backward produced the gradients, the parameters no rank used, torch's
-``GradBucket`` methods), ``_ddp_comm_hooks`` (``bf16_compress_hook``), ``_ddp_checks`` (the
-argument checks and error texts), ``_ddp_accounting`` (``bytes_on_wire``,
-``gradient_memory_bytes``); the equal start, ``_broadcast_coalesced``, in
-``course_lib.distributed._same_tensors``. All are importable from here.
+The machinery lives beside it (all importable from here): ``_ddp_buckets`` (bucket sizes, the
+rebuild in arrival order, unused parameters), ``_ddp_comm_hooks``, ``_ddp_checks`` (argument checks,
+error texts), ``_ddp_accounting`` (bytes counted); the equal start in ``distributed._same_tensors``.
 """
 from __future__ import annotations
 
@@ -49,6 +46,7 @@ from ._ddp_buckets import (  # noqa: F401 - MB and the caps re-exported, as befo
     Rebuild,
     assign_buckets,
     bucket_sizes,
+    one_bucket_per_parameter,
     weak_hook,
 )
 from ._ddp_comm_hooks import bf16_compress_hook
@@ -60,9 +58,7 @@ __all__ = ["STRATEGIES", "Bucket", "BucketedStrategy", "DistributedDataParallel"
 CommHook = Callable[[Any, "Bucket"], torch.futures.Future]
 
 
-# ------------------------------------------------------------------------------------------------
-# Communication hooks: hook(state, bucket) -> a future of the averaged bucket buffer
-# ------------------------------------------------------------------------------------------------
+# --- Communication hooks: hook(state, bucket) -> a future of the averaged bucket buffer ----------
 
 def allreduce_hook(process_group: dist.ProcessGroup | None,
                    bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
@@ -78,9 +74,7 @@ def allreduce_hook(process_group: dist.ProcessGroup | None,
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-# ------------------------------------------------------------------------------------------------
-# Buckets
-# ------------------------------------------------------------------------------------------------
+# --- Buckets -------------------------------------------------------------------------------------
 
 class Bucket(GradBucketInterface):
     """Gradients of a few parameters packed in one flat buffer, sent by one all-reduce.
@@ -92,10 +86,8 @@ class Bucket(GradBucketInterface):
 
     With ``as_view=True`` (DDP's ``gradient_as_bucket_view``) each ``param.grad`` becomes a view
     of the buffer: autograd accumulates into the buffer itself, nothing is copied in or out, and
-    the gradients take half the memory. ``index`` is the position in launch order, ``names``
-    the parameters' names (for messages). It also offers torch's ``GradBucket`` methods
-    (``buffer``, ``index``, ``parameters``, ``gradients``, ...), so torch's hooks run on it,
-    and ``unready()`` (``_ddp_buckets``).
+    the gradients take half the memory. ``index``: the position in launch order; ``names``: the
+    parameters' names (for messages). torch's ``GradBucket`` methods come from the base class.
     """
 
     def __init__(self, index: int, params: Sequence[torch.Tensor], names: Sequence[str],
@@ -150,12 +142,7 @@ class Bucket(GradBucketInterface):
     def copy_back(self, skip: Collection[int] = ()) -> None:
         """Write the averaged gradients into each ``param.grad`` (not those whose id is in skip)."""
         if self.as_view:  # .grad is (or becomes) a view of the buffer: the buffer gets the result
-            if self.result.data_ptr() != self._buffer.data_ptr():
-                self._buffer.copy_(self.result)
-            for p, view in zip(self._params, self._views):
-                if id(p) not in skip and (p.grad is None or p.grad.data_ptr() != view.data_ptr()):
-                    p.grad = view
-            return
+            return self._copy_back_as_view(skip)
         for p, average in zip(self._params, self._shaped(self.result)):  # (*p.shape)
             if id(p) in skip:
                 continue
@@ -165,12 +152,13 @@ class Bucket(GradBucketInterface):
                 p.grad.copy_(average)
 
 
-# ------------------------------------------------------------------------------------------------
-# The three strategies: when each bucket is launched
-# ------------------------------------------------------------------------------------------------
+# --- The three strategies: when each bucket is launched ------------------------------------------
 
 class _Strategy(Rebuild):
     """What the strategies share: the buckets, the hook, and what happens once backward is done.
+
+    Each strategy adds ``grad_ready(param)``, which DDP's hook calls when ``param.grad`` is final
+    for this backward, and ``sync()``, which leaves every bucket launched and waited for.
 
     ``named_params``: (name, parameter) of the parameters to average, in registration order;
     buckets of at most ``bucket_cap_bytes`` (the first after the rebuild ``first_bucket_bytes``),
@@ -187,22 +175,15 @@ class _Strategy(Rebuild):
         self.index_of = {id(p): i for i, p in enumerate(self.params)}
         self.name_of = {id(p): name for name, p in named_params}
         self.bucket_cap_bytes, self.first_bucket_bytes = bucket_cap_bytes, first_bucket_bytes
-        self.process_group = process_group
-        self.find_unused_parameters = find_unused_parameters
+        self.process_group, self.find_unused_parameters = process_group, find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.hook: CommHook = allreduce_hook
-        self.state: Any = process_group
+        self.hook, self.state = allreduce_hook, process_group  # register_comm_hook replaces them
         # indices in arrival order (a dict: each once) in the first step; None: no rebuild
         self.arrivals: dict[int, None] | None = {} if rebuild else None
         self.used_since_sync: set[int] = set()       # ids of parameters used under no_sync()
         self.build(self.assign(self.params, initial_cap_bytes))
 
-    @staticmethod
-    def assign(params: Sequence[torch.Tensor], bucket_cap_bytes: int,
-               order: Sequence[int] | None = None,
-               first_bucket_bytes: int | None = None) -> list[list[int]]:
-        """One bucket per parameter, in ``order`` (default: the last parameter first)."""
-        return [[i] for i in (reversed(range(len(params))) if order is None else order)]
+    assign = staticmethod(one_bucket_per_parameter)  # the bucketed strategy: assign_buckets
 
     def build(self, assignment: list[list[int]]) -> None:
         """Make the buckets: ``assignment`` lists each bucket's parameter indices, launch order."""
@@ -212,14 +193,6 @@ class _Strategy(Rebuild):
                         for i, idx in enumerate(assignment)]
         self.bucket_of = {id(p): b for b in self.buckets for p in b.parameters()}
         self.next_bucket = 0  # buckets are launched in index order, the same on every rank
-
-    def grad_ready(self, param: torch.Tensor) -> None:
-        """Called by DDP's hook when ``param.grad`` is final for this backward."""
-        raise NotImplementedError
-
-    def sync(self) -> None:
-        """After backward: every bucket launched and waited for."""
-        raise NotImplementedError
 
     def launch_ready_buckets(self) -> None:
         """Launch the next buckets, in index order, as long as they are full.
@@ -234,15 +207,7 @@ class _Strategy(Rebuild):
     def finish(self) -> None:
         """End of backward: deal with unused parameters, sync, write the averages into ``.grad``."""
         try:
-            arrived = set(self.arrivals or ())  # the first backward marked nothing ready yet
-            unused = [p for bucket in self.buckets for p in bucket.unready()
-                      if self.index_of[id(p)] not in arrived]
-            if unused and not self.find_unused_parameters:
-                checks.raise_unused(self, unused)
-            if self.arrivals is not None and self.delay_first_step:
-                self.rebuild_buckets(unused)  # the first step travels in the rebuilt buckets
-            for p in unused:  # a zero contribution (or a stale .grad, as torch's reducer does)
-                self.bucket_of[id(p)].mark_ready(p)
+            unused = self.mark_unused_ready()  # zeros for them (or an error without find_unused)
             self.sync()
             untouched = self.unused_everywhere(unused)  # their .grad stays as it is
             for bucket in self.buckets:
@@ -263,10 +228,8 @@ class _Strategy(Rebuild):
 
 
 class NaiveStrategy(_Strategy):
-    """1. ``"naive"``: nothing is sent during backward; then one blocking all-reduce per parameter.
-
-    Each parameter is a bucket of one, so a communication hook sees one parameter at a time.
-    """
+    """1. ``"naive"``: nothing is sent during backward; then one blocking all-reduce per parameter
+    (a bucket of one: a communication hook sees one parameter at a time)."""
 
     def grad_ready(self, param: torch.Tensor) -> None:
         """Note the gradient (copied into its bucket); send nothing yet."""
@@ -285,8 +248,8 @@ class OverlapStrategy(_Strategy):
     """2. ``"overlap"``: each gradient's all-reduce starts as soon as autograd has produced it.
 
     The all-reduce runs in the background (``async_op=True``) while backward computes the
-    gradients of earlier layers; the waiting happens once, after backward. Each parameter is a
-    bucket of one, so a communication hook sees one parameter at a time.
+    gradients of earlier layers; the waiting happens once, after backward. One parameter per
+    bucket, as in the naive strategy.
     """
 
     def grad_ready(self, param: torch.Tensor) -> None:
@@ -324,9 +287,7 @@ STRATEGIES: dict[str, type[_Strategy]] = {"naive": NaiveStrategy, "overlap": Ove
                                            "bucketed": BucketedStrategy}
 
 
-# ------------------------------------------------------------------------------------------------
-# The module
-# ------------------------------------------------------------------------------------------------
+# --- The module ----------------------------------------------------------------------------------
 
 class DistributedDataParallel(nn.Module):
     """Data parallelism over processes: a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
@@ -373,8 +334,8 @@ class DistributedDataParallel(nn.Module):
         self.module, self.dim, self.strategy = module, dim, strategy
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.broadcast_buffers, self.static_graph = broadcast_buffers, static_graph
-        self.find_unused_parameters = find_unused_parameters
-        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.find_unused_parameters, self.gradient_as_bucket_view = (find_unused_parameters,
+                                                                     gradient_as_bucket_view)
         self.require_backward_grad_sync = True   # False inside no_sync()
         self.require_forward_param_sync = True   # as torch: buffers follow rank 0 when True
         verify_same_model(module, self.process_group, owner="DistributedDataParallel",

@@ -6,7 +6,8 @@ was found and what to do.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+
+from ..parallel._checks import group_rank_size  # noqa: F401 - re-exported for this package
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -17,18 +18,6 @@ def check_layout(layout: object, where: str) -> None:
         raise ValueError(f"{where}: layout must be 'contiguous' (rank r holds the r-th slice of "
                          "the sequence) or 'zigzag' (rank r holds chunks r and 2*cp-1-r of "
                          f"2*cp chunks), got {layout!r}.")
-
-
-def group_rank_size(group, where: str) -> tuple[int, int]:
-    """(this process's rank in ``group``, the group's size), or a clear error without a group."""
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f"{where} needs a process group: call dist.init_process_group first "
-                           "(course_lib.distributed.launch does it in each worker).")
-    rank = dist.get_rank(group)
-    if rank < 0:
-        raise ValueError(f"{where}: this process (global rank {dist.get_rank()}) is not a member "
-                         "of the group given; call it only on the ranks of that group.")
-    return rank, dist.get_world_size(group)
 
 
 def check_qkv(q: object, k: object, v: object, layout: str, where: str) -> None:
