@@ -9,6 +9,8 @@
   every rank runs the same reduce-scatters in the same order (a rank that skipped one would pair
   its next collective with another's);
 * ``ShardedPlaceholder``: what a module holds for a sharded parameter between uses;
+* ``assign_units`` and ``split_by_kind``: which unit holds each parameter, and which of a unit's
+  parameters share one flat vector (same ``requires_grad`` and dtype);
 * ``cast_hooks``: a compute dtype for the parameters that stay whole;
 * the argument checks and the errors' texts.
 """
@@ -45,6 +47,36 @@ def check_arguments(module, compute_dtype, policy) -> None:
         if not p.is_floating_point():
             raise TypeError(f"FullyShardedDataParallel: parameter {name} has dtype {p.dtype}; "
                             "only floating-point parameters can be trained and sharded.")
+
+
+def assign_units(module: nn.Module, policy, shared: set[int]) -> list:
+    """[(unit, [(owner module, name, param)])]: each parameter to its nearest enclosing
+    unit, unless it is shared by several modules (those stay replicated)."""
+    unit_of: dict[int, nn.Module | None] = {id(module): module if policy(module) else None}
+    found: dict[int, list] = {}
+    order: list[nn.Module] = []
+    for m in module.modules():
+        for child in m.children():
+            if id(child) not in unit_of:
+                unit_of[id(child)] = child if policy(child) else unit_of[id(m)]
+        unit = unit_of[id(m)]
+        for name, p in m._parameters.items():
+            if p is None or unit is None or id(p) in shared:
+                continue
+            if id(unit) not in found:
+                found[id(unit)] = []
+                order.append(unit)
+            found[id(unit)].append((m, name, p))
+    return [(u, found[id(u)]) for u in order]
+
+
+def split_by_kind(entries: list[tuple]) -> dict[tuple, list[tuple]]:
+    """Entries grouped so that one flat vector can hold each group: (requires_grad, dtype)."""
+    groups: dict[tuple, list[tuple]] = {}
+    for entry in entries:
+        p = entry[-1]
+        groups.setdefault((p.requires_grad, p.dtype), []).append(entry)
+    return groups
 
 
 def cast_hooks(module: nn.Module, names: list[str], dtype: torch.dtype) -> list:

@@ -28,7 +28,15 @@ from torch import nn
 from torch.autograd import Variable
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ._fsdp_state import Join, ShardedCheckpoints, ShardedPlaceholder, cast_hooks, check_arguments
+from ._fsdp_state import (
+    Join,
+    ShardedCheckpoints,
+    ShardedPlaceholder,
+    assign_units,
+    cast_hooks,
+    check_arguments,
+    split_by_kind,
+)
 from ._same_tensors import verify_same_model
 from .compat import all_gather_into_tensor, reduce_scatter_tensor
 
@@ -49,9 +57,7 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
     return rank * size, (rank + 1) * size
 
 
-# ------------------------------------------------------------------------------------------------
-# one flat, sharded group of a unit's parameters
-# ------------------------------------------------------------------------------------------------
+# --- one flat, sharded group of a unit's parameters ----------------------------------------------
 
 class _Gather:
     """One all-gathered copy of a ``FlatShard`` (per forward call): freed and refilled."""
@@ -186,9 +192,7 @@ def _global(group, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
-# ------------------------------------------------------------------------------------------------
-# the wrapper
-# ------------------------------------------------------------------------------------------------
+# --- the wrapper ---------------------------------------------------------------------------------
 
 class FullyShardedDataParallel(ShardedCheckpoints, nn.Module):
     """Shard ``module``'s units over the ranks; train it like DDP: forward, backward, step.
@@ -237,12 +241,12 @@ class FullyShardedDataParallel(ShardedCheckpoints, nn.Module):
             self._param_names.setdefault(id(p), []).append(name)
         shared = {i for i, names in self._param_names.items() if len(names) > 1}
 
-        units = self._assign_units(module, policy, shared)
+        units = assign_units(module, policy, shared)
         self.handles: list[FlatShard] = []
         self._hooks = []
         for unit, entries in units:
             handles = []
-            for group_entries in _split(entries).values():
+            for group_entries in split_by_kind(entries).values():
                 names = [self._param_names[id(p)][0] for *_, p in group_entries]
                 handle = FlatShard(group_entries, names, compute_dtype=compute_dtype,
                                    group=process_group)
@@ -261,29 +265,6 @@ class FullyShardedDataParallel(ShardedCheckpoints, nn.Module):
         self._sync = self._forward_sync = True  # False inside no_sync()
         self._plan: dict | None = None          # what _finish_backward reduces (agree_on_use)
         self._pending_replicated: set[int] = set()  # ids of grads no_sync() left unreduced
-
-    # ---- which parameters are sharded where ---------------------------------------------------
-
-    @staticmethod
-    def _assign_units(module: nn.Module, policy, shared: set[int]):
-        """[(unit, [(owner module, name, param)])]: each parameter to its nearest enclosing
-        unit, unless it is shared by several modules (those stay replicated)."""
-        unit_of: dict[int, nn.Module | None] = {id(module): module if policy(module) else None}
-        found: dict[int, list] = {}
-        order: list[nn.Module] = []
-        for m in module.modules():
-            for child in m.children():
-                if id(child) not in unit_of:
-                    unit_of[id(child)] = child if policy(child) else unit_of[id(m)]
-            unit = unit_of[id(m)]
-            for name, p in m._parameters.items():
-                if p is None or unit is None or id(p) in shared:
-                    continue
-                if id(unit) not in found:
-                    found[id(unit)] = []
-                    order.append(unit)
-                found[id(unit)].append((m, name, p))
-        return [(u, found[id(u)]) for u in order]
 
     def _setup_replicated(self, module: nn.Module) -> None:
         """The parameters left whole on every rank (rank 0's values); with a compute dtype,
@@ -412,7 +393,7 @@ class FullyShardedDataParallel(ShardedCheckpoints, nn.Module):
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        for group in _split([(None, "", p) for p in params]).values():
+        for group in split_by_kind([(None, "", p) for p in params]).values():
             grads = [p.grad for *_, p in group]
             dtype = self.compute_dtype or grads[0].dtype
             flat = torch.cat([g.reshape(-1).to(dtype) for g in grads])  # (sum of numel,)
@@ -420,12 +401,3 @@ class FullyShardedDataParallel(ShardedCheckpoints, nn.Module):
             flat = flat.to(grads[0].dtype).div_(self.world_size)         # then the average
             for g, average in zip(grads, flat.split([g.numel() for g in grads])):
                 g.copy_(average.view_as(g))
-
-
-def _split(entries: list[tuple]) -> dict[tuple, list[tuple]]:
-    """Entries grouped so that one flat vector can hold each group: (requires_grad, dtype)."""
-    groups: dict[tuple, list[tuple]] = {}
-    for entry in entries:
-        p = entry[-1]
-        groups.setdefault((p.requires_grad, p.dtype), []).append(entry)
-    return groups
