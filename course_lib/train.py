@@ -6,9 +6,8 @@ every lesson's training uses, with the step that differs handed in as a function
   allreduced by hand.
 - ``train_module`` (lesson 05): an ``nn.Module`` (plain, the course's ``DataParallel`` or
   torch's) with ``torch.optim.SGD``.
-- ``SeedSpread``: one result of a training run measured over several seeds, so that a claim
-  about learning rests on its spread, not on one run (lesson 04's batch-size and learning-rate
-  runs).
+- Beside it, re-exported here: ``SeedSpread`` (``_seed_spread``: a result over several seeds,
+  lesson 04) and ``recalibrate_batch_norm`` (``_batch_norm``: "precise BN", lesson 05).
 
 PyTorch counterpart: the usual ``for X, y in loader: loss.backward(); opt.step()`` loop; for
 several devices, what ``nn.DataParallel`` does inside. Source: d2l's "Multiple GPUs" chapters.
@@ -16,16 +15,15 @@ several devices, what ``nn.DataParallel`` does inside. Source: d2l's "Multiple G
 from __future__ import annotations
 
 import functools
-import math
-import statistics
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._batch_norm import recalibrate_batch_norm  # noqa: F401 - public here, as before
+from ._seed_spread import SeedSpread  # noqa: F401 - public here, as before
 from .devices import Device, as_device
 from .models.lenet import lenet, sgd
 from .parallel.comm import (
@@ -441,116 +439,3 @@ def train_module(net: nn.Module, train_iter: Iterable, test_iter: Iterable, *, n
 
     return fit(step, train_iter, evaluate, num_epochs=num_epochs, plot=plot, title=title,
                on_epoch=lambda epoch: net.train(), lr=lr)
-
-
-def recalibrate_batch_norm(net: nn.Module, batches: Iterable, device: Device | None = None
-                           ) -> nn.Module:
-    """Recompute every batch-norm layer's running statistics with the current weights.
-
-    During training the running mean and variance follow the weights with momentum 0.1, so
-    after few steps they still describe earlier weights, and ``eval()`` mode suffers. This runs
-    the model over ``batches`` in train mode without gradients, with ``momentum=None`` (the
-    cumulative average over the batches), then restores each layer's momentum. Parameters do
-    not change. Known as "precise BN" (Wu and Johnson, 2021, "Rethinking batch in BatchNorm").
-
-    Args:
-        net: the model (its running statistics change; returned in the mode it came in).
-        batches: ``(X, y)`` batches, typically training data.
-        device: where to move each X (None: leave it where it is).
-
-    Returns:
-        ``net``.
-    """
-    norms = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    momenta = [m.momentum for m in norms]
-    was_training = net.training
-    saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
-             for m in norms if m.track_running_stats]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None  # cumulative average: every batch weighs the same
-    net.train()
-    done = False
-    try:
-        with torch.no_grad():
-            for X, _ in batches:
-                net(X if device is None else X.to(device))
-        done = True
-    finally:
-        for m, momentum in zip(norms, momenta):
-            m.momentum = momentum
-        net.train(was_training)
-        if not done:  # interrupted: put the previous statistics back, not half-computed ones
-            tracked = [m for m in norms if m.track_running_stats]
-            for m, (mean, var, count) in zip(tracked, saved):
-                m.running_mean.copy_(mean)
-                m.running_var.copy_(var)
-                m.num_batches_tracked.copy_(count)
-    return net
-
-
-# --- claims about learning, over several seeds ----------------------------------------------
-
-@dataclass(frozen=True)
-class SeedSpread:
-    """One result of a training run (a final test accuracy, say), measured once per seed.
-
-    Runs that differ only in the seed (the initial weights, the order of the batches) end at
-    different numbers; a claim about learning is drawn from several seeds with their spread.
-    ``str()`` gives ``median 0.812 (lowest 0.791, highest 0.826) over 3 seeds``.
-
-    Attributes:
-        values: one number per seed, in the order of the seeds.
-    """
-
-    values: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        values = tuple(float(v) for v in self.values)
-        if not values or not all(math.isfinite(v) for v in values):
-            raise ValueError(f"SeedSpread needs at least one finite number (one per seed), got "
-                             f"{list(self.values)}; leave out runs that produced no result.")
-        object.__setattr__(self, "values", values)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values)
-
-    @property
-    def lowest(self) -> float:
-        return min(self.values)
-
-    @property
-    def highest(self) -> float:
-        return max(self.values)
-
-    def __str__(self) -> str:
-        n = len(self.values)
-        return (f"median {self.median:.3f} (lowest {self.lowest:.3f}, highest "
-                f"{self.highest:.3f}) over {n} seed{'s' if n > 1 else ''}")
-
-    def chance_apart(self, other: SeedSpread) -> float:
-        """How often two ranges this size fall apart (no overlap) by the seeds alone.
-
-        If the two settings did not differ, the ``n + m`` runs would be exchangeable and each
-        of the ``C(n + m, n)`` ways to split them into the two groups as likely: only two of
-        them (all of one above all of the other, either way) leave the ranges apart. With 3
-        seeds each that is 2 in 20: three seeds are weak evidence, more give stronger.
-        """
-        return min(1.0, 2 / math.comb(len(self.values) + len(other.values), len(self.values)))
-
-    def verdict(self, name: str, other: SeedSpread, other_name: str) -> str:
-        """One sentence: ``name`` higher or lower than ``other_name`` on every seed, or "overlap".
-
-        A difference is named only when the ranges do not overlap (every run of one above every
-        run of the other), with ``chance_apart``; otherwise no difference these seeds can show.
-        """
-        ranges = (f"[{self.lowest:.3f}, {self.highest:.3f}] against "
-                  f"[{other.lowest:.3f}, {other.highest:.3f}]")
-        if self.lowest > other.highest or self.highest < other.lowest:
-            word = "higher" if self.lowest > other.highest else "lower"
-            return (f"{name} is {word} than {other_name} on every seed ({ranges}; ranges this "
-                    f"far apart come from the seeds alone with probability "
-                    f"{self.chance_apart(other):.2f})")
-        return (f"{name} against {other_name}: the ranges overlap ({ranges}), no difference "
-                f"these seeds can show")
