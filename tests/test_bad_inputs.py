@@ -464,13 +464,23 @@ def test_a_workers_children_in_new_sessions_do_not_outlive_launch(tmp_path, then
     worker's process group and outlived launch."""
     import time
 
+    earlier: list[int] = []
     if then_sleep:
-        with pytest.raises(D.LaunchTimeout):
-            D.launch(start_children_in_new_sessions, 2, str(tmp_path), True, timeout=12)
+        # a loaded machine may not start both workers within the timeout: then the children
+        # never started, and the run is repeated with a longer one (the kill is still tested)
+        for timeout in (12, 30, 60):
+            for old in tmp_path.glob("*.pid"):  # an earlier try's: checked at the end too
+                earlier.append(int(old.read_text()))
+                old.unlink()
+            with pytest.raises(D.LaunchTimeout):
+                D.launch(start_children_in_new_sessions, 2, str(tmp_path), True, timeout=timeout)
+            if len(list(tmp_path.glob("*.pid"))) == 4:
+                break
     else:
         D.launch(start_children_in_new_sessions, 2, str(tmp_path), False, timeout=60)
     pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
     assert len(pids) == 4, "the children did not start"
+    pids += earlier
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)

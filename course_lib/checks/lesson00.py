@@ -90,8 +90,9 @@ def check_matmul_flops(fn: Callable[[int, int, int], int] | None, *,
 
 #: The checker's queued work: it sleeps this long (a kernel of known length).
 _WORK_S = 0.1
-#: What scheduling may add to one timing: under half the work, so that two calls fail.
-_SLACK_S = 0.05
+#: What scheduling may add to one timing (a busy machine's sleep overshoots): under the work
+#: itself, so that a timing of two calls fails.
+_SLACK_S = 0.08
 #: What the first call on a fresh queue costs on top (CUDA's lazy initialisation, in miniature).
 _FIRST_CALL_S = 0.25
 #: Work already queued when the learner's function is called.
@@ -134,7 +135,7 @@ def check_time_queued(fn: Callable | None, *, strict: bool = False) -> ExerciseR
     The checker's ``work`` sleeps 100 ms; the first call on a fresh queue costs 250 ms more (a
     warm-up must absorb it); in a second case 250 ms of earlier work is already queued when
     ``fn`` is called (the clock must start after it). Every timing must lie between half the
-    work's time and the work's time plus 50 ms (two calls in one timing fail).
+    work's time and the work's time plus 80 ms (two calls in one timing fail).
     """
     name = "time_queued"
     if fn is None:
