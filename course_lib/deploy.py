@@ -7,8 +7,11 @@ or DataParallel wrapper adds to every key; ``match_keys`` also takes torch.compi
 ``_orig_mod.``, nested and mixed prefixes); ``requires_grad_`` for freezing; and int8
 quantization with torchao (``torchao.quantization.quantize_``), the package PyTorch now
 recommends for it: ``torch.ao.quantization.quantize_dynamic`` warns that it is deprecated.
-``shard_rows`` / ``reshard``: the dim-0 rows torch's ``fully_shard`` gives each rank, and a
-checkpoint saved by N ranks laid out for M (what ``torch.distributed.checkpoint.load`` does).
+Beside it, re-exported here: ``_quantize`` (``state_dict_bytes``, ``quantize_int8``,
+``int8_layers``) and ``_reshard``: ``shard_rows`` / ``read_plan`` / ``reshard``, the dim-0 rows
+torch's ``fully_shard`` gives each rank, which saved rows each rank of a new layout reads (DCP's
+load planner), and a checkpoint saved by N ranks laid out for M (what
+``torch.distributed.checkpoint.load`` does).
 Read more: https://pytorch.org/tutorials/beginner/saving_loading_models.html,
 https://docs.pytorch.org/ao/stable/ and notebook 13.
 
@@ -21,9 +24,7 @@ from __future__ import annotations
 
 import collections
 import copy
-import io
 import itertools
-import logging
 import os
 import pickle
 import zipfile
@@ -34,6 +35,8 @@ import torch
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+from ._quantize import int8_layers, quantize_int8, state_dict_bytes  # noqa: F401 - public here
+from ._reshard import read_plan, reshard, shard_rows  # noqa: F401 - public here
 from .devices import Device, as_device, try_gpu
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "load_weights",
     "match_keys",
     "quantize_int8",
+    "read_plan",
     "reshard",
     "shard_rows",
     "state_dict_bytes",
@@ -381,110 +385,3 @@ def freeze_all_but(model: nn.Module, *keep: str) -> list[str]:
         if not kept(name):
             p.grad = None  # a zero .grad still moves under weight decay and momentum
     return [name for name in names if kept(name)]
-
-
-# ------------------------------------------------------------------------------------------------
-# Deployment: size on disk, int8 quantization of the linear layers (torchao)
-# ------------------------------------------------------------------------------------------------
-
-def state_dict_bytes(model: nn.Module) -> int:
-    """Bytes of ``torch.save(model.state_dict())``: what the model weighs on disk."""
-    buffer = io.BytesIO()
-    torch.save(model.state_dict(), buffer)
-    return buffer.getbuffer().nbytes
-
-
-def _torchao():
-    """``torchao.quantization``, imported on first use, with a clear error where it is missing.
-
-    torchao 0.18 registers an Enum with torch's pytree at import time, and torch 2.15 logs a
-    deprecation note about that call (torchao's, not the caller's: nothing to act on here);
-    that one logger is quieted during the import and restored after.
-    """
-    pytree_log = logging.getLogger("torch.utils._pytree")
-    level = pytree_log.level
-    pytree_log.setLevel(logging.ERROR)
-    try:
-        import torchao.quantization as quantization
-    except ImportError as e:
-        raise ImportError("quantize_int8 needs torchao, PyTorch's quantization package "
-                          "(torch.ao.quantization is deprecated): pip install torchao "
-                          "(make setup installs it).") from e
-    finally:
-        pytree_log.setLevel(level)
-    return quantization
-
-
-def quantize_int8(model: nn.Module, *, dynamic_activations: bool = True,
-                  inplace: bool = False) -> nn.Module:
-    """The model with int8 weights in every ``nn.Linear`` (torchao's ``quantize_``), in eval mode.
-
-    Other layers (convolutions, norms) stay as they were: torchao's default filter takes linear
-    layers only. Each weight row is stored as int8 with one float scale (per channel).
-
-    Args:
-        model: a trained model (not changed unless ``inplace``).
-        dynamic_activations: True: ``Int8DynamicActivationInt8WeightConfig``, the successor of
-            ``torch.ao.quantization.quantize_dynamic``: each batch's activations are quantized
-            on the fly and the matmul runs in int8. False: ``Int8WeightOnlyConfig``: weights
-            stored in int8 and dequantized for a float matmul (smaller to store; in eager mode
-            the whole weight is dequantized on each call, so it saves no time).
-        inplace: quantize ``model`` itself instead of a copy.
-    """
-    q = _torchao()
-    config = (q.Int8DynamicActivationInt8WeightConfig() if dynamic_activations
-              else q.Int8WeightOnlyConfig())
-    if not any(isinstance(m, nn.Linear) for m in model.modules()):
-        raise ValueError(f"quantize_int8 quantizes nn.Linear layers, and "
-                         f"{type(model).__name__} has none.")
-    net = model if inplace else copy.deepcopy(model)
-    q.quantize_(net, config)
-    return net.eval()
-
-
-def int8_layers(model: nn.Module) -> list[str]:
-    """Names of the submodules whose ``weight`` is a quantized (torchao) tensor."""
-    def quantized(w: Any) -> bool:
-        return isinstance(w, torch.Tensor) and type(w).__module__.startswith("torchao")
-
-    return [name for name, m in model.named_modules() if quantized(getattr(m, "weight", None))]
-
-
-# ------------------------------------------------------------------------------------------------
-# Sharded checkpoints: N ranks' rows onto M ranks (what DCP's load does for FSDP's Shard(0))
-# ------------------------------------------------------------------------------------------------
-
-
-def shard_rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
-    """The ``world_size`` dim-0 shards of ``tensor`` as torch's ``fully_shard`` holds them.
-
-    FSDP2 shards with ``torch.chunk``: pieces of ``ceil(rows / world_size)`` rows, the last one
-    shorter; ``chunk`` may return fewer pieces than asked (2 rows on 3 ranks: 2 pieces), so the
-    ranks past the end hold an empty ``(0, ...)`` tensor.
-    """
-    if world_size < 1:
-        raise ValueError(f"shard_rows: world_size must be at least 1, got {world_size}.")
-    pieces = list(torch.chunk(tensor, world_size, dim=0))
-    empty = tensor.new_empty((0, *tensor.shape[1:]))
-    return pieces + [empty] * (world_size - len(pieces))
-
-
-def reshard(shards: list[Mapping[str, torch.Tensor]], world_size: int
-            ) -> list[dict[str, torch.Tensor]]:
-    """A checkpoint's dim-0 shards saved by ``len(shards)`` ranks, laid out for ``world_size``.
-
-    Args:
-        shards: one state dict per saving rank, in rank order, each tensor that rank's rows.
-        world_size: how many ranks will load it; ``1`` gives the full state dict (in a list).
-
-    Returns:
-        One state dict per loading rank: the rows ``fully_shard`` on ``world_size`` ranks holds.
-    """
-    if not shards:
-        raise ValueError("reshard: expected one state dict per saving rank, got none.")
-    keys = list(shards[0])
-    if any(list(s) != keys for s in shards):
-        raise ValueError("reshard: every rank's state dict must have the same keys, in order.")
-    full = {k: torch.cat([s[k] for s in shards], dim=0) for k in keys}    # the whole tensors
-    split = {k: shard_rows(v, world_size) for k, v in full.items()}
-    return [{k: split[k][r] for k in keys} for r in range(world_size)]

@@ -11,8 +11,9 @@ import re
 import matplotlib.pyplot as plt
 
 __all__ = ["TrainingPlot", "draw_async_queue", "draw_collective_trace", "draw_collectives",
-           "draw_cost_model", "draw_mesh", "draw_parallelism", "draw_pipeline_timeline",
-           "draw_ring", "draw_ring_processes", "plot_history", "show"]
+           "draw_cost_model", "draw_held_per_rank", "draw_memory_per_rank", "draw_mesh",
+           "draw_parallelism", "draw_pipeline_timeline", "draw_ring", "draw_ring_processes",
+           "plot_history", "show"]
 
 
 def _in_notebook() -> bool:
@@ -272,6 +273,58 @@ def draw_cost_model(ps: list[int], panels: dict[str, dict[str, list[float]]], *,
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0.13, 1, 1))
+    return fig
+
+
+def draw_held_per_rank(bars: dict[str, dict[str, float]], *, unit: str = "MiB",
+                       title: str = "") -> plt.Figure:
+    """What each rank holds (lesson 11): one horizontal bar per rank, top to bottom, stacked
+    from its parts, e.g. ``{"DDP, rank 0": {"parameters": 20.1, "gradients": 20.1, ...}}``
+    (sizes in ``unit``; ``examples.sharded_workers.held_parts`` builds it)."""
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(bars) + 1), layout="constrained")
+    names = list(dict.fromkeys(name for parts in bars.values() for name in parts))
+    colours = dict(zip(names, ["C0", "C1", "C7", "C2", "C3", "C4"]))
+    for y, parts in enumerate(bars.values()):
+        left = 0.0
+        for name, size in parts.items():
+            ax.barh(-y, size, left=left, color=colours[name], edgecolor="white",
+                    label=name if y == 0 else None)
+            left += size
+    ax.set_yticks([-y for y in range(len(bars))], list(bars))
+    ax.set(xlabel=f"{unit} held after a step (measured)", title=title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    return fig
+
+
+def draw_memory_per_rank(panels: dict[str, dict[str, dict[str, list[float]]]],
+                         worlds: list[int], *, unit: str = "MiB",
+                         formulas: dict[str, str] | None = None, title: str = "") -> plt.Figure:
+    """Memory per rank against the number of ranks (lesson 11), one panel per model.
+
+    ``panels`` maps a panel title to ``{kind: {"formula", "held", "peak": [size per world]}}``
+    (``examples.sharded_workers.curves``): the formula as a line, what a rank holds after a step
+    as filled markers, the peak during a step as open markers. Markers of different kinds are
+    nudged sideways so that equal values stay visible. ``formulas``: a legend text per kind.
+    """
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(8.0, 5.5 * len(panels)), 5.5),
+                             squeeze=False, layout="constrained")
+    markers = "os^Dv"
+    for ax, (panel, kinds) in zip(axes[0], panels.items()):
+        for k, (kind, c) in enumerate(kinds.items()):
+            colour, dx = f"C{k}", 0.06 * (k - (len(kinds) - 1) / 2)
+            xs = [w + dx for w in worlds]
+            ax.plot(worlds, c["formula"], "-", color=colour, alpha=0.5,
+                    label=(formulas or {}).get(kind, kind))
+            ax.plot(xs, c["held"], markers[k], color=colour, label=f"{kind}: held after a step")
+            ax.plot(xs, c["peak"], markers[k], color=colour, mfc="none",
+                    label=f"{kind}: peak during a step")
+        ax.set(xlabel="ranks", xticks=worlds, ylabel=f"{unit} per rank (rank 0)", title=panel)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    columns = max(1, len(handles) // 3)   # one column per kind: its line, held, peak
+    fig.legend(handles, labels, loc="outside lower center", ncols=columns, fontsize="small",
+               title="lines: the formula; markers: measured", title_fontsize="small")
+    if title:
+        fig.suptitle(title)
     return fig
 
 

@@ -1,9 +1,9 @@
 """Lesson 01, exercises: the functional LeNet, SGD from scratch, counting correct predictions,
-the plateau's loss.
+the arithmetic of one training step, the plateau's loss.
 
 Checked by ``course_lib.checks.lesson01``: ``check_lenet_fn``, ``check_sgd_fn``,
-``check_accuracy_fn`` and ``check_initial_loss``. The names are those the notebook's exercise
-cells define (``# EXERCISE: name``).
+``check_accuracy_fn``, ``check_step_flops`` and ``check_initial_loss``. The names are those the
+notebook's exercise cells define (``# EXERCISE: name``).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["accuracy", "initial_loss_d2l", "lenet", "sgd"]
+__all__ = ["accuracy", "initial_loss_d2l", "lenet", "sgd", "step_flops"]
 
 
 def lenet(X: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
@@ -37,5 +37,18 @@ def accuracy(y_hat: torch.Tensor, y: torch.Tensor) -> int:
     return int((y_hat.argmax(dim=1) == y).sum())
 
 
-#: Exercise 4: logits near zero give the uniform distribution over 10 classes: loss ln 10.
+def step_flops(batch_size: int) -> int:
+    """Exercise 4: FLOPs of one training step (forward and backward) of LeNet on a batch."""
+    # multiply-adds per image, forward: output values x weights per output, for each layer
+    conv1 = 26 * 26 * 20 * (1 * 3 * 3)     # (20, 26, 26) outputs, 9 weights each
+    conv2 = 9 * 9 * 50 * (20 * 5 * 5)      # (50, 9, 9) outputs, 500 weights each
+    fc1, fc2 = 800 * 128, 128 * 10
+    forward = conv1 + conv2 + fc1 + fc2
+    # backward: the weights' gradients (as many as forward) and the inputs' gradients (as many
+    # again), except the images': nothing needs the gradient of the data
+    backward = 2 * forward - conv1
+    return 2 * batch_size * (forward + backward)        # 2 FLOPs per multiply-add
+
+
+#: Exercise 5: logits near zero give the uniform distribution over 10 classes: loss ln 10.
 initial_loss_d2l = math.log(10)

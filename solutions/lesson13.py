@@ -2,15 +2,15 @@
 checkpoint whatever its keys' prefixes, partly for fine-tuning; and the smaller
 ``strip_prefix`` of earlier versions of the lesson.
 
-Checked by ``course_lib.checks.lesson13.check_load_matching``, ``check_reshard`` and
-``check_strip_prefix``.
+Checked by ``course_lib.checks.lesson13.check_load_matching``, ``check_read_plan``,
+``check_reshard`` and ``check_strip_prefix``.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-__all__ = ["load_matching", "reshard", "strip_prefix"]
+__all__ = ["load_matching", "read_plan", "reshard", "strip_prefix"]
 
 #: What wrappers put in front of every key: DDP and DataParallel, torch.compile.
 WRAPPERS = ("module.", "_orig_mod.")
@@ -71,3 +71,20 @@ def reshard(shards: list[dict], world_size: int) -> list[dict]:
             out[rank][key] = (pieces[rank] if rank < len(pieces)
                               else full.new_empty((0, *full.shape[1:])))
     return out
+
+
+def read_plan(pieces: list[tuple[int, int]], world_size: int) -> list[list[tuple[int, int, int]]]:
+    """For each of ``world_size`` new ranks, ``(piece, start, stop)``: the rows of each saved
+    piece it reads, counted within that piece.
+
+    A new rank holds ``torch.chunk``'s block of rows, ``[r * c, min((r + 1) * c, rows))`` with
+    ``c = ceil(rows / world_size)``; from each piece it reads the overlap of the two ranges.
+    """
+    rows = max((offset + length for offset, length in pieces), default=0)
+    c = -(-rows // world_size)
+    plan = []
+    for r in range(world_size):
+        start, stop = min(r * c, rows), min((r + 1) * c, rows)
+        plan.append([(i, max(start, o) - o, min(stop, o + n) - o)
+                     for i, (o, n) in enumerate(pieces) if max(start, o) < min(stop, o + n)])
+    return plan

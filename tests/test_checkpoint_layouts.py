@@ -79,3 +79,49 @@ def test_zero1_consolidated_into_one_process_adam(tmp_path):
             torch.testing.assert_close(s[name], one[i][name], **F64)
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, ranks[0]["one_model"][key], **F64)
+
+
+def test_fsdp_adam_resume_on_3_ranks_and_back_on_2(tmp_path):
+    """FSDP2 + Adam saved on 2 ranks through get_state_dict and DCP, resumed on 3 (and that
+    3-rank layout saved again and resumed on 2): parameters and Adam's state equal the saved
+    ones bit for bit, and the next step equals the uninterrupted run's to float64 rounding."""
+    a, b = str(tmp_path / "on2"), str(tmp_path / "on3")
+    saved = launch(W.adam_train_and_save, 2, a, timeout=120)
+    on3 = launch(W.adam_resume, 3, a, 3, 12, 0.05, b, timeout=120)     # 2 -> 3, saves again
+    on2 = launch(W.adam_resume, 2, b, timeout=120)                     # 3 -> 2
+    model, optim = saved[0]["saved"]
+    assert saved[1]["saved"] == ({}, {}) and set(optim["state"]) == set(model)
+    assert all(int(state["step"]) == 3 for state in optim["state"].values())   # a snapshot
+    assert not _equal(model, W.build_mlp().state_dict())
+    for ranks, world in ((on3, 3), (on2, 2)):
+        got_model, got_optim = ranks[0]["loaded"]
+        assert _equal(got_model, model)                                # bit for bit
+        assert optim["param_groups"] == got_optim["param_groups"]
+        for name, state in optim["state"].items():
+            assert list(state) == ["step", "exp_avg", "exp_avg_sq"]
+            assert all(torch.equal(got_optim["state"][name][k], v) for k, v in state.items())
+        for r in ranks:                                                # sharded on this world
+            for name, (rows, moment_rows) in r["local_rows"].items():
+                assert rows == moment_rows == len(deploy.shard_rows(model[name], world)[r["rank"]])
+        for key, value in saved[0]["next"].items():                    # one more step
+            torch.testing.assert_close(ranks[0]["next"][key], value, **F64)
+            assert not torch.equal(value, model[key])                  # and it moved
+    # the oracle: one process, a plain Adam given the saved state, takes the same step on the
+    # whole batch; the wrong resume (model only, a fresh Adam) does not
+    one = W.build_mlp(seed=9)
+    names = [n for n, _ in one.named_parameters()]
+    nexts = []
+    for with_optimizer in (True, False):
+        one.load_state_dict(model)
+        adam = torch.optim.Adam(one.parameters(), lr=0.05)
+        if with_optimizer:
+            adam.load_state_dict({"state": {i: optim["state"][n] for i, n in enumerate(names)},
+                                  "param_groups": [{**optim["param_groups"][0],
+                                                    "params": list(range(len(names)))}]})
+        X, y = W.resume_batch(3, 12)
+        torch.nn.functional.mse_loss(one(X), y).backward()
+        adam.step()
+        nexts.append({k: v.detach().clone() for k, v in one.state_dict().items()})
+    for key, value in saved[0]["next"].items():
+        torch.testing.assert_close(nexts[0][key], value, **F64)
+    assert max((nexts[1][k] - v).abs().max().item() for k, v in saved[0]["next"].items()) > 1e-6

@@ -1,5 +1,6 @@
-"""Lesson 01's network exercise: the reference passes, realistic mistakes fail (oracle: the
-nn.Module LeNet), and the three initialisations have the variances the lesson states."""
+"""Lesson 01's exercises: the reference passes, realistic mistakes fail (oracles: the nn.Module
+LeNet, torch.optim.SGD, FlopCounterMode), and the three initialisations have the variances the
+lesson states."""
 import math
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib import checks
+from course_lib.checks.lesson01 import step_flops_counted
 from course_lib.models.lenet import init_lenet_params, lenet
 
 
@@ -79,3 +81,29 @@ def test_sgd_and_accuracy_checkers_refuse_right_values_in_the_wrong_form():
     def scaffold(y_hat, y):
         raise NotImplementedError
     assert checks.check_accuracy_fn(scaffold).ok is None
+
+
+def test_step_flops_checker_accepts_the_count_and_rejects_the_usual_slips():
+    """The oracle is torch's FlopCounterMode; a forward-only count, a count that forgets that
+    the images need no gradient, and one that ignores the batch all fail, each with its hint."""
+    from solutions import lesson01
+
+    assert checks.check_step_flops(None).ok is None
+    assert checks.check_step_flops(lesson01.step_flops).ok is True
+    assert lesson01.step_flops(256) == step_flops_counted(256)   # 3.39 GFLOP
+    macs = 26 * 26 * 20 * 9 + 9 * 9 * 50 * 500 + 800 * 128 + 128 * 10   # forward, per image
+    slips = {
+        "forward pass alone": lambda b: 2 * b * macs,
+        "gradient of the images": lambda b: 2 * b * 3 * macs,
+        "grow with the batch": lambda b: lesson01.step_flops(1),
+        "which gradients": lambda b: lesson01.step_flops(b) + 2 * b,
+    }
+    for hint, wrong in slips.items():
+        result = checks.check_step_flops(wrong)
+        assert result.ok is False and hint in result.message, (hint, result.message)
+    with pytest.raises(AssertionError):
+        checks.check_step_flops(slips["grow with the batch"], strict=True)
+
+    def scaffold(batch_size):
+        raise NotImplementedError
+    assert checks.check_step_flops(scaffold).ok is None

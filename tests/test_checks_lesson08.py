@@ -214,11 +214,103 @@ def test_epoch_shards_scaffold_is_not_answered_yet():
 
 #: what a hint may not print: the code of an answer (the idea, not the fix)
 _CODE = ("randperm", "manual_seed", "Generator(", "::", "[rank", "% n", "seed + epoch",
-         "all_reduce", "dist.", "correct / count", "total_size")
+         "all_reduce", "dist.", "correct / count", "total_size", "set_epoch", "DistributedSampler",
+         "DistributedDataParallel", "DDP", "init_process_group", "destroy_process_group")
 
 
-@pytest.mark.parametrize("hint", ["_HINT", "_SHARDS_HINT"])
+@pytest.mark.parametrize("hint", ["_HINT", "_SHARDS_HINT", "_ENTRY_HINT"])
 def test_hints_point_at_the_idea_without_the_code(hint):
     from course_lib.checks import lesson08
     text = getattr(lesson08, hint)
     assert not [c for c in _CODE if c in text], text
+
+
+# ---- check_recipe_entry ------------------------------------------------------------------------
+
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from course_lib.checks.harness import UNANSWERED, first_failure_in_ranks, verdicts_as_expected  # noqa: E402,I001
+from course_lib.checks.lesson08 import _entry_cases, check_recipe_entry  # noqa: E402
+from solutions.lesson08 import train  # noqa: E402
+
+
+def _recipe(model, dataset, epochs, batch_size, lr, *, set_epoch=True, every_rank_prints=False,
+            wrap=True, shard=True, leave=True):
+    """The reference entry point, with one of its pieces left out (for the wrong answers)."""
+    dist.init_process_group("gloo")
+    try:
+        sampler = DistributedSampler(dataset) if shard else None
+        batches = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+        net = DDP(model) if wrap else model
+        optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+        for epoch in range(epochs):
+            if set_epoch and shard:
+                sampler.set_epoch(epoch)
+            for X, y in batches:
+                loss = F.cross_entropy(net(X), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            if every_rank_prints or dist.get_rank() == 0:
+                print(f"epoch {epoch}: loss {loss.item():.4f}")
+        return model
+    finally:
+        if leave:
+            dist.destroy_process_group()
+
+
+def recipe_without_set_epoch(*a):
+    return _recipe(*a, set_epoch=False)
+
+
+def recipe_printing_on_every_rank(*a):
+    return _recipe(*a, every_rank_prints=True)
+
+
+def recipe_without_ddp(*a):  # each rank trains alone on its shard
+    return _recipe(*a, wrap=False)
+
+
+def recipe_without_sampler(*a):  # every rank reads the whole dataset
+    return _recipe(*a, shard=False)
+
+
+def recipe_left_in_the_group(*a):
+    return _recipe(*a, leave=False)
+
+
+def recipe_scaffold(model, dataset, epochs, batch_size, lr):
+    raise NotImplementedError
+
+
+_ENTRY_ROWS = [
+    ("the solution", _entry_cases, train, {2: None, 3: None}),
+    ("no set_epoch", _entry_cases, recipe_without_set_epoch,
+     {2: "every epoch read the same examples in the same order",
+      3: "every epoch read the same examples in the same order"}),
+    ("printing on every rank", _entry_cases, recipe_printing_on_every_rank,
+     {2: "rank 1: this rank printed 3 line(s)", 3: "rank 1: this rank printed 3 line(s)"}),
+    ("no DDP", _entry_cases, recipe_without_ddp,
+     {2: "training alone on its own share", 3: "training alone on its own share"}),
+    ("no DistributedSampler", _entry_cases, recipe_without_sampler,
+     {2: "read all 24 examples in every epoch", 3: "read all 24 examples in every epoch"}),
+    ("group left behind", _entry_cases, recipe_left_in_the_group,
+     {2: "still initialised", 3: "still initialised"}),
+]
+
+
+def test_recipe_entry_solution_passes_and_wrong_ones_are_named_at_2_and_3_ranks():
+    found = first_failure_in_ranks(verdicts_as_expected, _ENTRY_ROWS, (2, 3), (),
+                                   timeout=120.0, hang_hint="", hint="")
+    assert found is None, found
+
+
+def test_recipe_entry_verdicts_unanswered_and_wrong_with_the_hint():
+    assert check_recipe_entry(None).ok is None
+    assert check_recipe_entry(recipe_scaffold, world_sizes=(2,)).ok is None
+    result = check_recipe_entry(recipe_without_set_epoch, world_sizes=(3,))
+    assert result.ok is False and "world_size=3" in result.message, result.message
+    assert "Hint: each rank joins the process group" in result.message, result.message
+    assert UNANSWERED not in result.message

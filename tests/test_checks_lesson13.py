@@ -1,11 +1,86 @@
-"""check_reshard (lesson 13) accepts the reference answer and refuses near misses."""
+"""check_read_plan and check_reshard (lesson 13) accept the reference answers and refuse near
+misses; the course's read plan equals DCP's own planner's."""
 import torch
 
-from course_lib.checks.lesson13 import check_reshard
-from solutions.lesson13 import reshard
+from course_lib import deploy
+from course_lib.checks.lesson13 import _RP_CASES, check_read_plan, check_reshard
+from course_lib.examples.checkpoint_workers import dcp_read_plan
+from solutions.lesson13 import read_plan, reshard
 
 
-def _even_split(shards, world_size):
+def test_read_plan_equals_dcp_planner():
+    # every case the checker asks, and more: torch's create_read_items_for_chunk_list decides
+    cases = [(pieces, m) for _, pieces, m in _RP_CASES]
+    cases += [(_pieces_as_chunks(rows, n), m)
+              for rows in (1, 5, 8) for n in (2, 3, 4) for m in (1, 2, 3, 5)]
+    for pieces, m in cases:
+        assert deploy.read_plan(pieces, m) == dcp_read_plan(pieces, m) == read_plan(pieces, m), \
+            (pieces, m)
+
+
+def _blocks(rows, n):
+    # fully_shard's blocks of rows on n ranks, from torch.chunk itself
+    index = torch.arange(rows)
+    starts = [int(p[0]) if len(p) else rows for p in deploy.shard_rows(index, n)]
+    return [(s, s + len(p)) for s, p in zip(starts, deploy.shard_rows(index, n))]
+
+
+def _even_split(pieces, world_size):
+    # torch.tensor_split's blocks: right for 2 new ranks, not fully_shard's for 3
+    rows = max(o + n for o, n in pieces)
+    out = []
+    for block in torch.tensor_split(torch.arange(rows), world_size):
+        a, b = (int(block[0]), int(block[-1]) + 1) if len(block) else (rows, rows)
+        out.append([(i, max(a, o) - o, min(b, o + n) - o) for i, (o, n) in enumerate(pieces)
+                    if max(a, o) < min(b, o + n)])
+    return out
+
+
+def _absolute_rows(pieces, world_size):
+    # rows counted in the whole tensor, not within the piece
+    return [[(i, a + pieces[i][0], b + pieces[i][0]) for i, a, b in reads]
+            for reads in read_plan(pieces, world_size)]
+
+
+def _empty_reads_kept(pieces, world_size):
+    # every piece listed, even where nothing overlaps
+    plan = read_plan(pieces, world_size)
+    return [reads + [(i, 0, 0) for i in range(len(pieces)) if i not in {r[0] for r in reads}]
+            for reads in plan]
+
+
+def _assumes_chunked_pieces(pieces, world_size):
+    # takes the saved pieces to be torch.chunk's blocks too: wrong for any other layout
+    rows = max(o + n for o, n in pieces)
+    return read_plan(_pieces_as_chunks(rows, len(pieces)), world_size)
+
+
+def _pieces_as_chunks(rows, n):
+    return [(a, b - a) for a, b in _blocks(rows, n)]
+
+
+def _in_place(pieces, world_size):
+    result = read_plan(pieces, world_size)
+    pieces.reverse()
+    return result
+
+
+def test_check_read_plan():
+    assert check_read_plan(read_plan)
+    assert check_read_plan(deploy.read_plan)
+    for wrong in (_even_split, _absolute_rows, _empty_reads_kept, _assumes_chunked_pieces,
+                  _in_place):
+        assert not check_read_plan(wrong), wrong.__name__
+    assert check_read_plan(None).ok is None
+
+
+def test_check_read_plan_hint_names_the_idea_not_the_code():
+    message = check_read_plan(_even_split).message
+    assert "Hint:" in message and "overlap" in message, message
+    assert not any(code in message for code in ("ceil", "max(", "min(", "//"))
+
+
+def _even_split_shards(shards, world_size):
     # torch.tensor_split: the right rows for 2 ranks, not fully_shard's for 3
     out = [{} for _ in range(world_size)]
     for key in shards[0]:
@@ -15,31 +90,8 @@ def _even_split(shards, world_size):
     return out
 
 
-def _no_empty(shards, world_size):
-    # torch.chunk without the empty shards of ranks past the end
-    out = [{} for _ in range(world_size)]
-    for key in shards[0]:
-        for rank, piece in enumerate(torch.chunk(torch.cat([s[key] for s in shards]),
-                                                 world_size)):
-            out[rank][key] = piece
-    return out
-
-
-def _in_place(shards, world_size):
-    result = reshard(shards, world_size)
-    shards[0][next(iter(shards[0]))].zero_()
-    return result
-
-
 def test_check_reshard():
-    assert check_reshard(reshard)
-    for wrong in (_even_split, _no_empty, _in_place):
-        assert not check_reshard(wrong), wrong.__name__
+    # kept for learners' copies of an earlier version of the lesson
+    assert check_reshard(reshard) and check_reshard(deploy.reshard)
+    assert not check_reshard(_even_split_shards)
     assert check_reshard(None).ok is None
-
-
-def test_check_reshard_hint_gives_the_layout_not_the_code():
-    # the first failure points to the idea (which rows each rank holds), not to a solution
-    message = check_reshard(_even_split).message
-    assert "Hint:" in message and "ceil(rows / world_size)" in message, message
-    assert not any(code in message for code in ("torch.cat", "torch.chunk", "back together"))

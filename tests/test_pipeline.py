@@ -4,8 +4,11 @@ whole batch: gradients and the weights after an SGD step). The stages' point-to-
 recorded (``P2PTrace``) and must be NCCL-safe and equal what ``simulate_schedule`` plays."""
 import math
 import re
+import subprocess
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,6 +114,89 @@ def test_layer_and_stage_costs_time_each_call_without_gradient_accumulation(meas
     _GradProbe.stale.clear()
     measure(nn.Sequential(nn.Linear(4, 4), _GradProbe()), torch.randn(8, 4))
     assert len(_GradProbe.stale) >= 3 and not any(_GradProbe.stale)
+
+
+class _GradSeen(nn.Module):
+    """A linear layer that notes, per backward, whether the gradient of its output was dense."""
+    dense: list = []   # class-level: the timed copy (deepcopy) appends here too
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        out = self.linear(x)
+        if out.requires_grad:
+            out.register_hook(lambda g: _GradSeen.dense.append(g.is_contiguous()
+                                                               and 0 not in g.stride()))
+        return out
+
+
+@pytest.mark.parametrize("measure", [
+    lambda net, X: layer_costs(net, "time", X, repeat=2),
+    lambda net, X: stage_costs(net, [1, 1], X, repeat=2)])
+def test_layer_and_stage_costs_are_measured_the_same_way(measure):
+    # both backward from a dense gradient of ones, as a received gradient is: sum().backward()
+    # would hand the layer an expanded (stride 0) one, and conv backward then copies it each call
+    _GradSeen.dense.clear()
+    measure(nn.Sequential(nn.Linear(4, 4), _GradSeen()), torch.randn(8, 4))
+    assert len(_GradSeen.dense) >= 2 and all(_GradSeen.dense)
+
+
+_REUSE = """
+import torch
+from course_lib.timing import keep_freed_memory, page_faults
+assert keep_freed_memory() is True                  # glibc on Linux, as CI runs
+
+
+def step():                                         # three 16 MiB tensors, all freed at the end
+    a, b = torch.ones(4 * 2**20), torch.ones(4 * 2**20)
+    (a + b).sum()
+
+
+for _ in range(10):                                 # the heap grows for a while ...
+    step()
+faults = []
+for _ in range(9):                                  # ... then the freed blocks are reused
+    before = page_faults()
+    step()
+    faults.append(page_faults() - before)
+print(sorted(faults)[4])                            # the median step (one may still grow it)
+"""
+
+
+def test_keep_freed_memory_stops_page_faults_on_reuse():
+    # a fresh process: how malloc treats a block depends on what the process did before
+    done = subprocess.run([sys.executable, "-c", _REUSE], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    # glibc's default faults in all three tensors every step here (3 x 4096 pages)
+    assert float(done.stdout.split()[-1]) < 2048
+
+
+def _fake_runs(slow_1f1b: float = 1.0) -> dict:
+    """Simulated two-stage steps for both schedules at m = 1, 2 (1F1B's times scaled at m > 1)."""
+    runs = {}
+    for name, order in (("gpipe", gpipe_order), ("1f1b", one_f_one_b_order)):
+        for m in (1, 2):
+            scale = slow_1f1b if name == "1f1b" and m > 1 else 1.0
+            events = simulate_schedule(order, 2, m, forward_time=scale, backward_time=2 * scale)
+            runs[name, m] = [list(events) for _ in range(6)]
+    return runs
+
+
+def test_bubble_table_and_compare_to_control(capsys):
+    medians = W.bubble_table(_fake_runs(), "title")
+    assert medians == {(s, m): pytest.approx(bubble_fraction(2, m))
+                       for s in ("gpipe", "1f1b") for m in (1, 2)}
+    ratios = W.compare_to_control(_fake_runs(), (1, 2))
+    assert ratios[1] == pytest.approx((1, 1, 1)) and ratios[2] == pytest.approx((1, 1, 1))
+    assert "inside the control's range" in capsys.readouterr().out
+    ratios = W.compare_to_control(_fake_runs(slow_1f1b=0.5), (1, 2))
+    assert ratios[2][0] == pytest.approx(0.5)
+    assert "1F1B faster than the control allows" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="m = 1 first"):
+        W.compare_to_control(_fake_runs(), (2,))
 
 
 class _Slow(nn.Module):

@@ -203,3 +203,50 @@ def test_traffic_per_step_counts_each_collective(world):
     paper = t["ZeRO-1 (paper)"]
     assert sorted(paper.values()) == [psi, psi] and not any("all_reduce" in k for k in paper)
     assert t["paper_zero1_vs_unsharded"] <= 1e-6, t
+
+
+def test_accounting_of_the_rows(measured):
+    """The notebook's tables and figures: held bytes, the formula's line, what the peak adds."""
+    rows = {(kind, world): measured[kind, world, 0] for (kind, world) in HAND}
+    for row in rows.values():
+        assert W.held(row) == row["params"] + row["grads"] + row["buckets"] + row["optimizer"]
+        # the parts above what is held, and the held parts, are the whole peak
+        extra = W.above_held(row)
+        assert not set(extra) & set(W._HELD_LABELS)
+        assert sum(extra.values()) + sum(v for k, v in row["peak_parts"].items()
+                                         if k in W._HELD_LABELS) == row["peak"]
+        assert list(extra.values()) == sorted(extra.values(), reverse=True)
+    # the formula for float32 AdamW (+ 4 bytes of DDP's buckets), by hand
+    assert W.formula_bytes("DDP", PSI, 4) == 20 * PSI
+    assert W.formula_bytes("ZeRO-1", PSI, 4) == (4 + 4 + 4 + 8 / 4) * PSI
+    assert W.formula_bytes("FSDP", PSI, 2) == 16 * PSI / 2
+    c = W.curves(rows, [2, 4], kinds=("ZeRO-1",), unit_bytes=1)
+    assert c == {"ZeRO-1": {"formula": [W.formula_bytes("ZeRO-1", PSI, w) for w in (2, 4)],
+                            "held": [W.held(rows["ZeRO-1", w]) for w in (2, 4)],
+                            "peak": [rows["ZeRO-1", w]["peak"] for w in (2, 4)]}}
+    every = {("ZeRO-1", 2): [measured["ZeRO-1", 2, r] for r in range(2)]}
+    bars = W.held_parts(every, 2, kinds=("ZeRO-1",), unit_bytes=1)
+    assert list(bars) == ["ZeRO-1, rank 0", "ZeRO-1, rank 1"]
+    assert bars["ZeRO-1, rank 1"]["optimizer state"] == adam(84, 3)
+
+
+def test_memory_figures_draw_one_mark_per_measurement():
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    from course_lib.plots import draw_held_per_rank, draw_memory_per_rank
+
+    bars = {"DDP, rank 0": {"parameters": 4.0, "optimizer state": 8.0},
+            "FSDP, rank 0": {"parameters": 2.0, "optimizer state": 4.0}}
+    fig = draw_held_per_rank(bars, unit="KiB")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(bars)
+    assert sorted(p.get_width() for p in ax.patches) == [2.0, 4.0, 4.0, 8.0]
+    plt.close(fig)
+    curve = {"formula": [3.0, 2.0], "held": [3.0, 2.0], "peak": [4.0, 3.0]}
+    fig = draw_memory_per_rank({"a": {"DDP": curve, "FSDP": curve}, "b": {"DDP": curve}}, [1, 2])
+    assert [ax.get_title() for ax in fig.axes] == ["a", "b"]
+    assert len(fig.axes[0].lines) == 2 * 3 and len(fig.axes[1].lines) == 3
+    plt.close(fig)

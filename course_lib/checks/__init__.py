@@ -19,7 +19,13 @@ from ._core import (
     verdict,
 )
 from .lesson00 import check_matmul_flops, check_time_queued, check_try_all_gpus
-from .lesson01 import check_accuracy_fn, check_initial_loss, check_lenet_fn, check_sgd_fn
+from .lesson01 import (
+    check_accuracy_fn,
+    check_initial_loss,
+    check_lenet_fn,
+    check_sgd_fn,
+    check_step_flops,
+)
 from .lesson02 import (
     check_allreduce_fn,
     check_butterfly,
@@ -41,12 +47,12 @@ from .lesson06 import (
     check_tree_rounds,
 )
 from .lesson07 import check_average_gradients, check_ddp
-from .lesson08 import check_epoch_shards, check_exact_accuracy
+from .lesson08 import check_epoch_shards, check_exact_accuracy, check_recipe_entry
 from .lesson09 import check_resume, check_syncbn
 from .lesson10 import check_alpha_beta_fit, check_bus_bandwidth
 from .lesson11 import check_fsdp, check_zero
 from .lesson12 import check_one_f_one_b, check_stage, max_in_flight
-from .lesson13 import check_load_matching, check_reshard, check_strip_prefix
+from .lesson13 import check_load_matching, check_read_plan, check_reshard, check_strip_prefix
 from .lesson14 import (
     check_conjugates,
     check_megatron_mlp,
@@ -61,6 +67,7 @@ __all__ = [
     "failure", "verdict",
     "check_matmul_flops", "check_time_queued", "check_try_all_gpus",  # lesson 00
     "check_accuracy_fn", "check_initial_loss", "check_lenet_fn", "check_sgd_fn",  # 01
+    "check_step_flops",  # 01
     "check_allreduce_fn", "check_ring_sends",                 # 02
     "check_butterfly", "check_ring_allreduce",
     "check_balanced_sizes", "check_devices_used",             # 03
@@ -70,12 +77,12 @@ __all__ = [
     "check_tree_rounds", "check_elements_sent",               # 06
     "check_spawn_worker", "check_dist_allreduce",
     "check_average_gradients", "check_ddp",                   # 07
-    "check_epoch_shards", "check_exact_accuracy",             # 08
+    "check_epoch_shards", "check_exact_accuracy", "check_recipe_entry",  # 08
     "check_resume", "check_syncbn",                           # 09
     "check_alpha_beta_fit", "check_bus_bandwidth",            # 10
     "check_zero", "check_fsdp",                              # 11 (sharded)
     "check_stage", "check_one_f_one_b", "max_in_flight",       # 12
-    "check_load_matching", "check_reshard", "check_strip_prefix",  # 13
+    "check_load_matching", "check_read_plan", "check_reshard", "check_strip_prefix",  # 13
     "check_conjugates", "check_parallel_linears", "check_megatron_mlp",  # 14
     "check_vocab_parallel_cross_entropy",
     "check_checkpoint", "check_scaler_update", "check_sequence_parallel_block",  # 15

@@ -1,7 +1,8 @@
 """Checkers for the exercises of lesson 01 (functional LeNet): the network, sgd, accuracy, the
-plateau."""
+arithmetic of one step, the plateau."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -16,7 +17,8 @@ from ._core import (
     verdict,
 )
 
-__all__ = ["check_accuracy_fn", "check_initial_loss", "check_lenet_fn", "check_sgd_fn"]
+__all__ = ["check_accuracy_fn", "check_initial_loss", "check_lenet_fn", "check_sgd_fn",
+           "check_step_flops", "step_flops_counted"]
 
 
 def check_lenet_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -145,3 +147,69 @@ def check_initial_loss(answer: float | None, *, strict: bool = False) -> Exercis
                        "every class equally likely.", strict)
     return verdict(name, False, f"got {value:.4g}. Hint: with logits near zero, what probability "
                    "does the softmax give the right class, and what is minus its log?", strict)
+
+
+@functools.lru_cache(maxsize=16)
+def step_flops_counted(batch_size: int, *, backward: bool = True) -> int:
+    """The FLOPs of one LeNet training step (forward, mean cross-entropy, backward) on
+    ``batch_size`` images, as ``torch.utils.flop_counter.FlopCounterMode`` counts them:
+    convolutions and matrix products at 2 FLOPs per multiply-add, forward and backward; biases,
+    ReLUs, pooling and the loss count nothing. ``backward=False``: the forward pass alone."""
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..models.lenet import init_lenet_params, lenet
+
+    # on the meta device: shapes only, so counting a large batch computes nothing
+    params = [p.detach().to("meta").requires_grad_() for p in init_lenet_params(seed=0)]
+    X = torch.zeros(batch_size, 1, 28, 28, device="meta")
+    y = torch.zeros(batch_size, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        loss = F.cross_entropy(lenet(X, params), y)
+        if backward:
+            loss.backward()
+    return int(counter.get_total_flops())
+
+
+def check_step_flops(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise 01: ``fn(batch_size)`` returns the FLOPs of one training step of LeNet.
+
+    The oracle is PyTorch's own count, ``FlopCounterMode``, around a real forward and backward
+    (``step_flops_counted``), for batches of 1, 3 and 256.
+    """
+    name = "step_flops"
+    if fn is None:
+        return verdict(name, None, "define your function and pass it here.", strict)
+    for batch in (1, 3, 256):
+        try:
+            got = call_bounded(fn, batch)
+        except KeyboardInterrupt:
+            raise
+        except NotImplementedError:
+            return unanswered(name, strict)
+        except BaseException as exc:  # noqa: B036 - reported, never raised
+            return verdict(name, False, f"{failure(exc)} for batch_size={batch}.", strict)
+        want = step_flops_counted(batch)
+        try:
+            value = float(got)
+        except (TypeError, ValueError):
+            return verdict(name, False, f"expected a number of FLOPs, got {got!r}.", strict)
+        if value == want:
+            continue
+        forward = step_flops_counted(batch, backward=False)
+        if batch > 1 and value == step_flops_counted(1):
+            hint = "the count must grow with the batch: every image goes through the network."
+        elif value in (forward, forward / 2):
+            hint = ("that is the forward pass alone: the step's backward pass computes more "
+                    "products than its forward.")
+        elif value == 3 * forward:
+            hint = ("close: does the backward pass need the gradient of the images, the first "
+                    "layer's input?")
+        else:
+            hint = ("count, for each convolution and linear layer, one multiply-add per weight "
+                    "per output value, then ask which gradients the backward pass needs for "
+                    "each layer (2 FLOPs per multiply-add).")
+        return verdict(name, False, f"for batch_size={batch} you counted {value:,.0f} FLOPs; "
+                       f"PyTorch's FlopCounterMode counts {want:,}. Hint: {hint}", strict)
+    return verdict(name, True, "the same count as torch.utils.flop_counter.FlopCounterMode for "
+                   "batches of 1, 3 and 256.", strict)

@@ -14,22 +14,32 @@ an answer that evaluates everything on every rank, or pads, is caught even when 
 right. Worker processes import the function by module and name, so it must live in a file (in
 the notebook: a cell starting with ``%%writefile my_eval.py``); pass it as a function or as the
 string ``"my_eval:exact_accuracy"``.
+
+``check_recipe_entry`` runs the learner's ``train(model, dataset, epochs, batch_size, lr)``, the
+per-rank entry point of a DDP script, in 2 and 3 processes started as torchrun starts them (the
+environment set, no process group yet): it must join the group, read its ``DistributedSampler``
+shard with ``set_epoch`` every epoch, average gradients with DDP, print on rank 0 only and
+leave the group. The oracle is one process trained on the global batches, in float64.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
+import io
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
 
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 from ._launch import UNANSWERED, check_in_ranks, load_answer
 
-__all__ = ["check_epoch_shards", "check_exact_accuracy"]
+__all__ = ["check_epoch_shards", "check_exact_accuracy", "check_recipe_entry"]
 
 _NAME = "exact_accuracy"
 #: the idea, not the code (the method is the course's version, shown after the exercise)
@@ -353,3 +363,218 @@ def check_epoch_shards(fn: Callable | None, *, sizes: tuple[int, ...] = (10, 11,
     return verdict(_SHARDS_NAME, True, f"every rank's shard equals torch's DistributedSampler's "
                    f"after set_epoch, element by element, for sizes {list(sizes)}, world sizes "
                    f"{list(world_sizes)} and {epochs} epochs.", strict)
+
+
+# ================================================================================================
+# check_recipe_entry: the per-rank entry point of a DDP training script
+# ================================================================================================
+
+_ENTRY_NAME = "recipe entry point"
+#: the idea, not the code (the course's version, train_ddp.run, is shown after the exercise)
+_ENTRY_HINT = ("each rank joins the process group the launcher describes, reads only its own "
+               "share of the data with a new shuffle every epoch (the same shuffle on every "
+               "rank), trains a model whose gradients are averaged over the ranks at every "
+               "step, prints on one rank only, and leaves the group before it returns.")
+#: the case: 24 examples, 4 per rank per step (2 ranks: 3 steps an epoch, 3 ranks: 2), 3 epochs
+_ENTRY_N, _ENTRY_B, _ENTRY_EPOCHS, _ENTRY_LR = 24, 4, 3, 0.5
+#: float64: a right answer differs from one process by the order of a sum only
+_ENTRY_RTOL, _ENTRY_ATOL = 1e-9, 1e-12
+#: the launcher's variables the learner's function reads (as torchrun sets them)
+_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class _IndexedData(torch.utils.data.Dataset):
+    """``(X[i], y[i])`` for i in range(n), noting every index read (in ``seen``)."""
+
+    def __init__(self, X: torch.Tensor, y: torch.Tensor):
+        self.X, self.y, self.seen = X, y, []
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i):
+        self.seen.append(int(i))
+        return self.X[i], self.y[i]
+
+
+def _entry_case() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A float64 linear classifier (4 -> 3) and 24 examples: the same on every rank."""
+    g = torch.Generator().manual_seed(8)
+    model = nn.Linear(4, 3).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64))
+    X = torch.randn(_ENTRY_N, 4, generator=g, dtype=torch.float64)     # (24, 4)
+    y = torch.randint(0, 3, (_ENTRY_N,), generator=g)                  # (24,)
+    return model, X, y
+
+
+def _trained(model: nn.Module, X: torch.Tensor, y: torch.Tensor,
+             steps: list[list[int]]) -> list[torch.Tensor]:
+    """One process: plain SGD on the examples of each step in turn; the final parameters."""
+    net = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(net.parameters(), lr=_ENTRY_LR)
+    for idx in steps:
+        loss = F.cross_entropy(net(X[idx]), y[idx])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return [p.detach() for p in net.parameters()]
+
+
+def _global_steps(orders: list[list[list[int]]]) -> list[list[int]]:
+    """The global batches: at each step, every rank's next ``_ENTRY_B`` indices, together."""
+    steps = []
+    for shards in orders:                                   # one epoch: every rank's shard
+        for start in range(0, len(shards[0]), _ENTRY_B):
+            steps.append([i for shard in shards for i in shard[start:start + _ENTRY_B]])
+    return steps
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.allclose(x, z, rtol=_ENTRY_RTOL, atol=_ENTRY_ATOL) for x, z in zip(a, b))
+
+
+def _judge_entry(rank: int, world: int, got: list[torch.Tensor], seen: list[int],
+                 printed: str, model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> str | None:
+    """What is wrong with this rank's run (None: nothing): data read, weights, printing."""
+    where = f"world_size={world}, rank {rank}"
+    E, n = _ENTRY_EPOCHS, _ENTRY_N
+    share = n // world
+    if len(seen) == E * n:
+        return (f"{where}: this rank read all {n} examples in every epoch: each rank should "
+                f"read only its own share ({share} of them), the ranks' shares together "
+                f"covering the data once.")
+    if len(seen) != E * share:
+        return (f"{where}: this rank read {len(seen)} examples over {E} epochs, expected "
+                f"{E} x {share} (its share of {n} examples on {world} ranks, every epoch).")
+    epochs = [seen[e * share:(e + 1) * share] for e in range(E)]
+    if all(order == epochs[0] for order in epochs):
+        return (f"{where}: every epoch read the same examples in the same order "
+                f"({epochs[0][:6]}...): the shuffle never changed. The sampler draws its order "
+                f"from its seed and the epoch it was last told; tell it the epoch each time.")
+    offset = next((o for o in (0, 1) if all(
+        order == _torch_shards(n, world, e + o, 0)[rank] for e, order in enumerate(epochs))),
+        None)
+    if offset is None:
+        want = _torch_shards(n, world, 0, 0)[rank]
+        return (f"{where}: in epoch 0 this rank read {epochs[0]}; a DistributedSampler over "
+                f"the dataset (shuffle on, seed 0) after set_epoch(0) gives this rank {want} "
+                f"(epochs counted from 0 or from 1 are both accepted).")
+    orders = [_torch_shards(n, world, e + offset, 0) for e in range(E)]
+    want = _trained(model, X, y, _global_steps(orders))
+    if len(got) != len(want) or not _same(got, want):
+        alone = _trained(model, X, y, _global_steps([[shards[rank]] for shards in orders]))
+        if len(got) == len(alone) and _same(got, alone):
+            return (f"{where}: the final weights are those of this rank training alone on its "
+                    f"own share: the gradients were never averaged over the ranks, so the "
+                    f"ranks' models drift apart.")
+        gap = max((a - b).abs().max().item() for a, b in zip(got, want)) if len(got) == len(
+            want) else float("nan")
+        return (f"{where}: the final weights differ from one process's run on the global "
+                f"batches (every rank's {_ENTRY_B} examples of each step together) by up to "
+                f"{gap:.3g}; SGD at lr, cross-entropy, {_ENTRY_B} examples per rank per step.")
+    lines = [line for line in printed.splitlines() if line.strip()]
+    if rank > 0 and lines:
+        return (f"{where}: this rank printed {len(lines)} line(s) (the first: {lines[0]!r}): "
+                f"with k ranks every line would appear k times; print on rank 0 only.")
+    if rank == 0 and len(lines) < E:
+        return (f"{where}: rank 0 printed {len(lines)} line(s) in {E} epochs, expected at least "
+                f"one line per epoch (the epoch and its loss, say).")
+    return None
+
+
+def _entry_cases(spec: Callable | tuple[str, str, str]) -> str | None:
+    """In every rank: run the learner's ``train`` as a launcher would start it; what is wrong.
+
+    The harness's group is left first (the learner's function joins its own, from the
+    environment, on a port rank 0 chose), and a group of the same ranks is formed again
+    afterwards so that every rank returns the same verdict (the lowest rank's problem).
+    """
+    from ..distributed.launch import find_free_port
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ports = [find_free_port(), find_free_port()] if rank == 0 else [None, None]
+    dist.broadcast_object_list(ports, src=0)
+    train, error = load_answer(spec)
+    dist.destroy_process_group()
+    saved = {name: os.environ.get(name) for name in _ENV}
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]))
+    model, X, y = _entry_case()
+    data = _IndexedData(X, y)
+    printed = io.StringIO()
+    problem = error
+    try:
+        if problem is None:
+            with contextlib.redirect_stdout(printed):
+                result = train(copy.deepcopy(model), data, _ENTRY_EPOCHS, _ENTRY_B, _ENTRY_LR)
+    except NotImplementedError:
+        problem = UNANSWERED
+    except Exception as e:
+        problem = (f"world_size={world}, rank {rank}: your function raised "
+                   f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    if problem is not None:  # the ranks may not be in step: return alone, at once
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        return problem
+    if dist.is_initialized():
+        problem = (f"world_size={world}, rank {rank}: the process group was still initialised "
+                   f"when your function returned: leave it before returning (also when "
+                   f"training fails, so in a finally).")
+        dist.destroy_process_group()
+    elif not isinstance(result, nn.Module):
+        problem = (f"world_size={world}, rank {rank}: your function returned "
+                   f"{type(result).__name__}, expected the trained model (an nn.Module).")
+    else:
+        net = getattr(result, "module", result)  # a wrapper's module is accepted too
+        got = [p.detach() for p in net.parameters()]
+        problem = _judge_entry(rank, world, got, data.seen, printed.getvalue(), model, X, y)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank,
+                            world_size=world)
+    found: list = [None] * world
+    dist.all_gather_object(found, problem)
+    return next((f for f in found if f is not None), None)
+
+
+def check_recipe_entry(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3),
+                       timeout: float = 120.0, strict: bool = False) -> ExerciseResult:
+    """Exercise 08: ``fn(model, dataset, epochs, batch_size, lr)``, a DDP script's per-rank
+    entry point, started in every rank as torchrun would start it.
+
+    Each world size gets fresh ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` and no process group: ``fn`` must join the group (gloo), train a float64
+    linear classifier on 24 examples (4 per rank per step, 3 epochs, plain SGD on the
+    cross-entropy), print on rank 0 only, leave the group, and return the trained model. The
+    dataset notes which examples each rank read: every rank must read exactly what a
+    ``DistributedSampler`` with ``set_epoch`` gives it (epochs counted from 0 or from 1). Every
+    rank's final weights must equal one process trained on the global batches (every rank's
+    examples of a step together) to float64 rounding. The usual mistakes are named: the whole
+    dataset on every rank, the same order every epoch, gradients never averaged (each rank
+    alone), printing on every rank, the group left behind.
+
+    Args:
+        fn: importable by worker processes, or ``"module:function"`` (a file written with
+            ``%%writefile my_recipe.py``); None: not answered yet.
+        world_sizes: numbers of processes to try (one launch for all).
+        timeout: seconds for each world size.
+        strict: raise ``AssertionError`` on a wrong answer.
+    """
+    if fn is None:
+        return verdict(_ENTRY_NAME, None, "write train(model, dataset, epochs, batch_size, lr) "
+                       "to a file and pass it here.", strict)
+    return check_in_ranks(
+        _ENTRY_NAME, fn, "my_recipe:train", _entry_cases, (), world_sizes=world_sizes,
+        timeout=timeout, hint=_ENTRY_HINT,
+        hang_hint="Does every rank join the group, and run the same number of steps?",
+        passed=f"every rank read its sampler's shard of each epoch, ended with the weights of "
+               f"one process on the global batches (float64), printed only on rank 0 and left "
+               f"the group, for world sizes {list(world_sizes)}.",
+        strict=strict)

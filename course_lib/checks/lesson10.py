@@ -25,9 +25,9 @@ __all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "fit_line", "link_byte
            "median_by_sorting"]
 
 _NAME = "bus_bandwidth"
-_HINT = ("the time is the median of row['seconds'] (already seconds per operation); the "
-         "algorithm bandwidth is bytes / time; the bus bandwidth multiplies it by "
-         "2 (p - 1) / p; GB/s is 1e9 bytes per second.")
+_HINT = ("the bus bandwidth is the bytes one rank's link carries in a ring, per second of the "
+         "row's typical operation: count what a rank sends in the ring's steps, and compare "
+         "with bytes / time.")
 
 
 def link_bytes_by_schedule(n_bytes: float, p: int) -> float:
@@ -138,9 +138,9 @@ def check_bus_bandwidth(fn: Callable | None, *, strict: bool = False) -> Exercis
 # ------------------------------------------------------------------------------------------------
 
 _FIT = "alpha_beta_fit"
-_FIT_HINT = ("fit t = a + b n minimising sum(((a + b n_i - t_i) / t_i) ** 2) (for example "
-             "np.polyfit(sizes, times, 1, w=1 / times)), then alpha = a / (2 (p - 1)) and "
-             "beta = b p / (2 (p - 1)), from t_ring = 2 (p - 1) alpha + 2 (p - 1) / p n beta.")
+_FIT_HINT = ("the ring's time is a straight line in n: fit it by least squares on the relative "
+             "error (each point weighed by its own time), then read alpha and beta off its "
+             "intercept and slope from the ring's steps and chunk size.")
 
 
 def fit_line(sizes: list[float], times: list[float], weights: list[float]) -> tuple[float, float]:

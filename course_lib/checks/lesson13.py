@@ -12,6 +12,14 @@ torch's ``fully_shard`` (each tensor's rows split with ``torch.chunk``) laid out
 Its oracle is ``course_lib.deploy.reshard``, itself tested against the shards that DCP's load
 puts on 1, 2 and 3 real ranks (tests/test_checkpoint_layouts.py).
 
+``check_read_plan`` (the lesson's exercise 2) asks for ``read_plan(pieces, world_size)``: given
+where a tensor's saved pieces lie along dim 0, the rows of each piece that each rank of a new
+``fully_shard`` layout reads. Its oracle is ``course_lib.deploy.read_plan``, itself tested
+against DCP's own planner (``create_read_items_for_chunk_list``) in
+tests/test_checks_lesson13.py.
+``check_reshard`` (kept for learners' copies of an earlier version) asks for the shards
+themselves.
+
 ``check_strip_prefix`` (a smaller exercise, kept for learners' copies of older lessons) asks
 for ``strip_prefix(state_dict, prefix="module.")``: the state dict of a wrapped model made
 loadable into the plain model. Its oracle is torch's ``consume_prefix_in_state_dict_if_present``
@@ -29,6 +37,7 @@ from ..deploy import (
     WRAPPER_PREFIXES,
     fit_state_dict,
     load_matching,
+    read_plan,
     reshard,
     shard_rows,
     strip_prefix,
@@ -37,7 +46,7 @@ from ..models.lenet import LeNet
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 from .harness import keeps_kernel_state
 
-__all__ = ["check_load_matching", "check_reshard", "check_strip_prefix"]
+__all__ = ["check_load_matching", "check_read_plan", "check_reshard", "check_strip_prefix"]
 
 _NAME = "strip_prefix"
 _HINT = ("remove the prefix only at the START of a key, and only from keys that have it; a "
@@ -312,7 +321,7 @@ def _mismatched(model: nn.Module, given: dict) -> list[tuple[str, tuple, tuple]]
 
 @keeps_kernel_state
 def check_load_matching(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
-    """Exercise 13: ``fn(model, state_dict)`` loads what matches and reports the rest.
+    """Exercise 1: ``fn(model, state_dict)`` loads what matches and reports the rest.
 
     Nine real state dicts, each loaded into a freshly built model: saved from DDP
     (``module.``); a model with a ``module.`` inside its names, saved plainly; the same saved
@@ -430,3 +439,103 @@ def check_reshard(fn: Callable | None, *, strict: bool = False) -> ExerciseResul
     return verdict(_RS_NAME, True, f"right on {len(_RS_LAYOUTS)} layouts (more ranks and "
                    "fewer, one, and ranks left with no rows): every shard's shape and values.",
                    strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# read_plan: which saved rows each rank of a new layout reads (the lesson's exercise 2)
+# ------------------------------------------------------------------------------------------------
+
+_RP_NAME = "read_plan"
+_RP_HINT = ("a new rank reads, from a saved piece, exactly the rows that both hold: where two "
+            "ranges of rows overlap. Find the rows the new rank holds first (fully_shard's "
+            "split, as torch.chunk makes it), then count the overlap from the piece's own "
+            "first row.")
+
+
+def _pieces(lengths: tuple[int, ...]) -> list[tuple[int, int]]:
+    """``(offset, length)`` of consecutive pieces with these lengths."""
+    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+    return list(zip(offsets, lengths))
+
+
+#: (what, saved pieces, new world size): uneven splits, 3 ranks, more ranks than rows, empty
+#: ranks on either side, and pieces that fully_shard did not make.
+_RP_CASES = (
+    ("7 rows saved by 2 ranks (4 + 3), loaded on 3", _pieces((4, 3)), 3),
+    ("7 rows saved by 3 ranks (3 + 3 + 1), loaded on 2", _pieces((3, 3, 1)), 2),
+    ("4 rows saved by 2 ranks (2 + 2), loaded on 3 (the last new rank holds none)",
+     _pieces((2, 2)), 3),
+    ("4 rows saved by 3 ranks (2 + 2 + an empty piece), loaded on 2", _pieces((2, 2, 0)), 2),
+    ("5 rows saved by 4 ranks (2 + 2 + 1 + an empty piece), loaded on 3", _pieces((2, 2, 1, 0)),
+     3),
+    ("2 rows saved by 1 rank, loaded on 4 (more ranks than rows)", _pieces((2,)), 4),
+    ("7 rows saved by 2 ranks, loaded on 1 (the whole tensor)", _pieces((4, 3)), 1),
+    ("7 rows saved by another layout (1 + 5 + 1), loaded on 3", _pieces((1, 5, 1)), 3),
+    ("9 rows saved by 3 ranks (3 + 3 + 3), loaded on 3 (the same layout)", _pieces((3, 3, 3)),
+     3),
+)
+
+
+def _rp_normal(got: object, world_size: int) -> list[list[tuple[int, int, int]]] | str:
+    """``got`` as lists of int triples, or what is wrong with its form."""
+    if not isinstance(got, list | tuple) or len(got) != world_size:
+        n = f" of {len(got)}" if isinstance(got, list | tuple) else ""
+        return (f"expected a list of {world_size} lists, one per new rank, received "
+                f"{type(got).__name__}{n}")
+    out = []
+    for rank, reads in enumerate(got):
+        try:
+            out.append([tuple(int(x) for x in read) for read in reads])
+        except (TypeError, ValueError):
+            return (f"new rank {rank}'s entry should be a list of (piece, start, stop), "
+                    f"received {reads!r}")
+        if any(len(read) != 3 for read in out[-1]):
+            return f"new rank {rank}'s reads should be (piece, start, stop) triples: {reads!r}"
+    return out
+
+
+@keeps_kernel_state
+def check_read_plan(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise 2: ``fn(pieces, world_size)``: what each new rank reads from the saved pieces.
+
+    ``pieces`` lists a tensor's saved pieces as ``(offset, length)`` along dim 0; the answer is
+    one list per new rank of ``(piece, start, stop)`` (rows ``start:stop`` of that piece, in
+    piece order, no empty read), compared with ``course_lib.deploy.read_plan`` on nine layouts:
+    uneven splits on 2 and 3 ranks, empty saved pieces, a new rank with no rows, more new ranks
+    than rows, one rank, the same layout, and pieces ``fully_shard`` would not make. The list
+    passed in must be left as it was.
+
+    Returns:
+        The verdict (truthy when right); the first failing layout is printed.
+    """
+    if fn is None:
+        return verdict(_RP_NAME, None, "define read_plan(pieces, world_size) and pass it here.",
+                       strict)
+    if not callable(fn):
+        return verdict(_RP_NAME, False, f"expected a function, got {type(fn).__name__}.",
+                       strict)
+    for what, pieces, world_size in _RP_CASES:
+        given = list(pieces)
+        try:
+            got = call_bounded(fn, given, world_size)
+        except NotImplementedError:
+            return unanswered(_RP_NAME, strict)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+            return verdict(_RP_NAME, False, f"{failure(exc)} on {what}. Hint: {_RP_HINT}",
+                           strict)
+        want = read_plan(pieces, world_size)
+        mine = _rp_normal(got, world_size)
+        if isinstance(mine, str):
+            return verdict(_RP_NAME, False, f"on {what}: {mine}.", strict)
+        if given != pieces:
+            return verdict(_RP_NAME, False, f"on {what}: the list of pieces passed in was "
+                           "changed.", strict)
+        for rank, (a, b) in enumerate(zip(mine, want)):
+            if a != b:
+                return verdict(_RP_NAME, False, f"on {what}: new rank {rank} should read "
+                               f"{b}, received {a}. Hint: {_RP_HINT}", strict)
+    return verdict(_RP_NAME, True, f"right on {len(_RP_CASES)} layouts (uneven splits, empty "
+                   "pieces and empty ranks, more ranks than rows, pieces of another layout): "
+                   "every rank reads only the rows it holds.", strict)

@@ -11,6 +11,9 @@ Checkpoint (DCP)" and ``torch/distributed/checkpoint/state_dict.py``.
 - ``train_and_save``: train a few steps beside one process on the whole batch, save with DCP,
   gather a full state dict to rank 0 (``get_model_state_dict(full_state_dict=True)``).
 - ``load_resharded``: load that directory into a model sharded on a different number of ranks.
+- ``adam_train_and_save`` / ``adam_resume``: the same MLP under ``fully_shard`` with Adam, model
+  AND optimizer saved through ``get_state_dict`` and DCP, resumed on another number of ranks
+  with ``set_state_dict``, one more step checked against the run that never stopped.
 - ``zero1_save``: the same MLP with the course's ZeRO-1 (``ZeroRedundancyOptimizer``) and Adam;
   the optimizer's sharded state consolidated on rank 0 and saved in one ``torch.save`` file.
 """
@@ -28,7 +31,8 @@ from course_lib.distributed import current_device
 from course_lib.distributed.optim import ZeroRedundancyOptimizer
 from course_lib.train_ddp import save_checkpoint
 
-__all__ = ["SIZES", "build_mlp", "load_resharded", "probe_batch", "train_and_save", "zero1_save"]
+__all__ = ["SIZES", "adam_resume", "adam_train_and_save", "build_mlp", "dcp_read_plan",
+           "load_resharded", "probe_batch", "resume_batch", "train_and_save", "zero1_save"]
 
 #: Layer widths, so that 3 ranks split rows as only ``torch.chunk`` does: 4 rows as 2, 2 and an
 #: empty shard (not 2, 1, 1), 7 rows as 3, 3, 1 (not 3, 2, 2); 2 rows as 1, 1 and empty.
@@ -48,6 +52,43 @@ def probe_batch(n: int = 6, seed: int = 1) -> torch.Tensor:
     """``n`` fixed float64 inputs on which every layout's outputs are compared: (n, SIZES[0])."""
     return torch.randn(n, SIZES[0], dtype=torch.float64,
                        generator=torch.Generator().manual_seed(seed))
+
+
+def dcp_read_plan(pieces: list[tuple[int, int]], world_size: int, cols: int = 3
+                  ) -> list[list[tuple[int, int, int]]]:
+    """DCP's own read plan for a ``(rows, cols)`` tensor saved as ``pieces`` along dim 0.
+
+    Runs torch's planner step (``planner_helpers.create_read_items_for_chunk_list``, what
+    ``dcp.load`` calls for each tensor of each rank) on the saved pieces' metadata and on each
+    new rank's ``torch.chunk`` block of rows, and writes every ``ReadItem`` as ``(piece, start,
+    stop)``: the rows of the saved piece it copies, counted within that piece. The oracle of
+    ``course_lib.deploy.read_plan``.
+    """
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+    from course_lib.deploy import shard_rows
+
+    def chunk(offset: int, length: int) -> ChunkStorageMetadata:
+        return ChunkStorageMetadata(offsets=torch.Size([offset, 0]),
+                                    sizes=torch.Size([length, cols]))
+
+    rows = max((offset + length for offset, length in pieces), default=0)
+    saved = TensorStorageMetadata(properties=TensorProperties(dtype=torch.float64),
+                                  size=torch.Size([rows, cols]),
+                                  chunks=[chunk(o, n) for o, n in pieces])
+    index = torch.arange(rows)                         # each new rank's rows, as fully_shard's
+    plan = []
+    for mine in shard_rows(index, world_size):
+        first = int(mine[0]) if len(mine) else rows
+        items = create_read_items_for_chunk_list("w", saved, [chunk(first, len(mine))])
+        plan.append(sorted((item.storage_index.index, item.storage_offsets[0],
+                            item.storage_offsets[0] + item.lengths[0]) for item in items))
+    return plan
 
 
 def _shard(model: nn.Module) -> nn.Module:
@@ -73,7 +114,8 @@ def _full(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=options)
 
 
-def train_and_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.1) -> dict:
+def train_and_save(path: str, steps: int = 3, adam_path: str | None = None, batch: int = 12,
+                   lr: float = 0.1) -> dict:
     """Train ``build_mlp()`` under ``fully_shard`` for ``steps`` SGD steps; save it with DCP.
 
     Each rank takes its ``batch / k`` rows of every batch; one process beside it takes the whole
@@ -84,7 +126,8 @@ def train_and_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.1) 
     Returns:
         ``{"rank", "world", "local" (this rank's shards), "full" (rank 0: the full state dict,
         else {}), "one" (the one-process model's state dict), "probe" (the sharded model's
-        outputs on ``probe_batch()``)}``.
+        outputs on ``probe_batch()``), and with ``adam_path``: "adam" (what
+        ``adam_train_and_save(adam_path, steps)`` returns, run by the same processes)}``.
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -107,9 +150,11 @@ def train_and_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.1) 
     full = _full(model)
     with torch.no_grad():
         probe = model(probe_batch())
-    return {"rank": rank, "world": world, "local": _local(model), "full": full,
-            "one": {k: v.detach().clone() for k, v in one.state_dict().items()},
-            "probe": probe}
+    out = {"rank": rank, "world": world, "local": _local(model), "full": full,
+           "one": {k: v.detach().clone() for k, v in one.state_dict().items()}, "probe": probe}
+    if adam_path is not None:                            # one start of the processes for both
+        out["adam"] = adam_train_and_save(adam_path, steps)
+    return out
 
 
 def load_resharded(path: str) -> dict:
@@ -133,6 +178,98 @@ def load_resharded(path: str) -> dict:
         probe = model(probe_batch())
     return {"rank": dist.get_rank(), "world": dist.get_world_size(), "local": _local(model),
             "full": full, "probe": probe}
+
+
+def resume_batch(step: int, batch: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch number ``step`` of the Adam runs, ``(X, y)``: the same in every process."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    return (torch.randn(batch, SIZES[0], dtype=torch.float64, generator=gen),    # (B, SIZES[0])
+            torch.randn(batch, SIZES[-1], dtype=torch.float64, generator=gen))   # (B, SIZES[-1])
+
+
+def _adam_step(model: nn.Module, opt: torch.optim.Optimizer, step: int, batch: int) -> None:
+    # one Adam step on this rank's rows of batch ``step`` (FSDP averages the ranks' gradients)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if batch % world:
+        raise ValueError(f"batch {batch} must split evenly over {world} ranks, so that the "
+                         f"mean of the ranks' losses is the whole batch's; pick a multiple.")
+    X, y = resume_batch(step, batch)
+    rows = slice(rank * batch // world, (rank + 1) * batch // world)
+    opt.zero_grad(set_to_none=True)
+    F.mse_loss(model(X[rows]), y[rows]).backward()
+    opt.step()
+
+
+def _full_training_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    # every rank calls it (it all-gathers); rank 0 gets the model's and Adam's full tensors.
+    # A copy: Adam's ``step`` is not sharded, and the dict holds the optimizer's own tensor,
+    # which the next step would change in place.
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    return copy.deepcopy(get_state_dict(
+        model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+
+
+def _sharded_adam(seed: int, lr: float) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = _shard(build_mlp(seed=seed))
+    return model, torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def adam_train_and_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05) -> dict:
+    """Train ``build_mlp()`` under ``fully_shard`` with Adam; save model and optimizer with DCP.
+
+    ``get_state_dict(model, optimizer)`` gives both state dicts as the ranks hold them: the
+    parameters' DTensors, and Adam's moments sharded like their parameters, keyed by parameter
+    name. ``dcp.save`` writes them, each rank its own rows. Then the run goes on for one more
+    step, as if it had never stopped: the step a resumed run must reproduce.
+
+    Returns:
+        ``{"rank", "world", "saved" (rank 0: the full model and optimizer state dicts at the
+        save, else ``({}, {})``), "next" (rank 0: the full model state dict one step later)}``.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model, opt = _sharded_adam(0, lr)
+    for step in range(steps):
+        _adam_step(model, opt, step, batch)
+    model_state, optim_state = get_state_dict(model, opt)          # sharded, no copy
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+    saved = _full_training_state(model, opt)
+    _adam_step(model, opt, steps, batch)                           # the uninterrupted run
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "saved": saved,
+            "next": _full_training_state(model, opt)[0]}
+
+
+def adam_resume(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05,
+                save_to: str | None = None) -> dict:
+    """Resume ``adam_train_and_save``'s checkpoint on this group, whatever its size.
+
+    A model built from other weights, sharded over this group, with a fresh Adam;
+    ``get_state_dict`` gives the state dicts to fill (it creates Adam's state first, with a
+    step at learning rate 0), ``dcp.load`` reads into them the rows this rank holds, and
+    ``set_state_dict`` puts them in place. Then the step the saved run took next (batch
+    ``steps``). ``save_to``: also save the resumed state (before that step) there, with this
+    group's layout.
+
+    Returns:
+        ``{"rank", "world", "local_rows" (this rank's rows of each parameter and of its Adam
+        ``exp_avg``: ``{name: (rows, rows)}``), "loaded" (rank
+        0: the full model and optimizer state dicts after the load), "next" (rank 0: the full
+        model state dict after one more step)}``.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model, opt = _sharded_adam(7, lr)
+    model_state, optim_state = get_state_dict(model, opt)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path)                  # each rank reads the rows it holds
+    set_state_dict(model, opt, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    if save_to is not None:
+        dcp.save(dict(zip(("model", "optim"), get_state_dict(model, opt))), checkpoint_id=save_to)
+    loaded = _full_training_state(model, opt)
+    local_rows = {name: (p.to_local().shape[0], opt.state[p]["exp_avg"].to_local().shape[0])
+                  for name, p in model.named_parameters()}
+    _adam_step(model, opt, steps, batch)
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "local_rows": local_rows,
+            "loaded": loaded, "next": _full_training_state(model, opt)[0]}
 
 
 def zero1_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05) -> dict:

@@ -23,19 +23,23 @@ from course_lib.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
     ScheduleGPipe,
+    bubble_fraction,
     flatten_sequential,
+    gpipe_order,
     idle_fraction,
+    one_f_one_b_order,
     split_microbatches,
     split_sequential,
 )
 from course_lib.models.lenet import LeNet
 from course_lib.models.resnet import resnet18
+from course_lib.timing import bootstrap_ratio, keep_freed_memory
 
-__all__ = ["SCHEDULES", "activation_peaks", "bubbles", "check_pipeline", "equal_blocks",
-           "handoff_seconds",
+__all__ = ["SCHEDULES", "activation_peaks", "bubble_table", "bubbles", "busy_seconds",
+           "check_pipeline", "compare_to_control", "equal_blocks", "handoff_seconds",
            "in_sequence", "lenet_sequential", "median_step", "merge_ranks", "op_seconds",
            "pipeline_timelines", "sequential_model", "step_bubbles", "step_seconds",
-           "two_rank_example"]
+           "step_spans", "two_rank_example"]
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -247,6 +251,7 @@ def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[
     (``"blocks"``'s width and count).
     """
     rank = dist.get_rank()
+    keep_freed_memory()   # no page faults that depend on what ran before (as stage_costs)
     stages, stage = _this_ranks_stage(model, balance, sizes)
     configs = [(schedule, m) for schedule in schedules for m in microbatches]
     scheds = {key: SCHEDULES[key[0]](stage, key[1], loss_fn=F.cross_entropy) for key in configs}
@@ -312,6 +317,18 @@ def step_seconds(runs: Sequence[Sequence]) -> float:
 
 def _span(events: Sequence) -> float:
     return max(e.end for e in events) - min(e.start for e in events)
+
+
+def step_spans(runs: Sequence[Sequence]) -> list[float]:
+    """Each step's span, first op's start to last op's end, in seconds, in the order they ran."""
+    return [_span(run) for run in runs]
+
+
+def busy_seconds(runs: Sequence[Sequence], stage: int | None = None) -> float:
+    """Median over steps of the time spent computing (the ops' durations summed), on one stage
+    or (``None``) on all stages together."""
+    return statistics.median(sum(e.end - e.start for e in run if stage in (None, e.stage))
+                             for run in runs)
 
 
 def step_bubbles(runs: Sequence[Sequence]) -> list[float]:
@@ -380,3 +397,45 @@ def in_sequence(calls: Sequence[tuple]) -> list:
         dist.barrier()   # every rank starts each call together
         results.append(fn(*args))
     return results
+
+
+def bubble_table(runs: dict, title: str) -> dict:
+    """Print, per ``(schedule, m)`` of ``runs`` (two stages, ``merge_ranks``' form): the
+    theory's bubble, the measured idle share's median [min, max] over steps, the median step
+    time and each stage's busy time. Returns ``{(schedule, m): median idle share}``."""
+    print(title)
+    print(f"{'schedule':>8} {'m':>2} {'theory':>7} {'measured: median [min, max]':>28} "
+          f"{'step ms':>8} {'busy ms, stage 0 / 1':>21}")
+    medians = {}
+    for (schedule, m), r in runs.items():
+        b = step_bubbles(r)                                 # one idle share per step
+        medians[schedule, m] = statistics.median(b)
+        busy = [busy_seconds(r, s) * 1e3 for s in (0, 1)]
+        print(f"{schedule:>8} {m:>2} {bubble_fraction(2, m):>7.3f} "
+              f"{medians[schedule, m]:>11.3f} [{min(b):.3f}, {max(b):.3f}] "
+              f"{step_seconds(r) * 1e3:>11.1f} {busy[0]:>10.1f} / {busy[1]:<8.1f}")
+    return medians
+
+
+def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
+    """1F1B's step time over GPipe's, paired round by round, with a 95% bootstrap interval
+    (``timing.bootstrap_ratio``), for each m of ``microbatches``; the first m must be 1, where
+    the two schedules run the same order: that ratio is the control, the noise of the timing.
+    Prints one line each, a verdict beside every m > 1; returns ``{m: (ratio, low, high)}``."""
+    if microbatches[0] != 1:
+        raise ValueError(f"compare_to_control needs m = 1 first (the control), got "
+                         f"{list(microbatches)}.")
+    if any(gpipe_order(s, 2, 1) != one_f_one_b_order(s, 2, 1) for s in (0, 1)):
+        raise AssertionError("at m = 1 the two schedules should run the same order")
+    out = {m: bootstrap_ratio(step_spans(runs["1f1b", m]), step_spans(runs["gpipe", m]))
+           for m in microbatches}
+    ratio, low, high = out[1]
+    print(f"control, m=1 (the same order): step time 1F1B / GPipe {ratio:.3f} "
+          f"[{low:.3f}, {high:.3f}] (95% bootstrap interval over paired rounds)")
+    for m in microbatches[1:]:
+        r, lo, hi = out[m]
+        verdict = ("1F1B faster than the control allows" if hi < low else
+                   "1F1B slower than the control allows" if lo > high else
+                   "inside the control's range: no difference measurable here")
+        print(f"  m={m}: {r:.3f} [{lo:.3f}, {hi:.3f}]: {verdict}")
+    return out

@@ -16,6 +16,10 @@ returns small picklable results. The model is an MLP of ``Linear`` layers of the
   process on the whole batch, after a few steps.
 - ``traffic_per_step``: the collectives of one step of each kind, and of the paper's ZeRO-1
   (``_PaperZeRO1``: reduce-scatter, then all-gather), recorded with ``record_collectives``.
+
+The accounting of ``memory_per_rank``'s rows, for the notebook's tables and figures, is at the
+end: ``memory_by_world`` (``memory_per_rank`` at several world sizes), ``held``,
+``formula_bytes``, ``print_table``, ``held_parts``, ``curves``, ``above_held``.
 """
 from __future__ import annotations
 
@@ -34,12 +38,14 @@ from course_lib.distributed.memory import (
     grad_bytes,
     optimizer_state_bytes,
     tensor_bytes,
+    zero_formula,
 )
 from course_lib.distributed.optim import ZeroRedundancyOptimizer, partition_parameters
 from course_lib.parallel.ddp import DistributedDataParallel
 
-__all__ = ["KINDS", "bucket_bytes", "compare_with_torch_fsdp", "compare_zero_with_unsharded",
-           "memory_per_rank", "mlp", "short_name", "step_times",
+__all__ = ["HELD", "KINDS", "above_held", "bucket_bytes", "compare_with_torch_fsdp",
+           "compare_zero_with_unsharded", "curves", "formula_bytes", "held", "held_parts",
+           "memory_by_world", "memory_per_rank", "mlp", "print_table", "short_name", "step_times",
            "traffic_per_step"]
 
 KINDS = ("DDP", "ZeRO-1", "FSDP")
@@ -402,3 +408,80 @@ def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
     dist.all_reduce(difference, op=dist.ReduceOp.MAX)
     out["paper_zero1_vs_unsharded"] = difference.item()
     return out
+
+
+# ---- Accounting: memory_per_rank's rows, as the notebook prints and plots them ----------------
+
+#: What a rank holds after a step, as ``memory_per_rank`` names it, with the figures' labels.
+HELD = {"params": "parameters", "grads": "gradients", "buckets": "DDP's buckets",
+        "optimizer": "optimizer state"}
+#: ``peak_parts`` labels of what a rank holds after a step (the rest is the step's own).
+_HELD_LABELS = ("parameters (whole)", "parameter shards", "gradients (whole)",
+                "gradients of the shards", "optimizer state", "DDP's gradient buckets")
+
+
+def memory_by_world(widths: list[int], per_rank: int, kinds: tuple[str, ...] = KINDS,
+            worlds: tuple[int, ...] = (1, 2, 4), timeout: float = 600) -> dict:
+    """``memory_per_rank`` launched at each world size: {(kind, world): [rank 0's row, ...]}."""
+    from course_lib.distributed import launch
+
+    ranks: dict = {}
+    for world in worlds:
+        for rank_rows in launch(memory_per_rank, world, widths, per_rank, kinds, timeout=timeout):
+            for row in rank_rows:
+                ranks.setdefault((row["kind"], world), []).append(row)
+    return ranks
+
+
+def held(row: dict) -> int:
+    """Bytes a rank holds after a step: parameters, gradients, DDP's buckets (where they are not
+    the gradients themselves) and optimizer state."""
+    return sum(row[key] for key in HELD)
+
+
+def formula_bytes(kind: str, num_params: int, world: int) -> float:
+    """The ZeRO paper's bytes per rank for float32 AdamW (4 + 4 + 8 per parameter, divided by
+    the world size where ``kind`` shards them), plus DDP's buckets (4 per parameter) under "DDP"
+    and "ZeRO-1" (which keeps DDP)."""
+    stage = {"DDP": 0, "DDP-view": 0, "ZeRO-1": 1, "FSDP": 3}[kind]
+    total = zero_formula(num_params, world, stage, param_bytes=4, grad_bytes=4,
+                         optimizer_bytes=8)["total"]
+    return total + (4 * num_params if kind in ("DDP", "ZeRO-1") else 0)
+
+
+def print_table(rows: dict, unit: str = "MiB", unit_bytes: int = 2**20) -> None:
+    """One line per (kind, world) of ``{(kind, world): row}``: sizes in ``unit``, held bytes
+    per parameter, the peak of the step and what it adds to what is held."""
+    print(f"{unit + ':':9}{'ranks':>5}{'params':>10}{'grads':>10}{'buckets':>10}"
+          f"{'optimizer':>10}{'held':>10}{'bytes/param':>12}{'peak':>10}{'peak-held':>10}")
+    for (kind, world), r in rows.items():
+        sizes = [*(r[key] for key in HELD), held(r)]
+        print(f"{kind:9}{world:>5}" + "".join(f"{b / unit_bytes:>10.2f}" for b in sizes)
+              + f"{held(r) / r['num_params']:>12.2f}{r['peak'] / unit_bytes:>10.2f}"
+              f"{(r['peak'] - held(r)) / unit_bytes:>10.2f}")
+
+
+def held_parts(every_rank: dict, world: int, kinds: tuple[str, ...] = KINDS,
+               unit_bytes: int = 2**20) -> dict:
+    """{"<kind>, rank <r>": {part: size in units}} for every rank of each of ``kinds`` at
+    ``world``, from ``memory_by_world``'s result: what ``plots.draw_held_per_rank`` draws."""
+    return {f"{kind}, rank {r['rank']}": {name: r[key] / unit_bytes for key, name in HELD.items()}
+            for kind in kinds for r in every_rank[kind, world]}
+
+
+def curves(rows: dict, worlds: list[int], kinds: tuple[str, ...] = KINDS,
+           unit_bytes: int = 2**20) -> dict:
+    """{kind: {"formula", "held", "peak": [size in units per world]}} from ``{(kind, world):
+    rank 0's row}``: what ``plots.draw_memory_per_rank`` draws."""
+    return {kind: {"formula": [formula_bytes(kind, rows[kind, w]["num_params"], w) / unit_bytes
+                               for w in worlds],
+                   "held": [held(rows[kind, w]) / unit_bytes for w in worlds],
+                   "peak": [rows[kind, w]["peak"] / unit_bytes for w in worlds]}
+            for kind in kinds}
+
+
+def above_held(row: dict) -> dict[str, int]:
+    """The parts of the peak (``peak_parts``, CPU only) that are the step's own: everything but
+    the parameters, gradients, buckets and optimizer state, in bytes, largest first."""
+    parts = {k: v for k, v in row["peak_parts"].items() if k not in _HELD_LABELS}
+    return dict(sorted(parts.items(), key=lambda kv: -kv[1]))

@@ -59,10 +59,9 @@ def layer_costs(model: nn.Sequential, by: str = "params", example: torch.Tensor 
     Args:
         model: the layers, in order.
         by: ``"params"`` (elements of its parameters; a layer without any costs 0) or
-            ``"time"`` (median seconds of forward + backward on ``example``, measured on a copy
-            of the model so that its gradients and batch-norm statistics stay untouched). Each
-            layer runs as in a pipeline: the first layer's input does not require grad (no
-            stage computes the gradient of the model's input), every later layer's does.
+            ``"time"``: each layer timed as a stage of its own, by ``stage_costs(model,
+            [1] * len(model), example)``, so that layer and stage times are measured the same
+            way (the first layer's input does not require grad, every later layer's does).
         example: a batch of inputs for the first layer (needed for ``by="time"``).
         repeat: timed calls per layer (``by="time"``).
 
@@ -78,35 +77,20 @@ def layer_costs(model: nn.Sequential, by: str = "params", example: torch.Tensor 
         raise ValueError("layer_costs(by='time') measures each layer on real inputs: pass "
                          "example=a batch of inputs for the first layer (found "
                          f"{type(example).__name__}).")
-    copied = copy.deepcopy(model)
-    costs = []
-    X = example
-    for k, layer in enumerate(copied):
-        # a leaf, so backward stops here; the model's input needs no gradient, the others do
-        X_in = X.detach().requires_grad_(k > 0 and X.is_floating_point())
-
-        def fwd_bwd(layer=layer, X_in=X_in) -> None:
-            X_in.grad = None   # a fresh input each call, as in a pipeline: no accumulation
-            out = layer(X_in)
-            if out.requires_grad:
-                out.sum().backward()
-
-        costs.append(benchmark(fwd_bwd, warmup=1, repeat=repeat, device=X.device).median)
-        with torch.no_grad():
-            X = layer(X_in)  # the next layer's input
-    return costs
+    return stage_costs(model, [1] * len(model), example, repeat=repeat)  # each layer a stage
 
 
 def stage_costs(model: nn.Sequential, balance: Sequence[int], example: torch.Tensor, *,
                 repeat: int = 5) -> list[float]:
     """Each stage's measured forward + backward time, every stage timed as one piece.
 
-    Per-layer times (``layer_costs(by="time")``) are taken one layer at a time, each call with
-    its own fixed costs and its own noise; their sum need not be what a stage of those layers
-    costs. This times the stages of a given split as the pipeline runs them: stage 0 on
-    ``example`` without input gradient, every later stage on the previous stage's output with
-    one, each backward from a gradient of its output's shape (on a copy of the model, so its
-    gradients and batch-norm statistics stay untouched).
+    Times the stages of a given split as the pipeline runs them: stage 0 on ``example``
+    without input gradient, every later stage on the previous stage's output with one, each
+    backward from a gradient of ones of its output's shape (on a copy of the model, so its
+    gradients and batch-norm statistics stay untouched); one untimed call first. Per-layer
+    times (``layer_costs(by="time")``) are this with one layer per stage. On a CPU, call
+    ``course_lib.timing.keep_freed_memory()`` first: otherwise a call may page-fault its
+    fresh tensors in from the OS, or not, depending on what ran before.
 
     Args:
         model: the layers, in order.
