@@ -52,10 +52,11 @@ def quantize_int8(model: nn.Module, *, dynamic_activations: bool = True,
     Args:
         model: a trained model (not changed unless ``inplace``).
         dynamic_activations: True: ``Int8DynamicActivationInt8WeightConfig``, the successor of
-            ``torch.ao.quantization.quantize_dynamic``: each batch's activations are quantized
-            on the fly and the matmul runs in int8. False: ``Int8WeightOnlyConfig``: weights
-            stored in int8 and dequantized for a float matmul (smaller to store; in eager mode
-            the whole weight is dequantized on each call, so it saves no time).
+            ``torch.ao.quantization.quantize_dynamic``: the activations are quantized on the
+            fly, one scale per row (per token, torchao's default ``PerRow()``), and the matmul
+            runs in int8. False: ``Int8WeightOnlyConfig``: weights stored in int8, a float
+            matmul (in eager mode the whole int8 weight is cast to float on each call and the
+            scales are applied to the output).
         inplace: quantize ``model`` itself instead of a copy.
     """
     q = _torchao()

@@ -158,6 +158,24 @@ def test_alpha_beta_fit_checker_accepts_the_reference_and_names_the_usual_mistak
         assert words in result.message, result.message
 
 
+def _model_relative_fit(sizes, times, p):
+    """Errors relative to the model's time, not the measured one: another objective, wrong."""
+    n, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    b, a = np.polyfit(n, t, 1, w=1 / t)
+    for _ in range(20):                               # reweight by the current model's time
+        b, a = np.polyfit(n, t, 1, w=1 / (a + b * n))
+    return a / (2 * (p - 1)), b * p / (2 * (p - 1))
+
+
+def test_alpha_beta_fit_checker_holds_to_the_stated_objective():
+    # the spec names the objective, sum(((model - measured) / measured) ** 2): a fit on another
+    # relative error (to the model's time) differs on the noisy cases and fails, with the hint
+    result = check_alpha_beta_fit(_model_relative_fit)
+    assert result.ok is False
+    assert "relative to each measured time" in result.message, result.message
+    assert check_alpha_beta_fit(_fit(lambda t: np.ones_like(t))).ok is False   # unweighted
+
+
 def test_alpha_beta_fit_noisy_cases_separate_the_weighted_from_the_plain_fit():
     noisy = _fit_cases()[3:]                         # the last two carry a pattern of noise
     assert noisy                                     # some cases are not exact lines

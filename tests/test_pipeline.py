@@ -174,14 +174,15 @@ def test_keep_freed_memory_stops_page_faults_on_reuse():
     assert float(done.stdout.split()[-1]) < 2048
 
 
-def _fake_runs(slow_1f1b: float = 1.0) -> dict:
-    """Simulated two-stage steps for both schedules at m = 1, 2 (1F1B's times scaled at m > 1)."""
+def _fake_runs(control=(1.0,) * 6, m2=(1.0,) * 6) -> dict:
+    """Simulated two-stage steps for both schedules at m = 1, 2, six rounds: 1F1B's op times
+    scaled in round i by ``control[i]`` at m = 1 and by ``m2[i]`` at m = 2 (GPipe's unscaled)."""
     runs = {}
     for name, order in (("gpipe", gpipe_order), ("1f1b", one_f_one_b_order)):
-        for m in (1, 2):
-            scale = slow_1f1b if name == "1f1b" and m > 1 else 1.0
-            events = simulate_schedule(order, 2, m, forward_time=scale, backward_time=2 * scale)
-            runs[name, m] = [list(events) for _ in range(6)]
+        for m, scales in ((1, control), (2, m2)):
+            runs[name, m] = [list(simulate_schedule(order, 2, m, forward_time=k,
+                                                    backward_time=2 * k))
+                             for k in (scales if name == "1f1b" else (1.0,) * len(scales))]
     return runs
 
 
@@ -191,12 +192,39 @@ def test_bubble_table_and_compare_to_control(capsys):
                        for s in ("gpipe", "1f1b") for m in (1, 2)}
     ratios = W.compare_to_control(_fake_runs(), (1, 2))
     assert ratios[1] == pytest.approx((1, 1, 1)) and ratios[2] == pytest.approx((1, 1, 1))
-    assert "inside the control's range" in capsys.readouterr().out
-    ratios = W.compare_to_control(_fake_runs(slow_1f1b=0.5), (1, 2))
-    assert ratios[2][0] == pytest.approx(0.5)
-    assert "1F1B faster than the control allows" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "its interval includes 1" in out and "no difference measurable" in out
+    # a control offset from 1 (a bias) and the same offset at m = 2: no difference, although
+    # m = 2's interval excludes 1 (a rule that compares with 1 fails here)
+    near = (0.88, 0.89, 0.9, 0.9, 0.91, 0.92)
+    ratios = W.compare_to_control(_fake_runs(control=(0.9,) * 6, m2=near), (1, 2))
+    assert ratios[1] == pytest.approx((0.9, 0.9, 0.9)) and ratios[2][2] < 1
+    out = capsys.readouterr().out
+    assert "excludes 1" in out and "no difference measurable" in out
+    # a noisy control around 1 and an m = 2 ratio whose interval lies below the control's
+    # median but overlaps the control's interval: a difference (a rule that only asks whether
+    # the two intervals overlap fails here)
+    noisy, tight = (0.8, 0.9, 1.0, 1.0, 1.1, 1.2), (0.93, 0.94, 0.95, 0.95, 0.96, 0.97)
+    ratios = W.compare_to_control(_fake_runs(control=noisy, m2=tight), (1, 2))
+    (c, c_lo, c_hi), (_, lo, hi) = ratios[1], ratios[2]
+    assert c == pytest.approx(1.0) and c_lo < lo < hi < c < c_hi
+    assert "below the control's 1.000: 1F1B faster" in capsys.readouterr().out
+    slow = tuple(2 - k for k in tight)
+    W.compare_to_control(_fake_runs(control=noisy, m2=slow), (1, 2))
+    assert "1F1B slower" in capsys.readouterr().out
     with pytest.raises(ValueError, match="m = 1 first"):
         W.compare_to_control(_fake_runs(), (2,))
+
+
+def test_round_order_alternates_and_shuffles():
+    configs = [(s, m) for s in ("gpipe", "1f1b") for m in (1, 2, 4, 8)]
+    orders = [W.round_order(configs, i) for i in range(8)]
+    assert all(sorted(o) == sorted(configs) for o in orders)
+    for i, o in enumerate(orders):   # each m's two schedules back to back, leader alternating
+        assert all(o[k][1] == o[k + 1][1] for k in range(0, 8, 2))
+        assert {o[k][0] for k in range(0, 8, 2)} == {"gpipe" if i % 2 == 0 else "1f1b"}
+    assert len({tuple(key[1] for key in o) for o in orders}) > 1       # the m's shuffled
+    assert orders == [W.round_order(configs, i) for i in range(8)]      # seeded: every rank
 
 
 class _Slow(nn.Module):
@@ -478,12 +506,18 @@ def test_pipeline_gradient_oracle_two_ranks_gloo_seed_example_and_activation_pea
     # the equal-stage model runs through the same workers: 2 micro-batches, F and B each
     blocks = W.merge_ranks(timed_blocks)
     assert list(blocks) == [("1f1b", 2)] and len(blocks["1f1b", 2][0]) == 2 * 2 * 2
-    # timelines: every configuration's steps, interleaved (round i of each, then round i + 1)
+    # timelines: every configuration's steps, interleaved (round i of each in round_order's
+    # order, then round i + 1; the first round, i = 0, was the warm-up)
     runs = W.merge_ranks(timed)
     configs = [("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]
     assert list(runs) == configs and all(len(runs[c]) == 3 for c in configs)
     assert all(len(step) == 2 * 2 * c[1] for c in configs for step in runs[c])
-    starts = [min(e.start for e in runs[c][i]) for i in range(3) for c in configs]
+    ran = [c for i in range(3) for c in W.round_order(configs, i + 1)]
+    seen = {c: 0 for c in configs}
+    starts = []
+    for c in ran:
+        starts.append(min(e.start for e in runs[c][seen[c]]))
+        seen[c] += 1
     assert starts == sorted(starts)
     _check_stage_p2p(p2p_1f1b)
     _check_stage_p2p(p2p_gpipe)

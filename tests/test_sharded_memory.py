@@ -152,7 +152,7 @@ def test_peak_parts_sum_to_the_peak(measured):
     assert unit in (4 * 144, 4 * 68), fsdp
     assert (fsdp["a unit's full gradient, before reduce-scatter"]
             == fsdp["gloo's copy of a full gradient (reduce-scatter)"] == unit), fsdp
-    assert 2 * fsdp["reduce-scatter output (this rank's slice)"] == unit, fsdp
+    assert 2 * fsdp[W._SLICE] == unit, fsdp
     ddp = measured["DDP", 2, 0]["peak_parts"]
     assert ddp["parameters (whole)"] == 4 * PSI and ddp["optimizer state"] == adam(PSI, 4), ddp
 
@@ -210,11 +210,10 @@ def test_accounting_of_the_rows(measured):
     rows = {(kind, world): measured[kind, world, 0] for (kind, world) in HAND}
     for row in rows.values():
         assert W.held(row) == row["params"] + row["grads"] + row["buckets"] + row["optimizer"]
-        # the parts above what is held, and the held parts, are the whole peak
+        # what the peak adds (less what was not made yet) sums to the peak-held column
         extra = W.above_held(row)
         assert not set(extra) & set(W._HELD_LABELS)
-        assert sum(extra.values()) + sum(v for k, v in row["peak_parts"].items()
-                                         if k in W._HELD_LABELS) == row["peak"]
+        assert sum(extra.values()) == row["peak"] - W.held(row), row   # the peak-held column
         assert list(extra.values()) == sorted(extra.values(), reverse=True)
     # the formula for float32 AdamW (+ 4 bytes of DDP's buckets), by hand
     assert W.formula_bytes("DDP", PSI, 4) == 20 * PSI

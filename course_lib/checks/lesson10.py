@@ -8,7 +8,8 @@ bytes one rank's link carries (``2 (p - 1)`` steps of one chunk of ``n / p`` byt
 the median of the samples by sorting them. The tests check that both agree.
 
 ``check_alpha_beta_fit`` asks for the latency and inverse bandwidth of a ring all-reduce fitted
-to measured (bytes, seconds): the line ``t = a + b n`` that minimises the relative error, then
+to measured (bytes, seconds): the line ``t = a + b n`` that minimises
+``sum(((a + b n_i - t_i) / t_i) ** 2)`` (the error relative to each *measured* time), then
 ``alpha = a / (2 (p - 1))`` and ``beta = b p / (2 (p - 1))``. Its oracle solves the weighted
 normal equations itself (not ``course_lib.bench.cost_model.fit_ring``); the tests check that
 both agree.
@@ -138,8 +139,9 @@ def check_bus_bandwidth(fn: Callable | None, *, strict: bool = False) -> Exercis
 # ------------------------------------------------------------------------------------------------
 
 _FIT = "alpha_beta_fit"
-_FIT_HINT = ("the ring's time is a straight line in n: fit it by least squares on the relative "
-             "error (each point weighed by its own time), then read alpha and beta off its "
+_FIT_HINT = ("the ring's time is a straight line in n: minimise the sum over the points of "
+             "((model - measured) / measured) ** 2, the error relative to each measured time "
+             "(not to the model's time, not in log space), then read alpha and beta off its "
              "intercept and slope from the ring's steps and chunk size.")
 
 
@@ -203,7 +205,8 @@ def _fit_diagnose(sizes: list[float], times: list[float], p: int,
 
 def check_alpha_beta_fit(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise: ``fn(sizes, times, p)`` returns ``(alpha, beta)`` of a ring all-reduce over p
-    ranks fitted to the measured (bytes, seconds) by least squares on the relative error.
+    ranks fitted to the measured (bytes, seconds) by least squares on the error relative to
+    each measured time, ``sum(((model - measured) / measured) ** 2)``.
 
     Run on exact ring times at 2, 3 and 8 ranks and on noisy ones at 2 and 4 ranks; each call
     gets its own copies of the lists. Relative tolerance 1e-6 against the weighted normal

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from course_lib.distributed import current_device
 from course_lib.distributed.optim import ZeroRedundancyOptimizer
@@ -204,12 +205,13 @@ def _full_training_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[
     # every rank calls it (it all-gathers); rank 0 gets the model's and Adam's full tensors.
     # A copy: Adam's ``step`` is not sharded, and the dict holds the optimizer's own tensor,
     # which the next step would change in place.
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
     return copy.deepcopy(get_state_dict(
         model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
 
 def _sharded_adam(seed: int, lr: float) -> tuple[nn.Module, torch.optim.Optimizer]:
+    # build_mlp(seed) sharded over this group (fully_shard), and a fresh Adam on it
     model = _shard(build_mlp(seed=seed))
     return model, torch.optim.Adam(model.parameters(), lr=lr)
 
@@ -217,23 +219,24 @@ def _sharded_adam(seed: int, lr: float) -> tuple[nn.Module, torch.optim.Optimize
 def adam_train_and_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05) -> dict:
     """Train ``build_mlp()`` under ``fully_shard`` with Adam; save model and optimizer with DCP.
 
-    ``get_state_dict(model, optimizer)`` gives both state dicts as the ranks hold them: the
-    parameters' DTensors, and Adam's moments sharded like their parameters, keyed by parameter
-    name. ``dcp.save`` writes them, each rank its own rows. Then the run goes on for one more
-    step, as if it had never stopped: the step a resumed run must reproduce.
+    ``get_state_dict`` gives both state dicts as the ranks hold them: the parameters' DTensors,
+    and Adam's moments sharded like their parameters, keyed by parameter name. ``dcp.save``
+    writes them, each rank its own rows. Then one more step, as if the run had never stopped:
+    the step a resumed run must reproduce.
 
     Returns:
         ``{"rank", "world", "saved" (rank 0: the full model and optimizer state dicts at the
         save, else ``({}, {})``), "next" (rank 0: the full model state dict one step later)}``.
     """
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    model, opt = _sharded_adam(0, lr)
+    model, opt = _sharded_adam(seed=0, lr=lr)
     for step in range(steps):
         _adam_step(model, opt, step, batch)
-    model_state, optim_state = get_state_dict(model, opt)          # sharded, no copy
+
+    model_state, optim_state = get_state_dict(model, opt)      # this rank's shards, no copy
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
-    saved = _full_training_state(model, opt)
-    _adam_step(model, opt, steps, batch)                           # the uninterrupted run
+
+    saved = _full_training_state(model, opt)                   # for the notebook's comparison
+    _adam_step(model, opt, steps, batch)                       # the run that never stopped
     return {"rank": dist.get_rank(), "world": dist.get_world_size(), "saved": saved,
             "next": _full_training_state(model, opt)[0]}
 
@@ -242,28 +245,35 @@ def adam_resume(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05,
                 save_to: str | None = None) -> dict:
     """Resume ``adam_train_and_save``'s checkpoint on this group, whatever its size.
 
-    A model built from other weights, sharded over this group, with a fresh Adam;
-    ``get_state_dict`` gives the state dicts to fill (it creates Adam's state first, with a
-    step at learning rate 0), ``dcp.load`` reads into them the rows this rank holds, and
-    ``set_state_dict`` puts them in place. Then the step the saved run took next (batch
-    ``steps``). ``save_to``: also save the resumed state (before that step) there, with this
-    group's layout.
+    A model built from other weights, sharded over this group, with a fresh Adam.
+    ``get_state_dict`` gives the state dicts of this layout to fill (on a fresh optimizer it
+    first creates Adam's state, with a step at learning rate 0); ``dcp.load`` reads into them
+    the rows this rank holds; ``set_state_dict`` puts them in place. Then the step the saved run
+    took next (batch ``steps``). ``save_to``: also save the resumed state there, with this
+    group's layout (before that step).
 
     Returns:
         ``{"rank", "world", "local_rows" (this rank's rows of each parameter and of its Adam
-        ``exp_avg``: ``{name: (rows, rows)}``), "loaded" (rank
-        0: the full model and optimizer state dicts after the load), "next" (rank 0: the full
-        model state dict after one more step)}``.
+        ``exp_avg``: ``{name: (rows, rows)}``), "loaded" (rank 0: the full model and optimizer
+        state dicts after the load), "next" (rank 0: the full model state dict one step
+        later)}``.
     """
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    model, opt = _sharded_adam(7, lr)
-    model_state, optim_state = get_state_dict(model, opt)
+    model, opt = _sharded_adam(seed=7, lr=lr)                  # other weights, a fresh Adam
+
+    model_state, optim_state = get_state_dict(model, opt)      # this layout's dicts to fill
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=path)                  # each rank reads the rows it holds
+    dcp.load(state, checkpoint_id=path)                        # each rank reads its rows
     set_state_dict(model, opt, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
+
     if save_to is not None:
         dcp.save(dict(zip(("model", "optim"), get_state_dict(model, opt))), checkpoint_id=save_to)
+    return _after_resume(model, opt, steps, batch)
+
+
+def _after_resume(model: nn.Module, opt: torch.optim.Optimizer, steps: int, batch: int) -> dict:
+    # adam_resume's report: the loaded state (full, on rank 0), the rows of each parameter and
+    # of its exp_avg on this rank, and the full model after the next step (batch ``steps``)
     loaded = _full_training_state(model, opt)
     local_rows = {name: (p.to_local().shape[0], opt.state[p]["exp_avg"].to_local().shape[0])
                   for name, p in model.named_parameters()}

@@ -9,6 +9,7 @@ notebook cell that prints a result has also proved it.
 from __future__ import annotations
 
 import copy
+import random
 import statistics
 from collections.abc import Sequence
 
@@ -38,7 +39,7 @@ from course_lib.timing import bootstrap_ratio, keep_freed_memory
 __all__ = ["SCHEDULES", "activation_peaks", "bubble_table", "bubbles", "busy_seconds",
            "check_pipeline", "compare_to_control", "equal_blocks", "handoff_seconds",
            "in_sequence", "lenet_sequential", "median_step", "merge_ranks", "op_seconds",
-           "pipeline_timelines", "sequential_model", "step_bubbles", "step_seconds",
+           "pipeline_timelines", "round_order", "sequential_model", "step_bubbles", "step_seconds",
            "step_spans", "two_rank_example"]
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -235,20 +236,35 @@ def _this_ranks_stage(model: str, balance, sizes: dict | None = None
     return stages, PipelineStage(stages[rank], rank, p, device)
 
 
+def round_order(configs: Sequence[tuple[str, int]], i: int, seed: int = 0
+                ) -> list[tuple[str, int]]:
+    """The order in which round ``i`` runs ``configs`` (``(schedule, m)`` pairs): the m's in an
+    order shuffled by ``random.Random(seed + i)``, and for each m its schedules back to back,
+    in the order given on even rounds and reversed on odd ones. The same on every rank."""
+    by_m: dict[int, list[tuple[str, int]]] = {}
+    for key in configs:
+        by_m.setdefault(key[1], []).append(key)
+    ms = list(by_m)
+    random.Random(seed + i).shuffle(ms)
+    return [key for m in ms for key in (by_m[m] if i % 2 == 0 else by_m[m][::-1])]
+
+
 def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[int],
                        schedules: Sequence[str] = ("gpipe", "1f1b"), balance=None,
                        steps: int = 5, warmup: int = 2, model: str = "lenet",
                        sizes: dict | None = None) -> dict:
     """Time pipeline steps: for each schedule and micro-batch count, this rank's events.
 
-    The configurations run interleaved, one step of each in turn (round i of every
-    configuration, then round i + 1): what slows the machine for a while slows them all, and
-    step i of two configurations can be compared as a pair (``timing.bootstrap_ratio``). The
-    first ``warmup`` rounds are not recorded; every step starts after a barrier (all stages
-    together). Returns ``{(schedule, m): [events of each step]}`` with this rank's
-    ``PipeEvent``s (``time.perf_counter`` seconds: one clock for every process of the machine);
-    the notebook joins the ranks (``merge_ranks``). ``sizes`` go to ``sequential_model``
-    (``"blocks"``'s width and count).
+    The configurations run interleaved, one step of each per round (``round_order``): what
+    slows the machine for a while slows them all, and step i of two configurations can be
+    compared as a pair (``timing.bootstrap_ratio``). Within a round the two schedules of one m
+    run back to back, which of them first alternating from round to round, and the m's come in
+    a seeded shuffled order: no schedule always runs first, or always after the same
+    configuration. The first ``warmup`` rounds are not recorded; every step starts after a
+    barrier (all stages together). Returns ``{(schedule, m): [events of each step]}`` with this
+    rank's ``PipeEvent``s (``time.perf_counter`` seconds: one clock for every process of the
+    machine); the notebook joins the ranks (``merge_ranks``). ``sizes`` go to
+    ``sequential_model`` (``"blocks"``'s width and count).
     """
     rank = dist.get_rank()
     keep_freed_memory()   # no page faults that depend on what ran before (as stage_costs)
@@ -258,7 +274,7 @@ def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[
     out: dict = {key: [] for key in configs}
     try:
         for i in range(warmup + steps):
-            for key in configs:                         # one step of each, in turn
+            for key in round_order(configs, i):         # one step of each, in turn
                 dist.barrier()
                 stage.events, stage.record = [], i >= warmup
                 _run_step(scheds[key], stage, X, y)
@@ -419,9 +435,12 @@ def bubble_table(runs: dict, title: str) -> dict:
 
 def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
     """1F1B's step time over GPipe's, paired round by round, with a 95% bootstrap interval
-    (``timing.bootstrap_ratio``), for each m of ``microbatches``; the first m must be 1, where
-    the two schedules run the same order: that ratio is the control, the noise of the timing.
-    Prints one line each, a verdict beside every m > 1; returns ``{m: (ratio, low, high)}``."""
+    (``timing.bootstrap_ratio``), for each m of ``microbatches``. The first m must be 1, where
+    the two schedules run the same order: that ratio is the control, what the timing gives for
+    no difference in the work. The rule: at m > 1 a difference is called only where the ratio's
+    interval excludes the control's ratio (its median), below it "1F1B faster", above it
+    "1F1B slower". Prints one line each, a verdict beside every m > 1; returns
+    ``{m: (ratio, low, high)}``."""
     if microbatches[0] != 1:
         raise ValueError(f"compare_to_control needs m = 1 first (the control), got "
                          f"{list(microbatches)}.")
@@ -429,13 +448,16 @@ def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
         raise AssertionError("at m = 1 the two schedules should run the same order")
     out = {m: bootstrap_ratio(step_spans(runs["1f1b", m]), step_spans(runs["gpipe", m]))
            for m in microbatches}
-    ratio, low, high = out[1]
-    print(f"control, m=1 (the same order): step time 1F1B / GPipe {ratio:.3f} "
-          f"[{low:.3f}, {high:.3f}] (95% bootstrap interval over paired rounds)")
+    control, low, high = out[1]
+    offset = ("includes 1" if low <= 1 <= high else
+              "excludes 1: an offset between the schedules that is not in their work")
+    print(f"control, m=1 (the same order): step time 1F1B / GPipe {control:.3f} "
+          f"[{low:.3f}, {high:.3f}] (95% bootstrap interval over paired rounds); its interval "
+          f"{offset}")
     for m in microbatches[1:]:
         r, lo, hi = out[m]
-        verdict = ("1F1B faster than the control allows" if hi < low else
-                   "1F1B slower than the control allows" if lo > high else
-                   "inside the control's range: no difference measurable here")
+        verdict = (f"below the control's {control:.3f}: 1F1B faster" if hi < control else
+                   f"above the control's {control:.3f}: 1F1B slower" if lo > control else
+                   f"includes the control's {control:.3f}: no difference measurable here")
         print(f"  m={m}: {r:.3f} [{lo:.3f}, {hi:.3f}]: {verdict}")
     return out

@@ -43,7 +43,7 @@ from course_lib.distributed.memory import (
 from course_lib.distributed.optim import ZeroRedundancyOptimizer, partition_parameters
 from course_lib.parallel.ddp import DistributedDataParallel
 
-__all__ = ["HELD", "KINDS", "above_held", "bucket_bytes", "compare_with_torch_fsdp",
+__all__ = ["HELD", "KINDS", "NOT_YET", "above_held", "bucket_bytes", "compare_with_torch_fsdp",
            "compare_zero_with_unsharded", "curves", "formula_bytes", "held", "held_parts",
            "memory_by_world", "memory_per_rank", "mlp", "print_table", "short_name", "step_times",
            "traffic_per_step"]
@@ -161,7 +161,7 @@ def _classifier(kind: str, model: nn.Module, local: torch.optim.Optimizer, batch
                     # gloo's reduce-scatter: the input copied, all-reduced whole, this rank's
                     # slice copied out (a view of that copy, which NCCL never makes)
                     return "gloo's copy of a full gradient (reduce-scatter)"
-                return "reduce-scatter output (this rank's slice)"
+                return _SLICE   # this unit's gradient, which the rank keeps: part of "held"
         if made_in == "forward":
             return "activations and loss (made in forward)"
         if made_in == "backward" and t.dim() == 2 and t.shape[0] == batch[0].shape[0]:
@@ -415,9 +415,14 @@ def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
 #: What a rank holds after a step, as ``memory_per_rank`` names it, with the figures' labels.
 HELD = {"params": "parameters", "grads": "gradients", "buckets": "DDP's buckets",
         "optimizer": "optimizer state"}
+#: FSDP: the reduce-scatter's output, this rank's slice of a unit's averaged gradient. It becomes
+#: that shard's ``.grad``, so it is part of what the rank holds after the step, not an addition.
+_SLICE = "reduce-scatter output (this rank's slice: its kept gradient)"
 #: ``peak_parts`` labels of what a rank holds after a step (the rest is the step's own).
 _HELD_LABELS = ("parameters (whole)", "parameter shards", "gradients (whole)",
-                "gradients of the shards", "optimizer state", "DDP's gradient buckets")
+                "gradients of the shards", _SLICE, "optimizer state", "DDP's gradient buckets")
+#: ``above_held``'s label for what a rank holds after the step that did not exist yet at the peak
+NOT_YET = "held after the step, not made yet at the peak"
 
 
 def memory_by_world(widths: list[int], per_rank: int, kinds: tuple[str, ...] = KINDS,
@@ -481,7 +486,12 @@ def curves(rows: dict, worlds: list[int], kinds: tuple[str, ...] = KINDS,
 
 
 def above_held(row: dict) -> dict[str, int]:
-    """The parts of the peak (``peak_parts``, CPU only) that are the step's own: everything but
-    the parameters, gradients, buckets and optimizer state, in bytes, largest first."""
+    """What the peak adds to what the rank holds after the step (``peak_parts``, CPU only), in
+    bytes, largest first: the parts that are not parameters, gradients, buckets or optimizer
+    state, and, negative, any of those that did not exist yet at the peak (``NOT_YET``). The
+    values sum to ``row["peak"] - held(row)``, the table's ``peak-held``."""
     parts = {k: v for k, v in row["peak_parts"].items() if k not in _HELD_LABELS}
+    missing = held(row) - sum(v for k, v in row["peak_parts"].items() if k in _HELD_LABELS)
+    if missing:
+        parts[NOT_YET] = -missing
     return dict(sorted(parts.items(), key=lambda kv: -kv[1]))

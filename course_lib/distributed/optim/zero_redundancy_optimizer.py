@@ -143,7 +143,9 @@ class ZeroRedundancyOptimizer(Optimizer):
 
     def _broadcast_shards(self) -> None:
         """One broadcast per owner (and dtype): its parameters packed into one flat buffer,
-        freed before the next owner's is built, so that one buffer at a time is alive."""
+        freed before the next owner's is built, so that one buffer at a time is alive. (A
+        choice of this course: torch's version broadcasts each parameter in place, or, with
+        ``parameters_as_bucket_view=True``, buckets the parameters are views of: no copy.)"""
         if self.world_size == 1:
             return  # one rank owns everything: nothing to send, no buffer
         for owner, shard in enumerate(self._shards):
