@@ -17,7 +17,8 @@ __all__ = ["epoch_shard", "exact_accuracy", "train"]
 
 
 def exact_accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
-    """Accuracy of ``model`` on all of X, y, every example counted once whatever the world size.
+    """Accuracy of ``model`` (in eval mode) on all of X, y, every example counted once whatever
+    the world size.
 
     Every rank is given the whole set and evaluates its stride X[rank::k] (the shards differ by
     at most one example, and nothing is padded); the integer pair (correct, count) is summed
@@ -25,7 +26,8 @@ def exact_accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     X_mine, y_mine = X[rank::world], y[rank::world]                 # (about N / k, ...)
-    with torch.no_grad():
+    model.eval()                                                    # Dropout off, BatchNorm's
+    with torch.no_grad():                                           # running statistics
         correct = int((model(X_mine).argmax(dim=1) == y_mine).sum())
     counts = torch.tensor([correct, len(y_mine)], dtype=torch.int64)  # integers: exact
     dist.all_reduce(counts)                                           # sums over the ranks

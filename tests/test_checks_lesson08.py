@@ -68,6 +68,7 @@ def test_module_string_is_imported_in_the_workers(tmp_path, monkeypatch):
         "import torch\nimport torch.distributed as dist\n\n"
         "def exact_accuracy(model, X, y):\n"
         "    r, k = dist.get_rank(), dist.get_world_size()\n"
+        "    model.eval()\n"
         "    c = (model(X[r::k]).argmax(1) == y[r::k]).sum()\n"
         "    t = torch.stack([c, torch.tensor(len(y[r::k]))])\n"
         "    dist.all_reduce(t)\n"
@@ -91,6 +92,21 @@ def test_wrong_answers_fail_with_the_first_failing_case(wrong, says):
     assert "Hint: give each rank its own share" in result.message, result.message
     with pytest.raises(AssertionError):
         check_exact_accuracy(wrong, world_sizes=(3,), strict=True)
+
+
+def left_in_train_mode(model, X, y):  # the right method, but Dropout still active
+    rank, world = dist.get_rank(), dist.get_world_size()
+    counts = torch.tensor([_correct(model, X[rank::world], y[rank::world]),
+                           len(y[rank::world])])
+    dist.all_reduce(counts)
+    return counts[0].item() / counts[1].item()
+
+
+def test_an_answer_that_leaves_the_model_in_train_mode_fails():
+    result = check_exact_accuracy(left_in_train_mode, **FAST)
+    assert result.ok is False
+    assert "Dropout" in result.message and "train mode" in result.message, result.message
+    assert "model.eval()" in result.message, result.message
 
 
 def test_a_hang_fails_within_the_timeout():

@@ -8,7 +8,8 @@ compared element by element with torch's sampler (which the learner's function m
 processes (``course_lib.distributed.launch``) for several world sizes and evaluation-set sizes
 that the world size does not divide. Every rank receives the whole set; the function must
 evaluate only this rank's share, every example exactly once over all the ranks (no padding),
-combine the counts with a collective, and return the accuracy of the whole set on every rank.
+combine the counts with a collective, and return the accuracy of the whole set on every rank,
+the model evaluated in eval mode (a last case has a Dropout layer and arrives in train mode).
 The oracle is one process counting the whole set. The model records which examples it saw, so
 an answer that evaluates everything on every rank, or pads, is caught even when its number is
 right. Worker processes import the function by module and name, so it must live in a file (in
@@ -59,23 +60,30 @@ class _Recorder(nn.Module):
     """A linear classifier (4 features -> 3 classes) that notes which examples it saw.
 
     Column 0 of its input (B, 5) is the example's index in the evaluation set; columns 1-4 are
-    the features.
+    the features. With ``dropout`` a ``Dropout(0.5)`` comes before the linear layer: in train
+    mode it zeroes features at random (the predictions change), in eval mode it does nothing.
+    ``train_mode_calls`` counts the forwards run in train mode.
     """
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, dropout: bool = False):
         super().__init__()
         torch.manual_seed(seed)
         self.linear = nn.Linear(4, 3)
+        self.drop = nn.Dropout(0.5) if dropout else nn.Identity()
         self.seen: list[int] = []
+        self.train_mode_calls = 0
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:    # (B, 5)
         self.seen.extend(X[:, 0].round().long().tolist())
-        return self.linear(X[:, 1:])                         # (B, 3)
+        self.train_mode_calls += int(self.training)
+        return self.linear(self.drop(X[:, 1:]))              # (B, 3)
 
 
-def _case(n: int, seed: int) -> tuple[_Recorder, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(model, X (n, 5), y (n,), correct (n,) bool): the same on every rank."""
-    model = _Recorder(seed)
+def _case(n: int, seed: int, dropout: bool = False
+          ) -> tuple[_Recorder, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(model, X (n, 5), y (n,), correct (n,) bool): the same on every rank. The model is in
+    train mode, as a model is during training; ``correct`` is what eval mode predicts."""
+    model = _Recorder(seed, dropout)
     g = torch.Generator().manual_seed(seed + n)
     features = torch.randn(n, 4, generator=g)                            # (n, 4)
     X = torch.cat([torch.arange(n, dtype=torch.float32)[:, None], features], dim=1)  # (n, 5)
@@ -122,10 +130,12 @@ def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed
     exact_accuracy, error = load_answer(fn)
     if error:
         return error
-    for n in sizes:
-        model, X, y, correct = _case(n, seed)
+    # the sizes, then the last size again with a model that has a Dropout layer (eval mode)
+    for n, dropout in [(n, False) for n in sizes] + [(sizes[-1], True)]:
+        model, X, y, correct = _case(n, seed, dropout)
         want = correct.sum().item() / n
-        where = f"world_size={world}, {n} examples, rank {rank}"
+        where = (f"world_size={world}, {n} examples, rank {rank}"
+                 + (", a model with a Dropout layer" if dropout else ""))
         try:
             got = exact_accuracy(model, X.clone(), y.clone())
             got = float(got.item() if isinstance(got, torch.Tensor) else got)
@@ -133,6 +143,11 @@ def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed
             return UNANSWERED
         except Exception as e:
             return f"{where}: your function raised {type(e).__name__}: {' '.join(str(e).split())}"
+        if dropout and model.train_mode_calls:
+            return (f"{where}: the model was evaluated in train mode ({model.train_mode_calls} "
+                    f"forward(s) with model.training True), so its Dropout zeroed features at "
+                    f"random and changed the predictions (accuracy {got:.6f}, expected "
+                    f"{want:.6f}). Evaluate in eval mode: call model.eval() first.")
         if abs(got - want) > _TOL:
             return (f"{where}: expected accuracy {want:.6f} ({int(correct.sum())}/{n} correct), "
                     f"received {got:.6f}.{_diagnose(got, correct, rank, world)}")
@@ -164,7 +179,8 @@ def check_exact_accuracy(fn: Callable | str | None, *,
     classifier and the same evaluation set (X (N, 5), y (N,), N in ``sizes``: not divisible by 3
     or 4, and 10 not by 4), calls ``fn(model, X, y)`` and compares the result with one process's
     accuracy on the whole set; then checks that the ranks together evaluated every example
-    exactly once.
+    exactly once. A last case gives a model with a Dropout layer, in train mode: the function
+    must evaluate it in eval mode.
 
     Args:
         fn: the learner's function, importable by worker processes, or ``"module:function"``
