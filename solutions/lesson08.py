@@ -17,7 +17,7 @@ __all__ = ["epoch_shard", "exact_accuracy", "train"]
 
 
 def exact_accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
-    """Accuracy of ``model`` (in eval mode) on all of X, y, every example counted once whatever
+    """Accuracy of ``model`` (in eval mode, then put back in its own mode) on all of X, y, every example counted once whatever
     the world size.
 
     Every rank is given the whole set and evaluates its stride X[rank::k] (the shards differ by
@@ -26,9 +26,13 @@ def exact_accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     X_mine, y_mine = X[rank::world], y[rank::world]                 # (about N / k, ...)
+    was_training = model.training
     model.eval()                                                    # Dropout off, BatchNorm's
-    with torch.no_grad():                                           # running statistics
-        correct = int((model(X_mine).argmax(dim=1) == y_mine).sum())
+    try:                                                            # running statistics
+        with torch.no_grad():
+            correct = int((model(X_mine).argmax(dim=1) == y_mine).sum())
+    finally:
+        model.train(was_training)                                   # the mode it arrived in
     counts = torch.tensor([correct, len(y_mine)], dtype=torch.int64)  # integers: exact
     dist.all_reduce(counts)                                           # sums over the ranks
     return counts[0].item() / counts[1].item()

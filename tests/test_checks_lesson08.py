@@ -68,8 +68,10 @@ def test_module_string_is_imported_in_the_workers(tmp_path, monkeypatch):
         "import torch\nimport torch.distributed as dist\n\n"
         "def exact_accuracy(model, X, y):\n"
         "    r, k = dist.get_rank(), dist.get_world_size()\n"
+        "    was = model.training\n"
         "    model.eval()\n"
         "    c = (model(X[r::k]).argmax(1) == y[r::k]).sum()\n"
+        "    model.train(was)\n"
         "    t = torch.stack([c, torch.tensor(len(y[r::k]))])\n"
         "    dist.all_reduce(t)\n"
         "    return t[0] / t[1]\n")
@@ -100,6 +102,17 @@ def left_in_train_mode(model, X, y):  # the right method, but Dropout still acti
                            len(y[rank::world])])
     dist.all_reduce(counts)
     return counts[0].item() / counts[1].item()
+
+
+def left_in_eval_mode(model, X, y):  # evaluates in eval mode, never puts the mode back
+    model.eval()
+    return left_in_train_mode(model, X, y)
+
+
+def test_an_answer_that_leaves_the_model_in_eval_mode_fails():
+    result = check_exact_accuracy(left_in_eval_mode, **FAST)
+    assert result.ok is False
+    assert "left in eval mode" in result.message, result.message
 
 
 def test_an_answer_that_leaves_the_model_in_train_mode_fails():

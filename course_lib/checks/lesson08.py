@@ -148,6 +148,10 @@ def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed
                     f"forward(s) with model.training True), so its Dropout zeroed features at "
                     f"random and changed the predictions (accuracy {got:.6f}, expected "
                     f"{want:.6f}). Evaluate in eval mode: call model.eval() first.")
+        if dropout and not model.training:
+            return (f"{where}: the model arrived in train mode and was left in eval mode, so "
+                    f"training would go on with its Dropout switched off. Put it back in the mode "
+                    f"it arrived in once the evaluation is done.")
         if abs(got - want) > _TOL:
             return (f"{where}: expected accuracy {want:.6f} ({int(correct.sum())}/{n} correct), "
                     f"received {got:.6f}.{_diagnose(got, correct, rank, world)}")
@@ -180,7 +184,7 @@ def check_exact_accuracy(fn: Callable | str | None, *,
     or 4, and 10 not by 4), calls ``fn(model, X, y)`` and compares the result with one process's
     accuracy on the whole set; then checks that the ranks together evaluated every example
     exactly once. A last case gives a model with a Dropout layer, in train mode: the function
-    must evaluate it in eval mode.
+    must evaluate it in eval mode and leave it in the mode it arrived in.
 
     Args:
         fn: the learner's function, importable by worker processes, or ``"module:function"``
