@@ -20,6 +20,8 @@ Command line: ``python -m course_lib.bench NAME [options]`` (``--list`` names th
 - ``gpu-queue`` (``course_lib.bench.gpu_queue``): on a CUDA GPU only, matrix products timed with
   the clock read at once, after synchronizing and with CUDA events (lesson 00 reads the stored
   runs on machines without a GPU).
+- ``gpu-step`` (``course_lib.bench.gpu_step``): on a CUDA GPU, lesson 01's LeNet step against
+  batch size and a ``torch.profiler`` trace of it (lesson 01 reads the stored runs).
 
 Every benchmark compares its variants with ``course_lib.timing.compare`` (interleaved in the same
 processes, loops sized from the median of several calls, a bootstrap interval on each ratio, a
@@ -52,6 +54,7 @@ BENCHMARKS: dict[str, str] = {
     "gpt-baseline": "course_lib.bench.gpt:main_baseline",
     "tp-vs-dp": "course_lib.bench.gpt:main_tp_vs_dp",
     "gpu-queue": "course_lib.bench.gpu_queue:main",
+    "gpu-step": "course_lib.bench.gpu_step:main",
 }
 
 

@@ -427,12 +427,18 @@ NOT_YET = "held after the step, not made yet at the peak"
 
 def memory_by_world(widths: list[int], per_rank: int, kinds: tuple[str, ...] = KINDS,
             worlds: tuple[int, ...] = (1, 2, 4), timeout: float = 600) -> dict:
-    """``memory_per_rank`` launched at each world size: {(kind, world): [rank 0's row, ...]}."""
-    from course_lib.distributed import launch
+    """``memory_per_rank`` launched at each world size: {(kind, world): [rank 0's row, ...]}.
 
+    Every world size runs on one backend: NCCL (GPU memory) when the largest world has a GPU
+    per rank, else gloo (the CPU's live tensors). On a machine with one GPU, one rank alone
+    would otherwise take the GPU and its allocator's rounding, two and four the CPU."""
+    from course_lib.distributed import choose_backend, launch
+
+    backend = choose_backend(max(worlds)).backend
     ranks: dict = {}
     for world in worlds:
-        for rank_rows in launch(memory_per_rank, world, widths, per_rank, kinds, timeout=timeout):
+        for rank_rows in launch(memory_per_rank, world, widths, per_rank, kinds,
+                                backend=backend, timeout=timeout):
             for row in rank_rows:
                 ranks.setdefault((row["kind"], world), []).append(row)
     return ranks
