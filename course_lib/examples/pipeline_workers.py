@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib._compare import _quantile
 from course_lib.distributed.env import current_device
 from course_lib.distributed.pipelining import (
     ActivationMeter,
@@ -39,8 +40,9 @@ from course_lib.timing import bootstrap_ratio, keep_freed_memory
 __all__ = ["SCHEDULES", "activation_peaks", "bubble_table", "bubbles", "busy_seconds",
            "check_pipeline", "compare_to_control", "equal_blocks", "handoff_seconds",
            "in_sequence", "lenet_sequential", "median_step", "merge_ranks", "op_seconds",
-           "pipeline_timelines", "round_order", "sequential_model", "step_bubbles", "step_seconds",
-           "step_spans", "two_rank_example"]
+           "pipeline_timelines", "ratio_over_control", "round_order", "sequential_model",
+           "step_bubbles", "step_seconds", "step_spans", "torch_pipeline_step",
+           "two_rank_example"]
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -433,31 +435,115 @@ def bubble_table(runs: dict, title: str) -> dict:
     return medians
 
 
+def ratio_over_control(a: Sequence[float], b: Sequence[float], a0: Sequence[float],
+                       b0: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000,
+                       seed: int = 0) -> tuple[float, float, float]:
+    """``(median(a) / median(b)) / (median(a0) / median(b0))``, a ratio over its control's, with
+    a percentile bootstrap interval. Sample i of all four lists was taken in round i, so rounds
+    are resampled whole, all four together (as ``timing.bootstrap_ratio`` does for two): the
+    interval carries the control's own spread, and a load that slows one round cancels.
+
+    Returns:
+        ``(ratio, low, high)``.
+    """
+    samples = [list(a), list(b), list(a0), list(b0)]
+    n = len(samples[0])
+    if n == 0 or any(len(x) != n for x in samples):
+        raise ValueError(f"ratio_over_control needs four equally long, non-empty lists (one "
+                         f"sample per round), got {[len(x) for x in samples]}.")
+
+    def of(idx: Sequence[int]) -> float:
+        ma, mb, ma0, mb0 = (statistics.median(x[i] for i in idx) for x in samples)
+        return (ma / mb) / (ma0 / mb0)
+
+    rng = random.Random(seed)
+    boot = sorted(of([rng.randrange(n) for _ in range(n)]) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    low, high = (_quantile(boot, q) for q in (tail, 1 - tail))
+    return of(range(n)), low, high
+
+
 def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
-    """1F1B's step time over GPipe's, paired round by round, with a 95% bootstrap interval
-    (``timing.bootstrap_ratio``), for each m of ``microbatches``. The first m must be 1, where
-    the two schedules run the same order: that ratio is the control, what the timing gives for
-    no difference in the work. The rule: at m > 1 a difference is called only where the ratio's
-    interval excludes the control's ratio (its median), below it "1F1B faster", above it
-    "1F1B slower". Prints one line each, a verdict beside every m > 1; returns
-    ``{m: (ratio, low, high)}``."""
+    """1F1B's step time over GPipe's at each m, divided by the same ratio at m = 1, the control.
+
+    At m = 1 the two schedules run the same order, so their ratio there is what this timing
+    gives for no difference in the work. The ratio of ratios gets a 95% bootstrap interval,
+    rounds resampled together (``ratio_over_control``). A difference is called only where that
+    interval excludes 1: below it "1F1B faster", above it "1F1B slower". The first m must be 1.
+    Prints the control's ratio, then one line per m > 1. Returns ``{m: (ratio, low, high)}``:
+    1F1B / GPipe at m = 1, the ratio over the control at every m > 1.
+    """
     if microbatches[0] != 1:
         raise ValueError(f"compare_to_control needs m = 1 first (the control), got "
                          f"{list(microbatches)}.")
     if any(gpipe_order(s, 2, 1) != one_f_one_b_order(s, 2, 1) for s in (0, 1)):
         raise AssertionError("at m = 1 the two schedules should run the same order")
-    out = {m: bootstrap_ratio(step_spans(runs["1f1b", m]), step_spans(runs["gpipe", m]))
-           for m in microbatches}
+    spans = {key: step_spans(r) for key, r in runs.items()}
+    out = {1: bootstrap_ratio(spans["1f1b", 1], spans["gpipe", 1])}
     control, low, high = out[1]
-    offset = ("includes 1" if low <= 1 <= high else
-              "excludes 1: an offset between the schedules that is not in their work")
     print(f"control, m=1 (the same order): step time 1F1B / GPipe {control:.3f} "
-          f"[{low:.3f}, {high:.3f}] (95% bootstrap interval over paired rounds); its interval "
-          f"{offset}")
+          f"[{low:.3f}, {high:.3f}] (95% bootstrap interval over rounds)")
+    print("  1F1B / GPipe at m, over the control (rounds resampled together):")
     for m in microbatches[1:]:
-        r, lo, hi = out[m]
-        verdict = (f"below the control's {control:.3f}: 1F1B faster" if hi < control else
-                   f"above the control's {control:.3f}: 1F1B slower" if lo > control else
-                   f"includes the control's {control:.3f}: no difference measurable here")
+        out[m] = r, lo, hi = ratio_over_control(spans["1f1b", m], spans["gpipe", m],
+                                                spans["1f1b", 1], spans["gpipe", 1])
+        verdict = ("below 1: 1F1B faster" if hi < 1 else "above 1: 1F1B slower" if lo > 1
+                   else "includes 1: no difference measurable here")
         print(f"  m={m}: {r:.3f} [{lo:.3f}, {hi:.3f}]: {verdict}")
     return out
+
+
+def torch_pipeline_step(name: str, schedule: str, m: int, X: torch.Tensor, y: torch.Tensor,
+                        balance: Sequence[int] | None = None, lr: float = 0.1, seed: int = 0,
+                        dtype: torch.dtype = torch.float64) -> dict:
+    """One step of torch's own ``torch.distributed.pipelining`` (``PipelineStage`` and
+    ``ScheduleGPipe`` or ``Schedule1F1B``) on the model cut as the course cuts it, asserted
+    equal to the course's ``PipelineStage`` and schedule on the same cut and to one process on
+    the whole batch: this rank's gradients, and its weights after an SGD step.
+
+    torch's schedule divides each micro-batch's gradient by m (``scale_grads=True``), so with a
+    mean loss the gradient is the whole batch's mean loss, as in the course's schedules.
+
+    Returns this rank's ``{"stage", "layers", "vs_course", "vs_one_process"}``: the largest
+    |gradient difference| against each (and ``"output_diff"`` on the last stage).
+    """
+    from torch.distributed import pipelining as tp  # torch's own; imported here: it is slow
+
+    rank, p, device = dist.get_rank(), dist.get_world_size(), current_device()
+    model = sequential_model(name, seed).to(device, dtype)
+    course, oracle = copy.deepcopy(model), copy.deepcopy(model)
+    stages = split_sequential(model, p, balance=balance)
+    cut = [len(s) for s in stages]
+    course_stages = split_sequential(course, p, balance=cut)
+    oracle_stages = split_sequential(oracle, p, balance=cut)
+    Xd, yd = X.to(device, dtype), y.to(device)
+    first, last = rank == 0, rank == p - 1
+
+    # torch's: its stage infers the shapes it receives from the first micro-batch
+    stage = tp.PipelineStage(stages[rank], rank, p, device)
+    torch_schedule = {"gpipe": tp.ScheduleGPipe, "1f1b": tp.Schedule1F1B}[schedule]
+    sched = torch_schedule(stage, m, loss_fn=F.cross_entropy)
+    out = (sched.step(Xd, target=yd) if first and last else sched.step(Xd) if first else
+           sched.step(target=yd) if last else sched.step())
+    dist.barrier()
+    # the course's, on the same cut and the same weights
+    mine = PipelineStage(course_stages[rank], rank, p, device)
+    _run_step(SCHEDULES[schedule](mine, m, loss_fn=F.cross_entropy), mine, Xd, yd)
+    want_out = _oracle_step(oracle, Xd, yd, m, lr)    # one process, the whole batch, SGD step
+
+    grads = [q.grad.clone() for q in stages[rank].parameters()]
+    course_grads = [q.grad for q in course_stages[rank].parameters()]
+    oracle_grads = [q.grad for q in oracle_stages[rank].parameters()]
+    torch.testing.assert_close(grads, course_grads)   # torch's pipeline = the course's ...
+    torch.testing.assert_close(grads, oracle_grads)   # ... = one process on the whole batch
+    with torch.no_grad():
+        for q in stages[rank].parameters():
+            q -= lr * q.grad
+    torch.testing.assert_close(list(stages[rank].parameters()),
+                               list(oracle_stages[rank].parameters()))   # the updated weights
+    result = {"stage": rank, "layers": cut[rank], "vs_course": _max_diff(grads, course_grads),
+              "vs_one_process": _max_diff(grads, oracle_grads)}
+    if last:
+        torch.testing.assert_close(out, want_out)
+        result["output_diff"] = (out - want_out).abs().max().item()
+    return result
