@@ -16,11 +16,9 @@ right. Worker processes import the function by module and name, so it must live 
 the notebook: a cell starting with ``%%writefile my_eval.py``); pass it as a function or as the
 string ``"my_eval:exact_accuracy"``.
 
-``check_recipe_entry`` runs the learner's ``train(model, dataset, epochs, batch_size, lr)``, the
-per-rank entry point of a DDP script, in 2 and 3 processes started as torchrun starts them (the
-environment set, no process group yet): it must join the group, read its ``DistributedSampler``
-shard with ``set_epoch`` every epoch, average gradients with DDP, print on rank 0 only and
-leave the group. The oracle is one process trained on the global batches, in float64.
+``check_recipe_entry`` runs the learner's ``train(model, dataset, epochs, batch_size, lr)``, a DDP
+script's per-rank entry point, in processes started as torchrun starts them, against one process
+trained on the global batches.
 """
 from __future__ import annotations
 
@@ -30,6 +28,7 @@ import io
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -38,7 +37,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
-from ._launch import UNANSWERED, check_in_ranks, load_answer
+from .harness import UNANSWERED, agree, check_in_ranks, load_answer
 
 __all__ = ["check_epoch_shards", "check_exact_accuracy", "check_recipe_entry"]
 
@@ -399,8 +398,6 @@ _ENTRY_HINT = ("each rank joins the process group the launcher describes, reads 
 _ENTRY_N, _ENTRY_B, _ENTRY_EPOCHS, _ENTRY_LR = 24, 4, 3, 0.5
 #: float64: a right answer differs from one process by the order of a sum only
 _ENTRY_RTOL, _ENTRY_ATOL = 1e-9, 1e-12
-#: the launcher's variables the learner's function reads (as torchrun sets them)
-_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class _IndexedData(torch.utils.data.Dataset):
@@ -518,28 +515,22 @@ def _entry_cases(spec: Callable | tuple[str, str, str]) -> str | None:
     dist.broadcast_object_list(ports, src=0)
     train, error = load_answer(spec)
     dist.destroy_process_group()
-    saved = {name: os.environ.get(name) for name in _ENV}
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]))
     model, X, y = _entry_case()
     data = _IndexedData(X, y)
     printed = io.StringIO()
     problem = error
+    # the launcher's variables, as torchrun sets them; the environment is put back after
+    launched = dict(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]))
     try:
         if problem is None:
-            with contextlib.redirect_stdout(printed):
+            with mock.patch.dict(os.environ, launched), contextlib.redirect_stdout(printed):
                 result = train(copy.deepcopy(model), data, _ENTRY_EPOCHS, _ENTRY_B, _ENTRY_LR)
     except NotImplementedError:
         problem = UNANSWERED
     except Exception as e:
         problem = (f"world_size={world}, rank {rank}: your function raised "
                    f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     if problem is not None:  # the ranks may not be in step: return alone, at once
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -559,9 +550,7 @@ def _entry_cases(spec: Callable | tuple[str, str, str]) -> str | None:
         problem = _judge_entry(rank, world, got, data.seen, printed.getvalue(), model, X, y)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank,
                             world_size=world)
-    found: list = [None] * world
-    dist.all_gather_object(found, problem)
-    return next((f for f in found if f is not None), None)
+    return agree(problem)
 
 
 def check_recipe_entry(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3),
@@ -587,9 +576,6 @@ def check_recipe_entry(fn: Callable | str | None, *, world_sizes: tuple[int, ...
         timeout: seconds for each world size.
         strict: raise ``AssertionError`` on a wrong answer.
     """
-    if fn is None:
-        return verdict(_ENTRY_NAME, None, "write train(model, dataset, epochs, batch_size, lr) "
-                       "to a file and pass it here.", strict)
     return check_in_ranks(
         _ENTRY_NAME, fn, "my_recipe:train", _entry_cases, (), world_sizes=world_sizes,
         timeout=timeout, hint=_ENTRY_HINT,
@@ -597,4 +583,5 @@ def check_recipe_entry(fn: Callable | str | None, *, world_sizes: tuple[int, ...
         passed=f"every rank read its sampler's shard of each epoch, ended with the weights of "
                f"one process on the global batches (float64), printed only on rank 0 and left "
                f"the group, for world sizes {list(world_sizes)}.",
+        missing="write train(model, dataset, epochs, batch_size, lr) to a file and pass it here.",
         strict=strict)

@@ -1,26 +1,13 @@
 """Checkers for the exercises of lesson 14 (tensor parallelism, Megatron-LM style).
 
-``check_conjugates(f, g)`` runs the learner's conjugate pair in real worker processes
-(``course_lib.distributed.launch``) on 2, 3 and 4 ranks, in float64, each rank with its own input
-and its own upstream gradient: f must be the identity forward and sum the gradient over the
-ranks backward, g sum forward and pass the gradient through backward, neither may change its
-input in place (autograd saved it), and with a group of one rank both are the identity.
-``check_parallel_linears(column_cls, row_cls)`` builds the learner's column- and row-parallel
-layers from an ``nn.Linear`` and compares them with that layer in one process: each shard
-exactly the matching slice of the weight and bias, the outputs, the input gradients and the
-weight-gradient shards, the row-parallel bias added once, sizes the world size does not divide
-refused with ``ValueError``. ``check_megatron_mlp(fn)`` splits a ``course_lib.models.gpt.MLP``
-with the learner's function, compares it with the MLP in one process and counts its
-collectives: one all-reduce of ``B*T*C`` elements forward, one backward, nothing else.
-``check_vocab_parallel_cross_entropy(fn)`` gives each rank its block of the vocabulary of logits
-large enough that an unshifted exp overflows (2-D and 3-D, every rank's block holding targets),
-compares the loss and each shard's gradient with ``F.cross_entropy`` of the whole logits, and
-counts the collectives: three all-reduces of one number per position forward, no logits sent,
-nothing backward, no collective autograd would have to pass through.
-
+Each checker runs the learner's answer in worker processes at 2, 3 and 4 ranks, in float64,
+against the same computation in one process, and counts its collectives where their number is
+the point (its docstring says what it tries): ``check_conjugates`` (f and g),
+``check_parallel_linears``, ``check_megatron_mlp``, ``check_vocab_parallel_cross_entropy``.
 Worker processes import the answers by module and name, so they must live in files (in the
 notebook: ``%%writefile my_conjugate.py``, ``my_linears.py``, ``my_mlp.py``, ``my_loss.py``);
-pass them as objects or as strings such as ``"my_conjugate:f"``.
+pass them as objects or as strings such as ``"my_conjugate:f"``. PyTorch counterpart:
+``torch.distributed.tensor.parallel``; the harness is ``course_lib.checks.harness``.
 """
 from __future__ import annotations
 
@@ -40,7 +27,6 @@ from .harness import (
     RTOL,
     UNANSWERED,
     StopRank,
-    agree,
     call_answer,
     check_answers_in_ranks,
     check_in_ranks,
@@ -59,8 +45,6 @@ __all__ = ["check_conjugates", "check_megatron_mlp", "check_parallel_linears",
            "check_vocab_parallel_cross_entropy"]
 
 _DTYPE = torch.float64
-#: lesson 16 imports these two under their old names
-_agree, _short = agree, describe
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,6 +298,19 @@ def _grad_problem(got: torch.Tensor | None, want: torch.Tensor, what: str, where
     return f"{where}: {what} is {describe(got)}, expected {describe(want)}.{why}"
 
 
+def _one_process(module: nn.Module, n_in: int, n_out: int,
+                 seed: int) -> tuple[torch.Tensor, ...]:
+    """A batch ``X`` (B, T, n_in) and an output gradient ``U`` (B, T, n_out), the same on every
+    rank, and ``module``'s output and input gradient on them in one process."""
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(_B, _T, n_in, generator=gen, dtype=_DTYPE)
+    U = torch.randn(_B, _T, n_out, generator=gen, dtype=_DTYPE)
+    X_ref = X.clone().requires_grad_()
+    Y = module(X_ref)
+    Y.backward(U)
+    return X, U, Y, X_ref.grad
+
+
 def _construct(cls: Callable, linear: nn.Linear, group, where: str,
                splits: str) -> nn.Module:
     """``cls(copy of linear[, group=group])``; ``StopRank`` when it raises (``splits``: what the
@@ -353,12 +350,7 @@ def _column_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str |
                           f"elements {span} of the full bias", where)
         or _params_problem(layer, per * _IN + (per if bias else 0), where))
     yield problem
-    gen = torch.Generator().manual_seed(3)
-    X = torch.randn(_B, _T, _IN, generator=gen, dtype=_DTYPE)     # the same on every rank
-    U = torch.randn(_B, _T, out, generator=gen, dtype=_DTYPE)     # the full output's gradient
-    X_ref = X.clone().requires_grad_()
-    Y = full(X_ref)
-    Y.backward(U)
+    X, U, Y, X_grad = _one_process(full, _IN, out, 3)
     X = X.requires_grad_()
     y = call_answer(f"{where}: forward", layer, X)
     want = Y.detach()[..., blocks[r][0]]
@@ -374,7 +366,7 @@ def _column_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str |
     yield problem
     call_answer(f"{where}: backward", y.backward, U[..., blocks[r][0]].clone())
     got = X.grad
-    if not close(got, X_ref.grad):
+    if not close(got, X_grad):
         why = ""
         mine = U[..., blocks[r][0]] @ full.weight.detach()[blocks[r]]
         if t > 1 and close(got, mine):
@@ -382,7 +374,7 @@ def _column_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str |
                    "every rank used the whole input, so its gradient is the sum of every "
                    "rank's part.")
         problem = (f"{where}: the input's gradient is {describe(got)}, expected the one-process "
-                   f"gradient {describe(X_ref.grad)}.{why}")
+                   f"gradient {describe(X_grad)}.{why}")
     for attr, tensor in (("weight", full.weight), ("bias", full.bias)):
         if tensor is not None:
             problem = problem or _grad_problem(getattr(layer, attr).grad,
@@ -411,12 +403,7 @@ def _row_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | No
                                         [(slice(None),)], "the whole bias", where)
     problem = problem or _params_problem(layer, out * per + (out if bias else 0), where)
     yield problem
-    gen = torch.Generator().manual_seed(4)
-    X = torch.randn(_B, _T, n_in, generator=gen, dtype=_DTYPE)    # the same on every rank
-    U = torch.randn(_B, _T, out, generator=gen, dtype=_DTYPE)     # so is the output's gradient
-    X_ref = X.clone().requires_grad_()
-    Y = full(X_ref)
-    Y.backward(U)
+    X, U, Y, X_grad = _one_process(full, n_in, out, 4)
     x = X[..., cols[r][1]].clone().requires_grad_()               # this rank's block of features
     y = call_answer(f"{where}: forward", layer, x)
     problem = None
@@ -442,7 +429,7 @@ def _row_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | No
                    f"expected the full output {describe(Y)} on every rank.{why}")
     yield problem
     call_answer(f"{where}: backward", y.backward, U.clone())
-    problem = _grad_problem(x.grad, X_ref.grad[..., cols[r][1]], "the gradient of this rank's "
+    problem = _grad_problem(x.grad, X_grad[..., cols[r][1]], "the gradient of this rank's "
                             "block of the input", where, t)
     problem = problem or _grad_problem(layer.weight.grad, full.weight.grad[cols[r]],
                                        "self.weight.grad", where, t)
@@ -455,16 +442,12 @@ def _row_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | No
 def _refusal_case(cls: Callable, kind: str, group, where: str) -> Iterator[str | None]:
     """``cls`` must refuse an nn.Linear whose split dimension the world size does not divide
     (yields what is wrong, or None)."""
-    yield _refusal_problem(cls, kind, where)
-
-
-def _refusal_problem(cls: Callable, kind: str, where: str) -> str | None:
     world = dist.get_world_size()
     odd = 6 * world + 1                     # 13, 19, 25: no world size divides it
     sizes = (_IN, odd) if kind == "column" else (odd, _IN)
     split = "output" if kind == "column" else "input"
     label = f"{'Column' if kind == 'column' else 'Row'}ParallelLinear(nn.Linear{sizes})"
-    return refusal_problem(
+    yield refusal_problem(
         lambda: cls(nn.Linear(*sizes, dtype=_DTYPE)), f"{where}, {label}",
         what=f"{odd} {split} features", named=f"the {odd} {split} features",
         advice=f"Raise ValueError with a clear message when the world size does not divide the "
@@ -590,12 +573,7 @@ def _mlp_case(fn: Callable, bias: bool, where: str) -> Iterator[str | None]:
                           "proj's whole bias", f"{where}, proj")
         or _params_problem(mlp, 2 * per * C + ((per + C) if bias else 0), where))
     yield problem
-    gen = torch.Generator().manual_seed(5)
-    X = torch.randn(_B, _T, C, generator=gen, dtype=_DTYPE)
-    U = torch.randn(_B, _T, C, generator=gen, dtype=_DTYPE)
-    X_ref = X.clone().requires_grad_()
-    Y = ref(X_ref)
-    Y.backward(U)
+    X, U, Y, X_grad = _one_process(ref, C, C, 5)
     X = X.requires_grad_()
     forward, backward = [], []
     with counting(forward):
@@ -608,7 +586,7 @@ def _mlp_case(fn: Callable, bias: bool, where: str) -> Iterator[str | None]:
     with counting(backward):
         call_answer(f"{where}: backward", y.backward, U.clone())
     problem = (
-        _grad_problem(X.grad, X_ref.grad, "the input's gradient", where, t)
+        _grad_problem(X.grad, X_grad, "the input's gradient", where, t)
         or _grad_problem(fc.weight.grad, ref.fc.weight.grad[rows[r]], "fc.weight.grad",
                          where, t)
         or _grad_problem(proj.weight.grad, ref.proj.weight.grad[cols[r]], "proj.weight.grad",

@@ -1,26 +1,10 @@
 """Checkers for the exercises of lesson 15 (activation memory: recomputation, mixed precision,
-sequence parallelism).
-
-``check_checkpoint(fn)`` runs the learner's ``checkpoint(function, *args)`` in this process, in
-float64, on an MLP, a GPT ``Block``, a function of two tensors and an MLP with dropout, against
-running the function without it and against ``torch.utils.checkpoint.checkpoint(...,
-use_reentrant=False)``: the output, every input and parameter gradient, the bytes saved for
-backward (only the inputs: ``ActivationMeter``), the number of times the function ran (twice:
-forward, then again in backward), the same dropout mask drawn again, and the caller's random
-stream left where it was. ``check_scaler_update(fn)`` plays the loss scaler's update rule over
-long sequences of overflow flags against torch's own (``torch._amp_update_scale_``, else a
-``torch.amp.GradScaler`` driven step by step) and shows the first step that differs with the
-flags so far. ``check_sequence_parallel_block(enter_tp_region, leave_tp_region)`` runs the two
-conjugate operations of sequence parallelism (the paper's g and g-bar) in real worker processes
-at 2, 3 and 4 ranks, in float64, against one process and against the course's version, counts
-their collectives (exactly one forward and one backward each: together no more bytes than
-tensor parallelism's all-reduce) and wants a sequence the group does not divide refused with
-``ValueError``.
-
-The first two are single-process checkers: pass the function itself (defined in a notebook cell
-is fine). The sequence-parallel functions run in worker processes, which import them by module
-and name: write them to a file (``%%writefile my_sequence.py``) and pass them as objects or as
-``"my_sequence:enter_tp_region"`` and ``"my_sequence:leave_tp_region"``.
+sequence parallelism), each against torch's own version and one process (its docstring says what
+it tries): ``check_checkpoint`` and ``check_scaler_update`` run the learner's function in this
+process (defined in a notebook cell is fine); ``check_sequence_parallel_block`` runs the pair in
+worker processes at 2, 3 and 4 ranks, which import it by module and name: write it to a file
+(``%%writefile my_sequence.py``) and pass objects or strings such as
+``"my_sequence:enter_tp_region"``. The harness is ``course_lib.checks.harness``.
 """
 from __future__ import annotations
 
@@ -33,10 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.pipelining.memory import ActivationMeter
-from ..distributed.tensor.parallel import (
-    gather_from_sequence_parallel_region,
-    reduce_scatter_to_sequence_parallel_region,
-)
 from ..models.gpt import MLP, Block, GPTConfig
 from ._core import ExerciseResult, call_bounded, failure
 from .harness import (
@@ -72,7 +52,6 @@ _CKPT_HINT = ("recomputation keeps only what running the function again needs: i
               "autograd.Function, forward runs with grad mode off, and so does backward; the "
               "random stream is the caller's too; backward returns one value per argument of "
               "forward (the function has no gradient).")
-_CKPT_RTOL, _CKPT_ATOL = 1e-10, 1e-12
 _DROPOUT_P = 0.5
 
 
@@ -215,11 +194,9 @@ def _compare_grads(got: list, want: list, names: list[str], against: str) -> str
                     "reached it. The incoming gradients reach the parameters only through the "
                     "graph rebuilt in backward, and the inputs only through what backward "
                     "returns.")
-        if g.shape != w.shape or not torch.allclose(g.detach().to(w.dtype), w, rtol=_CKPT_RTOL,
-                                                    atol=_CKPT_ATOL):
+        if not close(g, w):
             why = ""
-            if g.shape == w.shape and torch.allclose(g.to(w.dtype), 2 * w, rtol=_CKPT_RTOL,
-                                                     atol=_CKPT_ATOL):
+            if close(g, 2 * w):
                 why = (" It is twice the right one: the gradient reached it twice, as if a "
                        "graph kept from forward and the rebuilt one were both used.")
             return f"{name} is {describe(g)}, {against} gives {describe(w)}.{why}"
@@ -241,8 +218,7 @@ def _checkpoint_problem(fn: Callable, what: str, function: Callable, params: lis
         text = failure(exc)
         return f"{where}: {mine.stage} {text}.{_backward_error_hint(text)}"
     out, want = mine.output, plain.output
-    if not isinstance(out, torch.Tensor) or out.shape != want.shape or not torch.allclose(
-            out.detach().to(want.dtype), want.detach(), rtol=_CKPT_RTOL, atol=_CKPT_ATOL):
+    if not close(out, want.detach()):
         got = describe(out) if isinstance(out, torch.Tensor) else type(out).__name__
         why = (" With dropout the output must be the function's on the same random stream."
                if dropout else "")
@@ -454,18 +430,6 @@ def _scaler_why(scale: float, tracker: int, found: bool, got: tuple[float, float
     return ""
 
 
-class _StepSaid:
-    """Step ``i`` of a case, said with the flags so far (built only when printed)."""
-
-    def __init__(self, what: str, flags: list[bool], i: int, call: str):
-        self.what, self.flags, self.i, self.call = what, flags, i, call
-
-    def __str__(self) -> str:
-        return (f"{self.what}, from scale={_INIT_SCALE:g} and growth_tracker=0, with the "
-                f"overflow flags {_say_flags(self.flags[:self.i + 1])}: step {self.i + 1}, "
-                f"{self.call}")
-
-
 def _scaler_problem(fn: Callable, what: str, factors: dict | None,
                     flags: list[bool]) -> str | None:
     used = factors or dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=2000)
@@ -473,29 +437,33 @@ def _scaler_problem(fn: Callable, what: str, factors: dict | None,
     mine, stopped = call_bounded(_learner_sequence, fn, flags, factors)
     kw = "" if factors is None else ", " + ", ".join(f"{k}={v!r}" for k, v in factors.items())
     scale, tracker = _INIT_SCALE, 0
-    for i, found in enumerate(flags):
-        so_far = _StepSaid(what, flags, i, f"update({scale!r}, {tracker!r}, "
-                           f"found_inf={found}{kw})")
+    for i, found in enumerate(flags):  # the first step that differs, said after the loop
+        call = f"update({scale!r}, {tracker!r}, found_inf={found}{kw})"
         if stopped and stopped[0] == i and stopped[1] is not None:
-            return f"{so_far} {failure(stopped[1])}."
+            said = f"{failure(stopped[1])}."
+            break
         got = mine[i]
         try:
             got_scale, got_tracker = got
             got_scale, got_tracker = float(got_scale), float(got_tracker)
         except (TypeError, ValueError):
-            return (f"{so_far} returned {got!r}; expected a pair (new_scale, "
-                    "new_growth_tracker) of numbers.")
+            said = f"returned {got!r}; expected a pair (new_scale, new_growth_tracker) of numbers."
+            break
         if isinstance(got[1], bool) or not got_tracker.is_integer():
-            return (f"{so_far} returned the tracker {got[1]!r}; it is a count of good steps, an "
-                    "integer.")
+            said = f"returned the tracker {got[1]!r}; it is a count of good steps, an integer."
+            break
         w_scale, w_tracker = want[i]
         if abs(got_scale - w_scale) > 1e-6 * abs(w_scale) or got_tracker != w_tracker:
             why = _scaler_why(scale, tracker, found, (got_scale, got_tracker),
                               (w_scale, w_tracker), used)
-            return (f"{so_far} returned ({got[0]!r}, {got[1]!r}); torch's rule gives "
-                    f"({w_scale!r}, {w_tracker}).{why}")
+            said = (f"returned ({got[0]!r}, {got[1]!r}); torch's rule gives ({w_scale!r}, "
+                    f"{w_tracker}).{why}")
+            break
         scale, tracker = w_scale, w_tracker
-    return None
+    else:
+        return None
+    return (f"{what}, from scale={_INIT_SCALE:g} and growth_tracker=0, with the overflow flags "
+            f"{_say_flags(flags[:i + 1])}: step {i + 1}, {call} {said}")
 
 
 def check_scaler_update(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -549,11 +517,8 @@ _COLLECTIVES = (*_GATHERS, *_SCATTERS, "all_reduce", "all_to_all", "all_to_all_s
                 "batch_isend_irecv", "all_gather_object", "broadcast_object_list")
 
 
-def _counting(calls: list[tuple[str, int]]):
-    """Note ``(name, elements)`` of every collective called inside, wherever the learner's code
-    finds it (``dist.``, ``compat.``, a name imported from torch.distributed): the harness's
-    counter, over this lesson's list, which adds the flat collectives' names."""
-    return counting(calls, collectives=_COLLECTIVES)
+#: the harness's counter over this lesson's list, which adds the flat collectives' names
+_counting = functools.partial(counting, collectives=_COLLECTIVES)
 
 
 def _traffic_problem(calls: list[tuple[str, int]], kinds: tuple[str, ...], expected: str,
@@ -625,32 +590,26 @@ def _gather_case(fn: Callable, group, xs: torch.Tensor, us: torch.Tensor,
     u = us[rank] if t > 1 else us[rank][:, :parts.shape[2]]
     want_grad = (sum(_blocks(us[r], world)[rank] for r in range(world)) if t > 1 else u)
     yield from _pair_steps(
-        fn, gather_from_sequence_parallel_region, "gather disagrees with one process (a checker "
-        "bug).", group, xs[rank], parts, u, want, want_grad,
+        fn, group, xs[rank], u, want,
         lambda y, x, before: _gather_forward_problem(y, x, before, want, parts, t, where),
         lambda got: _gather_backward_problem(got, want_grad, us, t, where),
         ((_GATHERS, "all-gather"), (_SCATTERS, "reduce-scatter")), t, where)
 
 
-def _pair_steps(fn: Callable, course: Callable, course_wrong: str, group, x_in: torch.Tensor,
-                parts: torch.Tensor, u: torch.Tensor, want: torch.Tensor,
-                want_grad: torch.Tensor, forward_problem: Callable, backward_problem: Callable,
-                sends: tuple, t: int, where: str) -> Iterator[str | None]:
-    """What both cases check: the course's own ``course`` against one process, then ``fn`` on
-    ``tanh(x_in)`` with upstream gradient ``u``: its forward, its backward (the problems'
-    diagnoses), and with t > 1 its collectives (``sends``: (kinds, name) forward, backward)."""
-    course_x = parts[dist.get_rank()].clone().requires_grad_()
-    course_y = course(course_x, group)
-    course_y.backward(u.clone())
-    if not (close(course_y, want) and close(course_x.grad, want_grad)):
-        yield f"{where}: the course's own {course_wrong}"
+def _pair_steps(fn: Callable, group, x_in: torch.Tensor, u: torch.Tensor, want: torch.Tensor,
+                forward_problem: Callable, backward_problem: Callable, sends: tuple, t: int,
+                where: str) -> Iterator[str | None]:
+    """What both cases check: ``fn`` on ``tanh(x_in)`` with upstream gradient ``u``: its
+    forward (``want``: one process's result), its backward (the problems' diagnoses), and with
+    t > 1 its collectives (``sends``: (kinds, name) forward, backward)."""
     x = torch.tanh(x_in.clone().requires_grad_())     # tanh saves its output x for backward
     x.retain_grad()
     before = x.detach().clone()
     forward, backward = [], []
     with _counting(forward):
         y = _call_seq(f"{where}: forward", fn, x, group)
-    yield forward_problem(y, x, before)
+    yield (forward_problem(y, x, before) if isinstance(y, torch.Tensor) else
+           f"{where}: returned {type(y).__name__}, expected a tensor of shape {tuple(want.shape)}.")
     with _counting(backward):
         _call_seq(f"{where}: backward", y.backward, u.clone())
     yield backward_problem(x.grad)
@@ -671,12 +630,6 @@ def _call_seq(what: str, fn: Callable, *args):
                      "shape: enter_tp_region's input is this rank's block (B, T/t, C), "
                      "leave_tp_region's the whole sequence (B, T, C).)")
         raise StopRank(text) from None
-
-
-def _not_a_tensor(y, shape: tuple) -> str | None:
-    if not isinstance(y, torch.Tensor):
-        return f"returned {type(y).__name__}, expected a tensor of shape {shape}."
-    return None
 
 
 _WHOLE_WORLD = (" It is the sum over every rank, but the group given has this rank alone: the "
@@ -713,9 +666,6 @@ _GROUP_IGNORED = (" The group given has this rank alone, so the output is the in
 def _gather_forward_problem(y, x: torch.Tensor, before: torch.Tensor, want: torch.Tensor,
                             parts: torch.Tensor, t: int, where: str) -> str | None:
     rank = dist.get_rank()
-    problem = _not_a_tensor(y, tuple(want.shape))
-    if problem:
-        return f"{where}: {problem}"
     if y.shape != want.shape:
         why = _shape_why(y, tuple(x.shape), t, gather=True) if t > 1 else _GROUP_IGNORED
         return (f"{where}: returned a tensor of shape {tuple(y.shape)}, expected "
@@ -781,8 +731,7 @@ def _scatter_case(fn: Callable, group, ps: torch.Tensor, vs: torch.Tensor, us: t
     u = vs[rank] if t > 1 else us[rank]
     want_grad = torch.cat(list(vs), dim=1) if t > 1 else u
     yield from _pair_steps(
-        fn, reduce_scatter_to_sequence_parallel_region, "reduce-scatter disagrees with one "
-        "process (a bug).", group, ps[rank], parts, u, want, want_grad,
+        fn, group, ps[rank], u, want,
         lambda y, x, before: _scatter_forward_problem(y, x, before, want, parts, t, where),
         lambda got: _scatter_backward_problem(got, want_grad, vs, t, where),
         ((_SCATTERS, "reduce-scatter"), (_GATHERS, "all-gather")), t, where)
@@ -791,9 +740,6 @@ def _scatter_case(fn: Callable, group, ps: torch.Tensor, vs: torch.Tensor, us: t
 def _scatter_forward_problem(y, x: torch.Tensor, before: torch.Tensor, want: torch.Tensor,
                              parts: torch.Tensor, t: int, where: str) -> str | None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    problem = _not_a_tensor(y, tuple(want.shape))
-    if problem:
-        return f"{where}: {problem}"
     if y.shape != want.shape:
         why = _shape_why(y, tuple(x.shape), t, gather=False) if t > 1 else _GROUP_IGNORED
         if t > 1 and y.shape == x.shape and close(y, parts.sum(0)):
@@ -845,19 +791,16 @@ def _scatter_backward_problem(got, want: torch.Tensor, vs: torch.Tensor, t: int,
             f"{describe(want)}.{why}")
 
 
-def _refusal_problem(fn: Callable, where: str) -> str | None:
+def _refusal_case(fn: Callable, where: str) -> Iterator[str | None]:
+    """``fn`` must refuse a sequence the world size does not divide (yields what is wrong)."""
     world = dist.get_world_size()
     odd = 3 * world + 1                    # 7, 10, 13: no world size divides it
-    return refusal_problem(
+    yield refusal_problem(
         lambda: fn(torch.zeros(_B, odd, _C, dtype=_DTYPE), None),
         f"{where}, leave_tp_region(x) with x of shape ({_B}, {odd}, {_C})",
         what=f"{odd} positions", then=" (check before any collective)",
         advice="Raise ValueError, before any collective, when the world size does not divide "
                "the sequence length.")
-
-
-def _refusal_case(fn: Callable, where: str) -> Iterator[str | None]:
-    yield _refusal_problem(fn, where)
 
 
 def _sequence_cases(specs: tuple, seed: int) -> str | None:
@@ -906,10 +849,10 @@ def check_sequence_parallel_block(enter_tp_region: Callable | str | None,
     - ``leave_tp_region`` of this rank's partial sums ``(B, T, C)`` must return the sum over
       the ranks of block r ``(B, T/t, C)``, and give its input every rank's upstream gradient
       joined along dimension 1;
-    - each equal to one process and to the course's ``gather_from_sequence_parallel_region`` /
-      ``reduce_scatter_to_sequence_parallel_region``, neither changing its input in place, each
-      making exactly one collective forward and one backward, of no more bytes than the result
-      needs;
+    - each equal to one process (which the course's ``gather_from_sequence_parallel_region`` /
+      ``reduce_scatter_to_sequence_parallel_region`` equal), neither changing its input in
+      place, each making exactly one collective forward and one backward, of no more bytes than
+      the result needs;
     - with a group of this rank alone, both the identity both ways; a sequence length t does not
       divide, refused by ``leave_tp_region`` with ``ValueError``.
 
