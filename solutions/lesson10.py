@@ -1,7 +1,9 @@
-"""Lesson 10, exercises: the alpha-beta fit of a ring all-reduce; the bus bandwidth of one raw
-row of a collectives results file.
+"""Lesson 10, exercises: the alpha-beta time of a ring all-reduce; the alpha-beta fit of a ring
+all-reduce; the bus bandwidth of one raw row of a collectives results file (no longer asked by
+the notebook; its checker is kept).
 
-Checked by ``course_lib.checks.lesson10.check_alpha_beta_fit`` and ``check_bus_bandwidth``.
+Checked by ``course_lib.checks.lesson10.check_ring_time``, ``check_alpha_beta_fit`` and
+``check_bus_bandwidth``.
 """
 from __future__ import annotations
 
@@ -9,7 +11,13 @@ import statistics
 
 import numpy as np
 
-__all__ = ["alpha_beta_fit", "bus_bandwidth"]
+__all__ = ["alpha_beta_fit", "bus_bandwidth", "ring_time"]
+
+
+def ring_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
+    """Seconds of a ring all-reduce of ``n_bytes`` over p ranks: ``2 (p - 1)`` steps (a
+    reduce-scatter, then an all-gather), each one message of ``n / p`` bytes per rank."""
+    return 2 * (p - 1) * (alpha + n_bytes / p * beta)
 
 
 def alpha_beta_fit(sizes: list[float], times: list[float], p: int) -> tuple[float, float]:

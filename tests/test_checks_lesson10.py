@@ -14,12 +14,17 @@ from course_lib.bench import cost_model
 from course_lib.checks.lesson10 import (
     _cases,
     _fit_cases,
+    _ring_cases,
     check_alpha_beta_fit,
     check_bus_bandwidth,
+    check_ring_time,
+    fit_line,
     link_bytes_by_schedule,
+    lstsq_relative_fit,
     median_by_sorting,
+    ring_time_by_schedule,
 )
-from solutions.lesson10 import alpha_beta_fit, bus_bandwidth
+from solutions.lesson10 import alpha_beta_fit, bus_bandwidth, ring_time
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -183,3 +188,63 @@ def test_alpha_beta_fit_noisy_cases_separate_the_weighted_from_the_plain_fit():
         good = alpha_beta_fit(sizes, times, p)
         plain = _fit(lambda t: np.ones_like(t))(sizes, times, p)
         assert not math.isclose(good[0], plain[0], rel_tol=0.05)   # alpha differs by > 5 %
+
+
+# --- the ring's alpha-beta time ---------------------------------------------------------------
+
+def _ring_open(n, p, alpha, beta):
+    raise NotImplementedError("ring_time")
+
+
+RING_WRONG = {
+    "reduce-scatter alone": lambda n, p, a, b: (p - 1) * (a + n / p * b),
+    "whole messages": lambda n, p, a, b: 2 * (p - 1) * (a + n * b),
+    "alpha paid once": lambda n, p, a, b: a + 2 * (p - 1) / p * n * b,
+    "2 p steps": lambda n, p, a, b: 2 * p * (a + n / p * b),
+    "integer division": lambda n, p, a, b: 2 * (p - 1) * (a + (n // p) * b),
+    "swapped": lambda n, p, a, b: 2 * (p - 1) * (b + n / p * a),
+}
+
+
+def test_ring_time_checker_accepts_the_reference_and_the_library(capsys):
+    assert check_ring_time(ring_time, strict=True)
+    assert check_ring_time(cost_model.ring_time)
+    assert check_ring_time(None).ok is None
+    assert check_ring_time(_ring_open).ok is None
+    assert "not answered" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("why", list(RING_WRONG))
+def test_ring_time_checker_names_the_usual_mistakes(why):
+    result = check_ring_time(RING_WRONG[why])
+    assert result.ok is False and "expected" in result.message
+    assert why in result.message, result.message
+    with pytest.raises(AssertionError):
+        check_ring_time(RING_WRONG[why], strict=True)
+
+
+def test_ring_time_checker_a_failure_or_a_non_number_is_a_verdict():
+    assert "ZeroDivisionError" in check_ring_time(lambda n, p, a, b: 1 / 0).message
+    assert "one number" in check_ring_time(lambda n, p, a, b: "fast").message
+    # right at 2 ranks only (2 (p - 1) / p = 1 there): the cases at 3 and more catch it
+    assert check_ring_time(lambda n, p, a, b: 2 * (p - 1) * a + n * b).ok is False
+
+
+def test_ring_schedule_oracle_matches_the_library():
+    for n, p, a, b in _ring_cases() + [(4096 * 4 ** i, q, 1e-5, 1e-9)
+                                      for i in range(8) for q in (2, 3, 16)]:
+        assert math.isclose(ring_time_by_schedule(n, p, a, b), cost_model.ring_time(n, p, a, b),
+                            rel_tol=1e-12, abs_tol=1e-18)
+    assert any(p == 3 for _, p, _, _ in _ring_cases())
+    assert any(n % p for n, p, _, _ in _ring_cases() if p > 1)
+
+
+def test_lstsq_oracle_matches_the_normal_equations_and_the_library():
+    for sizes, times, p in _fit_cases():
+        a, b = fit_line(sizes, times, [1 / t ** 2 for t in times])
+        alpha, beta = lstsq_relative_fit(sizes, times, p)
+        assert math.isclose(alpha, a / (2 * (p - 1)), rel_tol=1e-9)
+        assert math.isclose(beta, b * p / (2 * (p - 1)), rel_tol=1e-9)
+        lib = cost_model.fit_ring(sizes, times, p)
+        assert math.isclose(alpha, lib.alpha, rel_tol=1e-9)
+        assert math.isclose(beta, lib.beta, rel_tol=1e-9)

@@ -7,12 +7,17 @@ nccl-tests defines it (``doc/PERFORMANCE.md`` of NVIDIA/nccl-tests). Its oracle 
 bytes one rank's link carries (``2 (p - 1)`` steps of one chunk of ``n / p`` bytes) and takes
 the median of the samples by sorting them. The tests check that both agree.
 
+``check_ring_time`` asks for the alpha-beta time of a ring all-reduce of n bytes over p ranks,
+``2 (p - 1) alpha + 2 (p - 1) / p * n * beta``. Its oracle walks the ring's schedule (``2 (p - 1)``
+steps, each one message of ``n / p`` bytes), not the closed formula; the tests check that it
+agrees with ``course_lib.bench.cost_model.ring_time``.
+
 ``check_alpha_beta_fit`` asks for the latency and inverse bandwidth of a ring all-reduce fitted
 to measured (bytes, seconds): the line ``t = a + b n`` that minimises
 ``sum(((a + b n_i - t_i) / t_i) ** 2)`` (the error relative to each *measured* time), then
 ``alpha = a / (2 (p - 1))`` and ``beta = b p / (2 (p - 1))``. Its oracle solves the weighted
-normal equations itself (not ``course_lib.bench.cost_model.fit_ring``); the tests check that
-both agree.
+least-squares problem with ``numpy.linalg.lstsq`` (rows scaled by ``1 / t_i``; not
+``course_lib.bench.cost_model.fit_ring``); the tests check that both agree.
 """
 from __future__ import annotations
 
@@ -20,10 +25,13 @@ import copy
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 
-__all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "fit_line", "link_bytes_by_schedule",
-           "median_by_sorting"]
+__all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_ring_time", "fit_line",
+           "link_bytes_by_schedule", "lstsq_relative_fit", "median_by_sorting",
+           "ring_time_by_schedule"]
 
 _NAME = "bus_bandwidth"
 _HINT = ("the bus bandwidth is the bytes one rank's link carries in a ring, per second of the "
@@ -135,6 +143,87 @@ def check_bus_bandwidth(fn: Callable | None, *, strict: bool = False) -> Exercis
 
 
 # ------------------------------------------------------------------------------------------------
+# the alpha-beta time of a ring all-reduce
+# ------------------------------------------------------------------------------------------------
+
+_RING = "ring_time"
+_RING_HINT = ("a ring all-reduce is a reduce-scatter then an all-gather, p - 1 steps each; in "
+              "every step each rank sends one chunk of n / p bytes to its neighbour (all at "
+              "once), and one message costs alpha + bytes * beta.")
+
+
+def ring_time_by_schedule(n_bytes: float, p: int, alpha: float, beta: float) -> float:
+    """Seconds of a ring all-reduce, step by step: ``2 (p - 1)`` messages of ``n / p`` bytes, one
+    after another (the ranks' messages of one step travel at the same time)."""
+    steps = 2 * (p - 1)                              # reduce-scatter, then all-gather
+    return sum(alpha + n_bytes / p * beta for _ in range(steps))
+
+
+def _ring_cases() -> list[tuple[float, int, float, float]]:
+    """(n_bytes, p, alpha, beta): 2 to 8 ranks (3 among them), sizes p does not divide, one
+    rank (nothing to send), alpha or beta alone."""
+    return [(4096, 2, 100e-6, 0.5e-9), (10**6 + 1, 3, 30e-6, 2e-9), (64 * 2**20, 8, 5e-6, 0.02e-9),
+            (1000, 5, 10e-6, 1e-9), (2**20, 4, 0.0, 1e-9), (2**20, 3, 50e-6, 0.0),
+            (123_457, 7, 3e-6, 0.1e-9), (2**20, 1, 50e-6, 1e-9)]
+
+
+def _ring_diagnose(n: float, p: int, alpha: float, beta: float, got: float) -> str:
+    """A likely mistake behind ``got``, when one of the usual ones reproduces it."""
+    usual = {
+        "the reduce-scatter alone: the all-gather adds p - 1 more steps":
+            (p - 1) * (alpha + n / p * beta),
+        "whole messages in every step (the naive all-reduce's cost): each step sends n / p bytes":
+            2 * (p - 1) * (alpha + n * beta),
+        "alpha paid once: every one of the 2 (p - 1) steps is a message that pays it":
+            alpha + 2 * (p - 1) / p * n * beta,
+        "2 p steps: a ring of p ranks needs p - 1 steps per phase": 2 * p * (alpha + n / p * beta),
+        "n / (p - 1) bytes per step: the message is cut into p chunks":
+            2 * (p - 1) * (alpha + n / max(p - 1, 1) * beta),
+        "n // p (integer division): the chunks are n / p bytes":
+            2 * (p - 1) * (alpha + (n // p) * beta),
+        "alpha and beta swapped": 2 * (p - 1) * (beta + n / p * alpha),
+    }
+    for why, value in usual.items():
+        if math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-15):
+            return f"That is {why}."
+    return _RING_HINT
+
+
+def check_ring_time(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise: ``fn(n_bytes, p, alpha, beta)`` is the alpha-beta time (s) of a ring all-reduce
+    of ``n_bytes`` over p ranks.
+
+    Run on 1 to 8 ranks, sizes the ranks do not divide, alpha or beta zero; relative tolerance
+    1e-9 against the ring's schedule walked step by step. The first failing case is printed with
+    the usual mistake that explains it, if one does.
+    """
+    if fn is None:
+        return verdict(_RING, None, "define your function and pass it here.", strict)
+    cases = _ring_cases()
+    for n, p, alpha, beta in cases:
+        want = ring_time_by_schedule(n, p, alpha, beta)
+        shown = f"n_bytes={n}, p={p}, alpha={alpha:g}, beta={beta:g}"
+        try:
+            got = call_bounded(fn, n, p, alpha, beta)
+        except NotImplementedError:
+            return unanswered(_RING, strict)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+            return verdict(_RING, False, f"{failure(exc)} on {shown}. {_RING_HINT}", strict)
+        try:
+            got = float(got)   # a 0-d tensor or numpy number is fine
+        except (TypeError, ValueError):
+            return verdict(_RING, False, f"returned {got!r} ({type(got).__name__}) on {shown}; "
+                           "expected one number, in seconds.", strict)
+        if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15):
+            return verdict(_RING, False, f"on {shown}: expected {want:.6g} s, got {got:.6g} s. "
+                           f"{_ring_diagnose(n, p, alpha, beta, got)}", strict)
+    return verdict(_RING, True, f"matches the ring's schedule on {len(cases)} cases (1 to 8 "
+                   "ranks).", strict)
+
+
+# ------------------------------------------------------------------------------------------------
 # the alpha-beta fit
 # ------------------------------------------------------------------------------------------------
 
@@ -154,6 +243,16 @@ def fit_line(sizes: list[float], times: list[float], weights: list[float]) -> tu
     y1 = sum(w * n * t for w, n, t in zip(weights, sizes, times))
     det = s0 * s2 - s1 * s1
     return (s2 * y0 - s1 * y1) / det, (s0 * y1 - s1 * y0) / det
+
+
+def lstsq_relative_fit(sizes: list[float], times: list[float], p: int) -> tuple[float, float]:
+    """The oracle: ``(alpha, beta)`` of the ring's line fitted by ``numpy.linalg.lstsq`` on the
+    relative error. Row i of ``[1, n_i] @ [a, b] = t_i`` is divided by ``t_i``, so the squared
+    residual of the scaled system is ``((a + b n_i - t_i) / t_i) ** 2``."""
+    n, t = np.asarray(sizes, dtype=np.float64), np.asarray(times, dtype=np.float64)
+    A = np.stack([np.ones_like(n), n], axis=1) / t[:, None]     # (points, 2)
+    (a, b), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+    return _alpha_beta(float(a), float(b), p)
 
 
 def _alpha_beta(a: float, b: float, p: int) -> tuple[float, float]:
@@ -209,14 +308,15 @@ def check_alpha_beta_fit(fn: Callable | None, *, strict: bool = False) -> Exerci
     each measured time, ``sum(((model - measured) / measured) ** 2)``.
 
     Run on exact ring times at 2, 3 and 8 ranks and on noisy ones at 2 and 4 ranks; each call
-    gets its own copies of the lists. Relative tolerance 1e-6 against the weighted normal
-    equations; the first failing case is printed with the usual mistake that explains it.
+    gets its own copies of the lists. Relative tolerance 1e-6 against ``numpy.linalg.lstsq`` on
+    the rows scaled by ``1 / t_i`` (``lstsq_relative_fit``); the first failing case is printed
+    with the usual mistake that explains it.
     """
     if fn is None:
         return verdict(_FIT, None, "define your function and pass it here.", strict)
     cases = _fit_cases()
     for sizes, times, p in cases:
-        want = _alpha_beta(*fit_line(sizes, times, [1 / t ** 2 for t in times]), p)
+        want = lstsq_relative_fit(sizes, times, p)
         shown = f"p={p}, {len(sizes)} sizes from {sizes[0]} to {sizes[-1]} bytes"
         try:
             got = call_bounded(fn, list(sizes), list(times), p)

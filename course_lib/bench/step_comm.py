@@ -1,0 +1,149 @@
+"""A data-parallel step's all-reduces, timed beside the step itself, at 2 ranks (lesson 10).
+
+``measure_step_comm(models)`` runs one launch of 2 ranks (gloo on a CPU, one worker per core)
+and, for each model, times interleaved in the same processes (``course_lib.timing.compare``):
+
+- ``local``: each rank's step on its shard, no wrapper, no communication (the compute);
+- ``naive``: the course's ``DistributedDataParallel``, one all-reduce per parameter after
+  backward;
+- ``bucketed``: the course's DDP, one all-reduce per bucket, launched during backward.
+
+Then, in a second comparison, the very messages each strategy sent (read from its buckets after
+the warm-up steps), all-reduced alone, back to back, no computation. Buffers are not broadcast
+(``broadcast_buffers=False``), so the only communication of a step is its gradients'.
+Lesson 10 predicts these times with the alpha-beta model (``cost_model``) fitted in the same run.
+PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on a timeline).
+"""
+from __future__ import annotations
+
+import copy
+import random
+import statistics
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..devices import cpu_cores
+from ..distributed import current_device, launch
+from ..models.lenet import LeNet
+from ..models.resnet import resnet18
+from ..parallel.ddp import DistributedDataParallel
+from ..timing import compare
+
+__all__ = ["STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm"]
+
+#: model -> (builder, bucket cap in MiB, global batch, global batch in quick mode). LeNet's
+#: buckets are capped at 0.1 MiB so that its 0.49 MiB of gradients make several; ResNet-18 runs
+#: a small batch: its 43 MiB of gradients cost the same whatever the batch.
+STEP_MODELS: dict[str, tuple[Callable[[], nn.Module], float, int, int]] = {
+    "lenet": (LeNet, 0.1, 256, 64), "resnet18": (resnet18, 25.0, 16, 4)}
+#: The course's DDP strategies timed, beside ``local``.
+STRATEGIES_TIMED = ["naive", "bucketed"]
+
+
+def bootstrap_median(xs: list[float], *, confidence: float = 0.95, resamples: int = 2000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """``median(xs)`` and its percentile bootstrap interval: ``(median, low, high)``."""
+    if not xs:
+        raise ValueError("bootstrap_median needs at least one value, got an empty list.")
+    rng, n = random.Random(seed), len(xs)
+    meds = sorted(statistics.median(rng.choices(xs, k=n)) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return (statistics.median(xs), meds[int(tail * (resamples - 1))],
+            meds[int((1 - tail) * (resamples - 1))])
+
+
+def _slowest(seconds: float) -> float:
+    """The largest ``seconds`` over the ranks: a step is as slow as its slowest rank."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    """One SGD training step of ``net`` on (X, y)."""
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(net(X), y).backward()
+        opt.step()
+    return step
+
+
+def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,
+                      min_sample_s: float) -> dict | None:
+    """Runs in both ranks: for each model, the steps, then their messages alone."""
+    device, rank, k = current_device(), dist.get_rank(), dist.get_world_size()
+    if device.type == "cpu":
+        torch.set_num_threads(threads)   # a worker is `threads` cores
+    out = {}
+    for model in models:
+        build, cap_mb, batch, quick_batch = STEP_MODELS[model]
+        torch.manual_seed(0)
+        base = build().to(device)
+        g = torch.Generator().manual_seed(1 + rank)
+        n = (quick_batch if quick else batch) // k
+        X = torch.randn(n, 1, 28, 28, generator=g).to(device)   # (B/k, 1, 28, 28)
+        y = torch.randint(0, 10, (n,), generator=g).to(device)  # (B/k,)
+        nets = {"local": copy.deepcopy(base)}
+        for name in STRATEGIES_TIMED:
+            nets[name] = DistributedDataParallel(copy.deepcopy(base), strategy=name,
+                                                 bucket_cap_mb=cap_mb, broadcast_buffers=False)
+
+        steps = compare({name: _stepper(net, X, y) for name, net in nets.items()}, samples=samples,
+                        min_sample_seconds=min_sample_s, warmup=2, calibration_calls=2,
+                        baseline="local", device=device, before=dist.barrier, reduce=_slowest)
+        # the messages each strategy really sent: its buckets after the warm-up's rebuild
+        messages = {name: [sum(b.numels) * b.parameters()[0].element_size()
+                           for b in nets[name].reducer.buckets] for name in STRATEGIES_TIMED}
+        flats = {name: [torch.zeros(max(1, m // 4), device=device) for m in sizes]
+                 for name, sizes in messages.items()}
+
+        def rounds(tensors: list[torch.Tensor]) -> Callable[[], None]:
+            def one_round() -> None:
+                for t in tensors:
+                    dist.all_reduce(t)
+            return one_round
+        alone = compare({name: rounds(t) for name, t in flats.items()}, samples=samples,
+                        min_sample_seconds=min_sample_s / 2, warmup=1, calibration_calls=2,
+                        device=device, before=dist.barrier, reduce=_slowest)
+        out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
+                      "step": {name: v["seconds"]
+                               for name, v in steps.to_json()["variants"].items()},
+                      "alone": {name: v["seconds"]
+                                for name, v in alone.to_json()["variants"].items()}}
+    return out if rank == 0 else None
+
+
+def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 7,
+                      min_sample_s: float = 0.2, timeout: float = 600.0) -> dict:
+    """Time ``local``, ``naive`` and ``bucketed`` steps and their all-reduces alone, 2 ranks.
+
+    Args:
+        models: names from ``STEP_MODELS``.
+        quick: the small batches of ``STEP_MODELS``.
+        samples: rounds of each comparison (each variant one sample per round).
+        min_sample_s: each step sample loops for at least about this long (the all-reduces
+            alone, half of it).
+        timeout: seconds for the launch.
+
+    Returns:
+        ``{model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes, ...]},
+        "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
+        its all-reduces, ...]}}}``, samples paired by round within ``step`` and within
+        ``alone``; ``"threads_per_worker"`` beside the models.
+    """
+    unknown = sorted(set(models) - set(STEP_MODELS))
+    if unknown or not models:
+        raise ValueError(f"measure_step_comm: models must be names of {list(STEP_MODELS)}, got "
+                         f"{models}.")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:
+        raise ValueError(f"measure_step_comm: samples must be an integer >= 2, got {samples!r}.")
+    threads = max(1, cpu_cores() // 2)
+    out = launch(_step_comm_worker, 2, list(models), quick, threads, samples, min_sample_s,
+                 timeout=timeout)[0]
+    return {"threads_per_worker": threads, "models": out}

@@ -1,0 +1,41 @@
+"""Lesson 10's same-run measurement: a DDP step's all-reduces beside the step
+(``course_lib.bench.step_comm``). One launch of 2 ranks, LeNet at its quick batch, 2 samples."""
+import statistics
+
+import pytest
+import torch
+
+from course_lib.bench.step_comm import STRATEGIES_TIMED, bootstrap_median, measure_step_comm
+from course_lib.models.lenet import LeNet
+
+
+def test_bootstrap_median_brackets_the_median():
+    xs = [0.9, 1.0, 1.1, 1.3, 5.0, 1.05, 0.95]
+    med, lo, hi = bootstrap_median(xs)
+    assert med == statistics.median(xs) and lo <= med <= hi
+    assert hi < 5.0                         # one outlier does not carry the median's interval
+    assert bootstrap_median([2.0]) == (2.0, 2.0, 2.0)
+    with pytest.raises(ValueError, match="at least one"):
+        bootstrap_median([])
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="models must be"):
+        measure_step_comm(["gpt"])
+    with pytest.raises(ValueError, match="samples must be"):
+        measure_step_comm(["lenet"], samples=1)
+
+
+def test_lenet_steps_and_their_messages_at_two_ranks():
+    run = measure_step_comm(["lenet"], quick=True, samples=2, min_sample_s=0.001, timeout=120)
+    e = run["models"]["lenet"]
+    grads = [p.numel() * 4 for p in LeNet().parameters()]
+    naive, bucketed = e["messages"]["naive"], e["messages"]["bucketed"]
+    assert sorted(naive) == sorted(grads)              # one all-reduce per parameter
+    assert sum(bucketed) == sum(grads) and 1 < len(bucketed) < len(naive)   # 0.1 MiB buckets
+    assert max(bucketed) <= max(0.1 * 2**20, max(grads))
+    assert set(e["step"]) == {"local", *STRATEGIES_TIMED}
+    assert set(e["alone"]) == set(STRATEGIES_TIMED)
+    for samples in (*e["step"].values(), *e["alone"].values()):
+        assert len(samples) == 2 and all(s > 0 for s in samples)
+    assert run["threads_per_worker"] >= 1 and torch.get_num_threads() >= 1
