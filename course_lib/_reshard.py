@@ -1,5 +1,7 @@
 """Sharded checkpoints: N ranks' dim-0 rows onto M ranks (what DCP's load does for FSDP's
-``Shard(0)``), beside ``course_lib.deploy``, which re-exports them. Lesson 13.
+``Shard(0)``), and a sharded model with its optimizer saved and resumed with DCP on any number of
+ranks (``save_sharded`` / ``resume_sharded``); beside ``course_lib.deploy``, which re-exports
+them. Lesson 13.
 """
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["read_plan", "reshard", "shard_rows"]
+__all__ = ["read_plan", "reshard", "resume_sharded", "save_sharded", "shard_rows"]
 
 
 def shard_rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
@@ -90,3 +92,36 @@ def reshard(shards: list[Mapping[str, torch.Tensor]], world_size: int
         for rank, reads in enumerate(read_plan(pieces, world_size)):
             out[rank][k] = torch.cat([saved[0][:0]] + [saved[i][a:b] for i, a, b in reads])
     return out
+
+
+def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Save a sharded model and its optimizer with DCP: every rank writes its own rows.
+
+    ``get_state_dict`` gives both state dicts as this rank holds them (the parameters' DTensors;
+    the optimizer's state keyed by parameter name, its moments sharded like their parameters),
+    without a copy; ``dcp.save`` writes them to the directory ``path``, one file per rank and a
+    ``.metadata``. Every rank of the group calls it (it runs collectives).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+
+
+def resume_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Load ``save_sharded``'s directory into ``model`` and ``optimizer``, sharded on this group.
+
+    The group may have another number of ranks than the one that saved. ``get_state_dict`` gives
+    the state dicts of this layout to fill (on a fresh optimizer it first creates its state);
+    ``dcp.load`` reads into them the saved rows this rank holds; ``set_state_dict`` puts them in
+    place, the optimizer's ``param_groups`` (its learning rate) included. Every rank calls it.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)   # this layout's dicts to fill
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path)                           # each rank reads its rows
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])

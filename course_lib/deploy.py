@@ -11,7 +11,8 @@ Beside it, re-exported here: ``_quantize`` (``state_dict_bytes``, ``quantize_int
 ``int8_layers``) and ``_reshard``: ``shard_rows`` / ``read_plan`` / ``reshard``, the dim-0 rows
 torch's ``fully_shard`` gives each rank, which saved rows each rank of a new layout reads (DCP's
 load planner), and a checkpoint saved by N ranks laid out for M (what
-``torch.distributed.checkpoint.load`` does).
+``torch.distributed.checkpoint.load`` does); ``save_sharded`` / ``resume_sharded``, a sharded
+model and its optimizer saved and resumed with DCP.
 Read more: https://pytorch.org/tutorials/beginner/saving_loading_models.html,
 https://docs.pytorch.org/ao/stable/ and notebook 13.
 
@@ -36,7 +37,13 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from ._quantize import int8_layers, quantize_int8, state_dict_bytes  # noqa: F401 - public here
-from ._reshard import read_plan, reshard, shard_rows  # noqa: F401 - public here
+from ._reshard import (  # noqa: F401 - public here
+    read_plan,
+    reshard,
+    resume_sharded,
+    save_sharded,
+    shard_rows,
+)
 from .devices import Device, as_device, try_gpu
 
 __all__ = [
@@ -54,6 +61,8 @@ __all__ = [
     "quantize_int8",
     "read_plan",
     "reshard",
+    "resume_sharded",
+    "save_sharded",
     "shard_rows",
     "state_dict_bytes",
     "strip_prefix",

@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt
 
 __all__ = ["TrainingPlot", "draw_async_queue", "draw_collective_trace", "draw_collectives",
            "draw_cost_model", "draw_held_per_rank", "draw_memory_per_rank", "draw_mesh",
-           "draw_parallelism", "draw_pipeline_timeline", "draw_ring", "draw_ring_processes",
-           "plot_history", "show"]
+           "draw_parallelism", "draw_pipeline_timeline", "draw_read_plan", "draw_ring",
+           "draw_ring_processes", "plot_history", "show"]
 
 
 def _in_notebook() -> bool:
@@ -557,5 +557,55 @@ def draw_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> plt.Figure:
         ax.axis("off")
     fig.suptitle(f"mesh {' x '.join(map(str, shape))} ({', '.join(names)}): the ranks of each "
                  "group joined by a line", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def draw_read_plan(pieces: list[tuple[int, int]], plan: list[list[tuple[int, int, int]]], *,
+                   name: str | None = None) -> plt.Figure:
+    """A tensor's rows resharded on load (lesson 13): the saved pieces on top, one bar each,
+    and below them each new rank's rows, split into the reads of ``plan`` and shaded in the
+    colour of the piece each read comes from.
+
+    Args:
+        pieces: the saved pieces, ``(offset, length)`` along dim 0, in saving-rank order.
+        plan: one list per new rank of ``(piece, start, stop)`` (``read_plan``'s answer): rows
+            ``start:stop`` of that piece, counted within it.
+        name: the tensor's name, for the title.
+    """
+    rows = max((offset + length for offset, length in pieces), default=0)
+    n_new = len(plan)
+    fig, ax = plt.subplots(figsize=(6.4, 0.5 * (len(pieces) + n_new) + 1.1))
+    labels = []
+    for i, (offset, length) in enumerate(pieces):              # saved pieces, top down
+        y = n_new + len(pieces) - i
+        ax.barh(y, length, left=offset, height=0.6, color=f"C{i}", alpha=0.85,
+                edgecolor="black")
+        if length:
+            ax.text(offset + length / 2, y, f"rows {offset}-{offset + length - 1}",
+                    ha="center", va="center", fontsize=8)
+        labels.append((y, f"saved by rank {i}"))
+    for r, reads in enumerate(plan):                            # new ranks, below
+        y = n_new - r
+        for i, start, stop in reads:
+            first = pieces[i][0] + start
+            ax.barh(y, stop - start, left=first, height=0.6, color=f"C{i}", alpha=0.35,
+                    edgecolor="black", hatch="//")
+            ax.text(first + (stop - start) / 2, y, f"piece {i} [{start}:{stop}]",
+                    ha="center", va="center", fontsize=7)
+        if not reads:
+            ax.text(rows / 2, y, "no rows", ha="center", va="center", fontsize=8,
+                    color="grey")
+        labels.append((y, f"new rank {r} reads"))
+    ax.axhline(n_new + 0.5, color="grey", lw=0.8)
+    ys, names = zip(*labels)
+    ax.set_yticks(ys, names)
+    ax.set_xlim(0, max(rows, 1))
+    ax.set_xticks(range(rows + 1))
+    ax.set_xlabel("row of the whole tensor (dim 0)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(f"{name + ': ' if name else ''}{rows} rows saved in {len(pieces)} pieces, read "
+                 f"by {n_new} ranks\neach read shaded in the colour of the piece it comes from",
+                 fontsize=9)
     fig.tight_layout()
     return fig

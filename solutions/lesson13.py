@@ -2,15 +2,21 @@
 checkpoint whatever its keys' prefixes, partly for fine-tuning; and the smaller
 ``strip_prefix`` of earlier versions of the lesson.
 
+Also a sharded model and its Adam saved with DCP and resumed on another number of ranks
+(``save_sharded`` / ``resume_sharded``).
+
 Checked by ``course_lib.checks.lesson13.check_load_matching``, ``check_read_plan``,
-``check_reshard`` and ``check_strip_prefix``.
+``check_sharded_resume``, ``check_reshard`` and ``check_strip_prefix``.
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-__all__ = ["load_matching", "read_plan", "reshard", "strip_prefix"]
+__all__ = ["load_matching", "read_plan", "reshard", "resume_sharded", "save_sharded",
+           "strip_prefix"]
 
 #: What wrappers put in front of every key: DDP and DataParallel, torch.compile.
 WRAPPERS = ("module.", "_orig_mod.")
@@ -88,3 +94,18 @@ def read_plan(pieces: list[tuple[int, int]], world_size: int) -> list[list[tuple
         plan.append([(i, max(start, o) - o, min(stop, o + n) - o)
                      for i, (o, n) in enumerate(pieces) if max(start, o) < min(stop, o + n)])
     return plan
+
+
+def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Both state dicts as this rank holds them (no copy), written by every rank to ``path``."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+
+
+def resume_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+    """This layout's state dicts filled from ``path`` (each rank its rows), then put in place."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])

@@ -519,3 +519,23 @@ def test_strip_prefix_checker_rejects_wrong_answers_with_the_case(wrong, says):
     assert result.ok is False and says in result.message and "expected" in result.message
     with pytest.raises(AssertionError):
         check_strip_prefix(wrong, strict=True)
+
+
+def test_read_plan_figure_draws_each_piece_and_each_read():
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    from course_lib.deploy import read_plan
+    from course_lib.plots import draw_read_plan
+
+    pieces = [(0, 4), (4, 3)]                       # 7 rows saved on 2 ranks
+    plan = read_plan(pieces, 3)                     # 3 + 3 + 1 rows on 3 ranks
+    fig = draw_read_plan(pieces, plan)
+    ax = fig.axes[0]
+    assert len(ax.patches) == len(pieces) + sum(len(reads) for reads in plan) == 6
+    texts = [t.get_text() for t in ax.texts]
+    assert "piece 0 [3:4]" in texts and "piece 1 [0:2]" in texts    # rank 1 reads both pieces
+    assert [t.get_text() for t in ax.get_yticklabels()][-1] == "new rank 2 reads"
+    plt.close(fig)

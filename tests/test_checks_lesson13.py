@@ -1,11 +1,27 @@
-"""check_read_plan and check_reshard (lesson 13) accept the reference answers and refuse near
-misses; the course's read plan equals DCP's own planner's."""
+"""check_read_plan, check_reshard and check_sharded_resume (lesson 13) accept the reference
+answers and refuse near misses; the course's read plan equals DCP's own planner's.
+
+The wrong save_sharded / resume_sharded answers live here at module level, so that worker
+processes import them by name; one launch (2 ranks, then 3) runs them all through the
+checker's worker (``verdicts_as_expected``)."""
+import shutil
+import tempfile
+
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from course_lib import deploy
-from course_lib.checks.lesson13 import _RP_CASES, check_read_plan, check_reshard
+from course_lib.checks.harness import UNANSWERED, first_failure_in_ranks, verdicts_as_expected
+from course_lib.checks.lesson13 import (
+    _RP_CASES,
+    _sr_cases,
+    check_read_plan,
+    check_reshard,
+    check_sharded_resume,
+)
 from course_lib.examples.checkpoint_workers import dcp_read_plan
-from solutions.lesson13 import read_plan, reshard
+from solutions.lesson13 import read_plan, reshard, resume_sharded, save_sharded
 
 
 def test_read_plan_equals_dcp_planner():
@@ -95,3 +111,74 @@ def test_check_reshard():
     assert check_reshard(reshard) and check_reshard(deploy.reshard)
     assert not check_reshard(_even_split_shards)
     assert check_reshard(None).ok is None
+
+
+# ---- save_sharded / resume_sharded ------------------------------------------------------------
+
+def save_model_only(model, optimizer, path):
+    """The model's state dict alone: Adam's moments are lost."""
+    dcp.save({"model": model.state_dict()}, checkpoint_id=path)
+
+
+def save_optimizer_by_number(model, optimizer, path):
+    """optimizer.state_dict(): Adam's state keyed by parameter number, not by name."""
+    dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, checkpoint_id=path)
+
+
+def resume_model_only(model, optimizer, path):
+    """The model loaded, the optimizer left fresh."""
+    dcp.load({"model": model.state_dict()}, checkpoint_id=path)
+
+
+def resume_without_set_state_dict(model, optimizer, path):
+    """dcp.load into get_state_dict's dicts, never handed back with set_state_dict."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+
+
+def resume_into_fresh_state_dict(model, optimizer, path):
+    """A fresh optimizer's own state_dict() to fill: it has no state for dcp.load to fill."""
+    state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
+    dcp.load(state, checkpoint_id=path)
+    optimizer.load_state_dict(state["optim"])
+
+
+def save_scaffold(model, optimizer, path):  # notebook 13's scaffold, not yet written
+    raise NotImplementedError
+
+
+_MISSING_OPTIM = "the directory your save_sharded wrote does not resume a model and its Adam"
+_NO_STATE = "after your resume_sharded the optimizer holds no state at all"
+_SR_ROWS = [
+    ("the solutions", _sr_cases, (save_sharded, resume_sharded), {2: None, 3: None}),
+    ("the course's own pair", _sr_cases, (deploy.save_sharded, deploy.resume_sharded),
+     {2: None, 3: None}),
+    ("model.state_dict() only", _sr_cases, (save_model_only, resume_sharded),
+     {2: None, 3: _MISSING_OPTIM}),
+    ("optimizer.state_dict() saved", _sr_cases, (save_optimizer_by_number, resume_sharded),
+     {2: None, 3: _MISSING_OPTIM}),
+    ("a fresh optimizer on resume", _sr_cases, (save_sharded, resume_model_only),
+     {2: None, 3: _NO_STATE}),
+    ("a fresh optimizer's state_dict() filled", _sr_cases,
+     (save_sharded, resume_into_fresh_state_dict), {2: None, 3: _NO_STATE}),
+    ("no set_state_dict", _sr_cases, (save_sharded, resume_without_set_state_dict),
+     {2: None, 3: "the optimizer's learning rate is 0.001, the saved run's is 0.05"}),
+    ("the scaffold", _sr_cases, (save_scaffold, resume_sharded), {2: UNANSWERED}),
+]
+
+
+def test_check_sharded_resume_verdicts():
+    # one launch: every pair saved on 2 ranks, resumed on 3, each verdict the one expected
+    folder = tempfile.mkdtemp(prefix="test_dcp_")
+    try:
+        found = first_failure_in_ranks(verdicts_as_expected, _SR_ROWS, (2, 3), (folder,),
+                                       timeout=240.0, hang_hint="", hint="")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert found is None, found
+
+
+def test_check_sharded_resume_without_answers():
+    assert check_sharded_resume(None, "my_dcp:resume_sharded").ok is None
+    refused = check_sharded_resume(lambda m, o, p: None, resume_sharded)   # a notebook's cell
+    assert refused.ok is False and "%%writefile" in refused.message

@@ -20,6 +20,11 @@ tests/test_checks_lesson13.py.
 ``check_reshard`` (kept for learners' copies of an earlier version) asks for the shards
 themselves.
 
+``check_sharded_resume`` (the lesson's exercise 3) asks for ``save_sharded(model, optimizer,
+path)`` and ``resume_sharded(model, optimizer, path)``: a ``fully_shard`` model and its Adam
+saved with DCP on 2 ranks and resumed on 3. Its oracle is ``course_lib.deploy.save_sharded`` /
+``resume_sharded`` and a run that never stopped (tests/test_checks_lesson13.py).
+
 ``check_strip_prefix`` (a smaller exercise, kept for learners' copies of older lessons) asks
 for ``strip_prefix(state_dict, prefix="module.")``: the state dict of a wrapped model made
 loadable into the plain model. Its oracle is torch's ``consume_prefix_in_state_dict_if_present``
@@ -42,11 +47,14 @@ from ..deploy import (
     shard_rows,
     strip_prefix,
 )
+from ..deploy import resume_sharded as _course_resume
+from ..deploy import save_sharded as _course_save
 from ..models.lenet import LeNet
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 from .harness import keeps_kernel_state
 
-__all__ = ["check_load_matching", "check_read_plan", "check_reshard", "check_strip_prefix"]
+__all__ = ["check_load_matching", "check_read_plan", "check_reshard", "check_sharded_resume",
+           "check_strip_prefix"]
 
 _NAME = "strip_prefix"
 _HINT = ("remove the prefix only at the START of a key, and only from keys that have it; a "
@@ -539,3 +547,245 @@ def check_read_plan(fn: Callable | None, *, strict: bool = False) -> ExerciseRes
     return verdict(_RP_NAME, True, f"right on {len(_RP_CASES)} layouts (uneven splits, empty "
                    "pieces and empty ranks, more ranks than rows, pieces of another layout): "
                    "every rank reads only the rows it holds.", strict)
+
+
+# ---- save_sharded / resume_sharded: model and Adam through DCP, 2 ranks to 3 ------------------
+
+_SR_NAME = "save_sharded and resume_sharded"
+_SR_EXAMPLES = ("my_dcp:save_sharded", "my_dcp:resume_sharded")
+_SR_HINT = ("a resume must bring back everything the next step reads (the parameters, Adam's "
+            "step count and moments, its learning rate in param_groups) into the model and "
+            "optimizer of the new layout; dcp.load fills only the dicts it is given.")
+#: The checker's run: float64 MLP widths (7 rows: 4 + 3 on 2 ranks, 3 + 3 + 1 on 3), Adam steps
+#: before the save, batch rows (a multiple of 2 and 3), the run's learning rate, and the other
+#: learning rate the resuming Adam is built with (the saved one must come back).
+_SR_SIZES, _SR_STEPS, _SR_BATCH, _SR_LR, _SR_FRESH_LR = (6, 4, 7, 2), 3, 12, 0.05, 1e-3
+
+
+def _sr_sharded_adam(seed: int, lr: float) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A float64 MLP drawn from ``seed``, every Linear and the whole under ``fully_shard`` on
+    this group's CPU mesh (gloo), and a fresh Adam on it."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for n_in, n_out in zip(_SR_SIZES[:-1], _SR_SIZES[1:]):
+        layers += [nn.Linear(n_in, n_out), nn.Tanh()]
+    model = nn.Sequential(*layers[:-1]).double()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def _sr_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    """One Adam step on this rank's rows of batch ``step`` (the same batch on every rank)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gen = torch.Generator().manual_seed(1000 + step)
+    X = torch.randn(_SR_BATCH, _SR_SIZES[0], dtype=torch.float64, generator=gen)
+    y = torch.randn(_SR_BATCH, _SR_SIZES[-1], dtype=torch.float64, generator=gen)
+    rows = slice(rank * _SR_BATCH // world, (rank + 1) * _SR_BATCH // world)
+    opt.zero_grad(set_to_none=True)
+    F.mse_loss(model(X[rows]), y[rows]).backward()
+    opt.step()
+
+
+def _sr_full(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Every rank calls it (it all-gathers); rank 0 gets full copies, the others ({}, {})."""
+    import copy
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return copy.deepcopy(get_state_dict(model, opt, options=options))
+
+
+def _sr_problem(got: tuple[dict, dict], want: tuple[dict, dict], whose: str) -> str | None:
+    """What differs between two full (model, optimizer) states, bit for bit, or None."""
+    (model, optim), (model_w, optim_w) = got, want
+    for k, v in model_w.items():
+        if k not in model or not torch.equal(model[k], v):
+            far = ((model[k] - v).abs().max().item() if k in model and model[k].shape == v.shape
+                   else float("nan"))
+            return (f"{whose}, parameter {k!r} is not the saved one (largest difference "
+                    f"{far:.2e})")
+    for k, s in optim_w["state"].items():
+        mine = optim.get("state", {}).get(k, {})
+        for name, v in s.items():
+            if name not in mine:
+                return f"{whose}, Adam's state of {k!r} has no {name!r}"
+            if not torch.equal(torch.as_tensor(mine[name]), torch.as_tensor(v)):
+                if name == "step":
+                    return (f"{whose}, Adam's step count of {k!r} is {float(mine[name]):g}, the "
+                            f"saved run's is {float(v):g}")
+                return (f"{whose}, Adam's {name} of {k!r} is not the saved one (largest "
+                        f"difference {(mine[name] - v).abs().max().item():.2e})")
+    for g, g_w in zip(optim.get("param_groups", []), optim_w["param_groups"]):
+        if g.get("lr") != g_w["lr"]:
+            return (f"{whose}, the optimizer's learning rate is {g.get('lr')}, the saved run's "
+                    f"is {g_w['lr']} (the optimizer passed in was built with another one; "
+                    f"its param_groups were not restored)")
+    return None
+
+
+def _sr_error(e: BaseException) -> str:
+    """An exception in words; DCP's ``CheckpointException`` (a BaseException that gathers every
+    rank's error) as the first rank's own error."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        e = next(iter(failures.values()))[0]
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def _sr_call(what: str, fn: Callable, *args) -> None:
+    """The learner's ``fn(*args)``; what it raised (DCP's errors too) becomes a ``StopRank``."""
+    from .harness import UNANSWERED, StopRank
+
+    try:
+        fn(*args)
+    except NotImplementedError:
+        raise StopRank(UNANSWERED) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: B036 - DCP raises CheckpointException, a BaseException
+        raise StopRank(f"{what} raised {_sr_error(e)}") from None
+
+
+def _sr_tag(specs: tuple) -> str:
+    """A folder name for one pair of answers, the same on every rank."""
+    import hashlib
+
+    names = [f"{getattr(s, '__module__', '')}.{getattr(s, '__qualname__', s)}" for s in specs]
+    return hashlib.sha1(repr(names).encode()).hexdigest()[:12]
+
+
+def _sr_cases(specs: tuple, folder: str) -> str | None:
+    """In every rank: on 2 ranks, train, save with the answer and with the course's
+    ``save_sharded``, step on (the run that never stopped); on 3 ranks, the course's resume of
+    the answer's directory, then the answer's resume of the course's directory, each compared
+    with the saved state bit for bit, and the answer's next step with the course's (bit for
+    bit) and with the run that never stopped (to float64 rounding)."""
+    import os
+
+    import torch.distributed as dist
+
+    from .harness import StopRank, agree, load_answers
+
+    answers, error = load_answers(specs, ("function save_sharded", "function resume_sharded"))
+    if error:
+        return error
+    save, resume = answers
+    rank, world = dist.get_rank(), dist.get_world_size()
+    here = os.path.join(folder, _sr_tag(specs))
+    yours, course, run = (os.path.join(here, n) for n in ("yours", "course", "run.pt"))
+    if world == 2:
+        os.makedirs(here, exist_ok=True)
+        model, opt = _sr_sharded_adam(seed=0, lr=_SR_LR)
+        for step in range(_SR_STEPS):
+            _sr_step(model, opt, step)
+        saved = _sr_full(model, opt)
+        try:
+            _sr_call("save_sharded(model, optimizer, path)", save, model, opt, yours)
+        except StopRank as e:
+            return str(e)
+        _course_save(model, opt, course)
+        _sr_step(model, opt, _SR_STEPS)                        # the run that never stopped
+        after = _sr_full(model, opt)[0]
+        if rank == 0:
+            torch.save({"saved": saved, "next": after}, run)
+        return None
+    ran = torch.load(run, weights_only=True)
+    saved = (ran["saved"][0], ran["saved"][1])
+    where = f"world_size={world}: saved on 2 ranks, resumed on {world}"
+    # 1. the answer's directory, read by the course's resume
+    theirs, opt_t = _sr_sharded_adam(seed=7, lr=_SR_FRESH_LR)
+    found = None
+    try:
+        _course_resume(theirs, opt_t, yours)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: B036 - DCP raises CheckpointException, a BaseException
+        found = _sr_error(e)
+    found = agree(found and f"{where}: the directory your save_sharded wrote does not resume "
+                  f"a model and its Adam on {world} ranks: the course's resume_sharded raised "
+                  f"{found}")
+    if found:
+        return found
+    got = _sr_full(theirs, opt_t)
+    found = agree(_sr_problem(got, saved, f"{where}, read from your save_sharded's directory "
+                              "by the course's resume_sharded") if rank == 0 else None)
+    if found:
+        return found
+    # 2. the course's directory, read by the answer's resume
+    mine, opt_m = _sr_sharded_adam(seed=7, lr=_SR_FRESH_LR)
+    try:
+        _sr_call("resume_sharded(model, optimizer, path)", resume, mine, opt_m, course)
+    except StopRank as e:
+        return str(e)
+    if agree(None if opt_m.state else "empty"):
+        return (f"{where}: after your resume_sharded the optimizer holds no state at all: "
+                "Adam's moments and step count were not loaded (a fresh Adam would start "
+                "them at zero)")
+    got = _sr_full(mine, opt_m)
+    found = agree(_sr_problem(got, saved, f"{where}, after your resume_sharded")
+                  if rank == 0 else None)
+    if found:
+        return found
+    # 3. the next step: the course's resumed run, and the run that never stopped
+    _sr_step(mine, opt_m, _SR_STEPS)
+    _sr_step(theirs, opt_t, _SR_STEPS)
+    yours_next, course_next = _sr_full(mine, opt_m)[0], _sr_full(theirs, opt_t)[0]
+    found = None
+    if rank == 0:
+        for k, v in ran["next"].items():
+            far = (yours_next[k] - v).abs().max().item()
+            if not torch.equal(yours_next[k], course_next[k]) or far > 1e-12:
+                found = (f"{where}: one step after your resume, parameter {k!r} differs from "
+                         f"the run that never stopped by {far:.2e}")
+                break
+    return agree(found)
+
+
+def check_sharded_resume(save: Callable | str | None, resume: Callable | str | None, *,
+                         strict: bool = False) -> ExerciseResult:
+    """Exercise 3: ``save(model, optimizer, path)`` and ``resume(model, optimizer, path)``, a
+    ``fully_shard`` model and its Adam saved with DCP on 2 ranks and resumed on 3.
+
+    One launch of 3 processes over gloo: a float64 MLP trained 3 Adam steps on 2 ranks, saved
+    with ``save`` and with the course's ``deploy.save_sharded``, then one more step (the run
+    that never stopped). On 3 ranks, fresh models from other weights with a fresh Adam built
+    with another learning rate: the course's ``resume_sharded`` must read ``save``'s directory,
+    and ``resume`` the course's, each giving the saved parameters, Adam's step, ``exp_avg``,
+    ``exp_avg_sq`` and learning rate bit for bit; the next step must equal the course's resumed
+    run bit for bit and the run that never stopped to 1e-12. Pass the functions, or
+    ``"module:name"`` strings for functions in a file (``%%writefile my_dcp.py``).
+
+    Returns:
+        The verdict (truthy when right); the first failure is printed.
+    """
+    import shutil
+    import tempfile
+
+    from .harness import check_answers_in_ranks
+
+    folder = tempfile.mkdtemp(prefix="course_check_dcp_")
+    try:
+        return check_answers_in_ranks(
+            _SR_NAME, (save, resume), _SR_EXAMPLES, _sr_cases, (folder,),
+            missing="write both functions in my_dcp.py and pass "
+                    "\"my_dcp:save_sharded\", \"my_dcp:resume_sharded\".",
+            world_sizes=(2, 3), timeout=120, hint=_SR_HINT,
+            hang_hint="does every rank call save_sharded and resume_sharded (DCP's calls are "
+                      "collective)?",
+            passed="saved on 2 ranks and resumed on 3: parameters, Adam's moments, step and "
+                   "learning rate bit for bit, and the next step equal to the run that never "
+                   "stopped.", strict=strict)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

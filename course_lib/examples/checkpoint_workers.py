@@ -20,24 +20,38 @@ Checkpoint (DCP)" and ``torch/distributed/checkpoint/state_dict.py``.
 from __future__ import annotations
 
 import copy
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from course_lib.deploy import resume_sharded, save_sharded
 from course_lib.distributed import current_device
 from course_lib.distributed.optim import ZeroRedundancyOptimizer
 from course_lib.train_ddp import save_checkpoint
 
-__all__ = ["SIZES", "adam_resume", "adam_train_and_save", "build_mlp", "dcp_read_plan",
-           "load_resharded", "probe_batch", "resume_batch", "train_and_save", "zero1_save"]
+__all__ = ["COLLECTIVE_TIMEOUT_S", "SIZES", "adam_resume", "adam_train_and_save", "build_mlp",
+           "dcp_read_plan", "load_resharded", "probe_batch", "resume_batch", "train_and_save",
+           "zero1_save"]
 
 #: Layer widths, so that 3 ranks split rows as only ``torch.chunk`` does: 4 rows as 2, 2 and an
 #: empty shard (not 2, 1, 1), 7 rows as 3, 3, 1 (not 3, 2, 2); 2 rows as 1, 1 and empty.
 SIZES = (6, 4, 7, 2)
+
+#: Seconds a collective of these workers may wait for its peers before it raises (gloo: "Timed
+#: out waiting ... for recv operation"). ``launch`` gives its group its own whole timeout (300 s
+#: in notebook 13), so a stuck collective would wait until launch kills every rank with no word
+#: of where; under this bound the stuck rank raises first and launch reports its traceback.
+COLLECTIVE_TIMEOUT_S = 120
+
+
+def _bound_collectives() -> None:
+    # every collective on the default group from here on (fully_shard's mesh and DCP use it)
+    dist.set_timeout(timedelta(seconds=COLLECTIVE_TIMEOUT_S))
 
 
 def build_mlp(seed: int = 0) -> nn.Sequential:
@@ -94,6 +108,7 @@ def dcp_read_plan(pieces: list[tuple[int, int]], world_size: int, cols: int = 3
 
 def _shard(model: nn.Module) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
+    _bound_collectives()                      # every worker but zero1_save starts here
     from torch.distributed.fsdp import fully_shard
     # the mesh of this group's device: fully_shard's default takes a GPU per rank when CUDA exists
     mesh = init_device_mesh(current_device().type, (dist.get_world_size(),))
@@ -219,10 +234,10 @@ def _sharded_adam(seed: int, lr: float) -> tuple[nn.Module, torch.optim.Optimize
 def adam_train_and_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05) -> dict:
     """Train ``build_mlp()`` under ``fully_shard`` with Adam; save model and optimizer with DCP.
 
-    ``get_state_dict`` gives both state dicts as the ranks hold them: the parameters' DTensors,
-    and Adam's moments sharded like their parameters, keyed by parameter name. ``dcp.save``
-    writes them, each rank its own rows. Then one more step, as if the run had never stopped:
-    the step a resumed run must reproduce.
+    ``course_lib.deploy.save_sharded``: ``get_state_dict`` gives both state dicts as the ranks
+    hold them (Adam's moments sharded like their parameters, keyed by parameter name) and
+    ``dcp.save`` writes them, each rank its own rows. Then one more step, as if the run had
+    never stopped: the step a resumed run must reproduce.
 
     Returns:
         ``{"rank", "world", "saved" (rank 0: the full model and optimizer state dicts at the
@@ -232,8 +247,7 @@ def adam_train_and_save(path: str, steps: int = 3, batch: int = 12, lr: float = 
     for step in range(steps):
         _adam_step(model, opt, step, batch)
 
-    model_state, optim_state = get_state_dict(model, opt)      # this rank's shards, no copy
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+    save_sharded(model, opt, path)                             # get_state_dict, dcp.save
 
     saved = _full_training_state(model, opt)                   # for the notebook's comparison
     _adam_step(model, opt, steps, batch)                       # the run that never stopped
@@ -245,12 +259,12 @@ def adam_resume(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05,
                 save_to: str | None = None) -> dict:
     """Resume ``adam_train_and_save``'s checkpoint on this group, whatever its size.
 
-    A model built from other weights, sharded over this group, with a fresh Adam.
-    ``get_state_dict`` gives the state dicts of this layout to fill (on a fresh optimizer it
-    first creates Adam's state, with a step at learning rate 0); ``dcp.load`` reads into them
-    the rows this rank holds; ``set_state_dict`` puts them in place. Then the step the saved run
-    took next (batch ``steps``). ``save_to``: also save the resumed state there, with this
-    group's layout (before that step).
+    A model built from other weights, sharded over this group, with a fresh Adam, filled by
+    ``course_lib.deploy.resume_sharded``: ``get_state_dict`` gives the state dicts of this
+    layout to fill (on a fresh optimizer it first creates Adam's state, with a step at learning
+    rate 0); ``dcp.load`` reads into them the rows this rank holds; ``set_state_dict`` puts them
+    in place. Then the step the saved run took next (batch ``steps``). ``save_to``: also save
+    the resumed state there, with this group's layout (before that step).
 
     Returns:
         ``{"rank", "world", "local_rows" (this rank's rows of each parameter and of its Adam
@@ -260,14 +274,9 @@ def adam_resume(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05,
     """
     model, opt = _sharded_adam(seed=7, lr=lr)                  # other weights, a fresh Adam
 
-    model_state, optim_state = get_state_dict(model, opt)      # this layout's dicts to fill
-    state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=path)                        # each rank reads its rows
-    set_state_dict(model, opt, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
-
+    resume_sharded(model, opt, path)          # get_state_dict, dcp.load, set_state_dict
     if save_to is not None:
-        dcp.save(dict(zip(("model", "optim"), get_state_dict(model, opt))), checkpoint_id=save_to)
+        save_sharded(model, opt, save_to)
     return _after_resume(model, opt, steps, batch)
 
 
@@ -294,6 +303,7 @@ def zero1_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05) -> 
         ``{"rank", "held" (how many parameters' state this rank kept), "one_model",
         "one_optimizer" (one process's model and Adam state dicts on the whole batches)}``.
     """
+    _bound_collectives()
     rank, world = dist.get_rank(), dist.get_world_size()
     one = build_mlp()
     model = copy.deepcopy(one)
