@@ -37,8 +37,9 @@ import torch.distributed as dist
 
 from ..devices import cpu_cores, num_gpus
 from ..distributed import current_device, launch, ring_allreduce, ring_allreduce_pipelined
+from ..distributed.env import _slowest
 from ..timing import compare
-from .scaling import load_average, report_header, results_path, write_report
+from .scaling import _out_option, load_average, report_header, results_path, write_report
 
 __all__ = ["BASELINE", "DEFAULT_SIZES", "KB", "MB", "OPS", "QUICK_SIZES", "bus_bandwidth", "main",
            "measure_collectives", "naive_allreduce", "parse_size", "summarize_samples"]
@@ -106,14 +107,6 @@ def _ring_pipelined(tensor: torch.Tensor) -> torch.Tensor:
 #: name -> the all-reduce timed (each sums one tensor over the ranks, in place).
 OPS = {"naive": naive_allreduce, "ring": _ring, "ring_pipelined": _ring_pipelined,
        "all_reduce": _all_reduce}
-
-
-def _slowest(seconds: float) -> float:
-    """The largest ``seconds`` over the ranks (every rank gets it): an all-reduce is done when
-    its slowest rank is, and every rank then sizes its loops alike."""
-    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def _collectives_worker(sizes: list[int], names: list[str], samples: int, min_sample_s: float,
@@ -248,9 +241,7 @@ def main(argv: list[str], *, name: str = "collectives",
     parser.add_argument("--timeout", type=float, default=1200.0,
                         help="seconds for each launch (one per world size) before its workers "
                         "are stopped (default 1200)")
-    parser.add_argument("--out", default=None,
-                        help=f"where to write the JSON (default results/{name}-MACHINE.json; "
-                        "quick runs write nothing unless given); '-' writes nothing")
+    _out_option(parser, name)
     args = parser.parse_args(argv)
     if args.samples is not None and args.samples < 2:
         parser.error(f"--samples must be an integer >= 2 (a spread and an interval need "

@@ -30,7 +30,7 @@ from ..devices import try_gpu
 from ..models.lenet import init_lenet_params
 from ..timing import LoadStamp, compare
 from ..train import train_epoch
-from .scaling import load_average, report_header, results_path, write_report
+from .scaling import _out_option, load_average, report_header, results_path, write_report
 
 __all__ = ["GOAL", "compare_input_pipelines", "main"]
 
@@ -126,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=0.3,
                     help="learning rate of both paths (default 0.3, lesson 01's baseline)")
     ap.add_argument("--quick", action="store_true", help="the quick-mode slice of the data")
-    ap.add_argument("--out", default=None,
-                    help="where to write the JSON (default results/dataloader-MACHINE.json; "
-                    "quick runs write nothing unless given); '-' writes nothing")
+    _out_option(ap, "dataloader")
     args = ap.parse_args(argv)
     samples = args.samples if args.samples is not None else (
         args.epochs * 16 if args.epochs is not None else 12)

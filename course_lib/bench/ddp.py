@@ -32,11 +32,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import current_device, launch
+from ..distributed.env import _slowest
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
 from ..parallel.ddp import STRATEGIES, DistributedDataParallel, bf16_compress_hook
 from ..timing import compare
-from .scaling import load_average, report_header, results_path, write_report
+from .scaling import (
+    _model_names,
+    _out_option,
+    load_average,
+    report_header,
+    results_path,
+    write_report,
+)
 
 __all__ = ["IMPLEMENTATIONS", "MODELS", "main", "measure_step_times", "summarize"]
 
@@ -72,13 +80,6 @@ def _steps(net: nn.Module, X: torch.Tensor, y: torch.Tensor, k: int) -> Callable
             F.cross_entropy(net(X), y).backward()
             opt.step()
     return run
-
-
-def _slowest(seconds: float) -> float:
-    """The largest ``seconds`` over the ranks: a step is as slow as its slowest rank."""
-    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def _time_steps(models: list[str], quick: bool, samples: int, steps: int | None,
@@ -208,14 +209,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds for the launch before its workers are stopped (default "
                         "1800)")
-    parser.add_argument("--out", default=None,
-                        help="where to write the JSON (default results/ddp-MACHINE.json; quick "
-                        "runs write nothing unless given); '-' writes nothing")
+    _out_option(parser, "ddp")
     args = parser.parse_args(argv)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = sorted(set(models) - set(MODELS))
-    if unknown:
-        parser.error(f"unknown model(s) {unknown}; expected some of {list(MODELS)}")
+    models = _model_names(parser, args.models, MODELS)
     rounds = args.rounds if args.rounds is not None else (QUICK_SAMPLES if args.quick
                                                           else SAMPLES)
     if rounds < 2:

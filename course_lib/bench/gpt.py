@@ -48,13 +48,14 @@ import torch.distributed as dist
 
 from ..data_text import HELD_OUT, batch_schedule, find_text, load_text, split_tokens
 from ..devices import cpu_cores, cpu_threads
-from ..distributed import current_device, launch
+from ..distributed import current_device, launch, reduce_value
+from ..distributed.env import _slowest
 from ..distributed.recording import record_collectives
 from ..distributed.tensor.parallel import parallelize_gpt
 from ..models.gpt import GPT, GPTConfig
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import Timer, bootstrap_ratio, compare, load_average
-from .scaling import report_header, results_path, write_report
+from .scaling import _out_option, report_header, results_path, write_report
 
 __all__ = ["BASELINE_DEFAULTS", "HELD_OUT", "TP_VS_DP_DEFAULTS", "baseline", "batch_schedule",
            "main_baseline", "main_tp_vs_dp", "parse_config", "split_tokens", "tp_vs_dp"]
@@ -241,19 +242,6 @@ def _counted(records: list) -> dict:
             "other_collectives": [r.name for r in records if r.name != "all_reduce"]}
 
 
-def _slowest(seconds: float) -> float:
-    """The largest ``seconds`` over the ranks: a step is as slow as its slowest rank."""
-    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
-def _mean_over_ranks(x: float) -> float:
-    t = torch.tensor([x], dtype=torch.float64, device=current_device())
-    dist.all_reduce(t)
-    return t.item() / dist.get_world_size()
-
-
 def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: int,
                      steps_per_sample: int, seed: int, lr: float, warmup: int,
                      max_bytes: int | None) -> dict | None:
@@ -313,8 +301,8 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
         return loss
 
     # step 1: the same work? The TP loss is the whole batch's; DP's mean over ranks is too.
-    first = {"tensor_parallel": tp_step(0).item(), "data_parallel": _mean_over_ranks(
-        dp_step(0).item())}
+    first = {"tensor_parallel": tp_step(0).item(),
+             "data_parallel": reduce_value(dp_step(0).item())}
     # step 2: what each sends (DDP's buckets are rebuilt after its first backward)
     counts = {}
     for name, step in (("tensor_parallel", tp_step), ("data_parallel", dp_step)):
@@ -336,7 +324,7 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
                     min_sample_seconds=0.0, calibration_calls=1, device=device,
                     before=dist.barrier, reduce=_slowest)
     last = {"tensor_parallel": tp_step(0).item(),
-            "data_parallel": _mean_over_ranks(dp_step(0).item())}
+            "data_parallel": reduce_value(dp_step(0).item())}
     if rank != 0:
         return None
     per_step = {name: [s / steps_per_sample for s in seconds]
@@ -479,6 +467,16 @@ def tp_vs_dp(world_size: int = 2, batch_size: int = TP_VS_DP_DEFAULTS["batch_siz
 # command lines
 # ------------------------------------------------------------------------------------------------
 
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    """The options both GPT benchmarks take: --lr, --seed, --config, --max-bytes."""
+    parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", default=None,
+                        help="GPTConfig fields, e.g. n_layer=1,n_embd=48 (default GPTConfig())")
+    parser.add_argument("--max-bytes", type=int, default=None,
+                        help="read only this many bytes of the corpus")
+
+
 def _config_arg(parser: argparse.ArgumentParser, text: str | None) -> GPTConfig:
     try:
         return parse_config(text)
@@ -514,17 +512,10 @@ def main_baseline(argv: list[str]) -> int:
                         help=f"steps left out of the tokens per second (default {d['warmup']})")
     parser.add_argument("--eval-batches", type=int, default=None,
                         help=f"held-out batches (default {d['eval_batches']})")
-    parser.add_argument("--lr", type=float, default=LR)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: every core)")
-    parser.add_argument("--config", default=None,
-                        help="GPTConfig fields, e.g. n_layer=1,n_embd=48 (default GPTConfig())")
-    parser.add_argument("--max-bytes", type=int, default=None,
-                        help="read only this many bytes of the corpus")
-    parser.add_argument("--out", default=None,
-                        help="where to write the JSON (default results/gpt-baseline-MACHINE."
-                        "json; quick runs write nothing unless given); '-' writes nothing")
+    _model_options(parser)
+    _out_option(parser, "gpt-baseline")
     args = parser.parse_args(argv)
     sizes = BASELINE_QUICK if args.quick else d
     config = _config_arg(parser, args.config)
@@ -564,17 +555,10 @@ def main_tp_vs_dp(argv: list[str]) -> int:
     parser.add_argument("--samples", type=int, default=None, help=f"default {d['samples']}")
     parser.add_argument("--steps-per-sample", type=int, default=None,
                         help=f"default {d['steps_per_sample']}")
-    parser.add_argument("--lr", type=float, default=LR)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--config", default=None,
-                        help="GPTConfig fields, e.g. n_layer=1,n_embd=48 (default GPTConfig())")
-    parser.add_argument("--max-bytes", type=int, default=None,
-                        help="read only this many bytes of the corpus")
+    _model_options(parser)
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds for the launch before its workers are stopped")
-    parser.add_argument("--out", default=None,
-                        help="where to write the JSON (default results/tp-vs-dp-MACHINE.json; "
-                        "quick runs write nothing unless given); '-' writes nothing")
+    _out_option(parser, "tp-vs-dp")
     args = parser.parse_args(argv)
     sizes = TP_VS_DP_QUICK if args.quick else d
     config = _config_arg(parser, args.config)

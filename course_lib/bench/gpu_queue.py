@@ -21,7 +21,7 @@ import torch
 
 from ..devices import synchronize, try_gpu
 from ..timing import Timer, matmul_flops
-from .scaling import load_average, report_header, results_path, write_report
+from .scaling import _out_option, load_average, report_header, results_path, write_report
 
 __all__ = ["WAYS", "main", "stored_runs", "time_three_ways"]
 
@@ -75,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=None, help="matrix side (default 4096; quick 1024)")
     ap.add_argument("--runs", type=int, default=7, help="timed runs of each way (default 7)")
     ap.add_argument("--quick", action="store_true", help="a small matrix, nothing written")
-    ap.add_argument("--out", default=None,
-                    help="where to write the JSON (default results/gpu-queue-MACHINE.json; "
-                    "quick runs write nothing unless given); '-' writes nothing")
+    _out_option(ap, "gpu-queue")
     args = ap.parse_args(argv)
     device = try_gpu()
     if device.type != "cuda":

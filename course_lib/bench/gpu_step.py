@@ -30,7 +30,7 @@ from ..devices import synchronize, try_gpu
 from ..models.lenet import init_lenet_params, lenet
 from ..timing import compare
 from ..train import sgd_step
-from .scaling import load_average, report_header, results_path, write_report
+from .scaling import _out_option, load_average, report_header, results_path, write_report
 
 __all__ = ["BATCHES", "main", "profile_step", "time_by_batch_size"]
 
@@ -138,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="steps in the trace (default 20)")
     ap.add_argument("--quick", action="store_true", help="fewer sizes and rounds, nothing written")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (a look; writes nothing)")
-    ap.add_argument("--out", default=None,
-                    help="where to write the JSON (default results/gpu-step-MACHINE.json; "
-                    "quick and --cpu runs write nothing unless given); '-' writes nothing")
+    _out_option(ap, "gpu-step", "quick and --cpu runs")
     args = ap.parse_args(argv)
     device = torch.device("cpu") if args.cpu else try_gpu()
     if device.type != "cuda" and not args.cpu:

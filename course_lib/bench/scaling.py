@@ -55,6 +55,7 @@ from torch.func import functional_call
 
 from ..devices import cpu_cores, cpu_threads, devices, hardware_summary, num_gpus
 from ..distributed import current_device, launch
+from ..distributed.env import _slowest
 from ..models.lenet import LeNet, init_lenet_params, lenet
 from ..models.resnet import resnet18
 from ..parallel.comm import replicate_params
@@ -156,6 +157,23 @@ def results_path(name: str, out: str | None, quick: bool) -> Path | None:
     return None if quick else Path("results") / f"{name}-{machine_slug()}.json"
 
 
+def _out_option(parser: argparse.ArgumentParser, name: str,
+                quick: str = "quick runs") -> None:
+    """Every benchmark's ``--out``, the argument ``results_path`` reads."""
+    parser.add_argument("--out", default=None,
+                        help=f"where to write the JSON (default results/{name}-MACHINE.json; "
+                        f"{quick} write nothing unless given); '-' writes nothing")
+
+
+def _model_names(parser: argparse.ArgumentParser, text: str, known) -> list[str]:
+    """The comma-separated ``--models`` as a list; a name not in ``known`` is a usage error."""
+    models = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = sorted(set(models) - set(known))
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; expected some of {list(known)}")
+    return models
+
+
 def write_report(report: dict, path: Path | None) -> None:
     """Write the JSON report to ``path`` (its folder created), or nothing for None."""
     if path is None:
@@ -176,13 +194,6 @@ def _batch(n: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch
     X = torch.randn(n, 1, 28, 28, generator=g).to(device)    # (n, 1, 28, 28)
     y = torch.randint(0, 10, (n,), generator=g).to(device)   # (n,)
     return X, y
-
-
-def _slowest(seconds: float) -> float:
-    """The largest ``seconds`` over the ranks: a step is as slow as its slowest rank."""
-    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def _wrap(name: str, module: nn.Module, cap_mb: float) -> nn.Module:
@@ -605,14 +616,9 @@ def main(argv: list[str]) -> int:
                         help="measure nothing: recompute the speed-ups and goals of a stored "
                         "results file from its samples, print its tables, and write it back "
                         "(to --out if given)")
-    parser.add_argument("--out", default=None,
-                        help="where to write the JSON (default results/scaling-MACHINE.json; "
-                        "quick runs write nothing unless given); '-' writes nothing")
+    _out_option(parser, "scaling")
     args = parser.parse_args(argv)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = sorted(set(models) - set(MODELS))
-    if unknown:
-        parser.error(f"unknown model(s) {unknown}; expected some of {list(MODELS)}")
+    models = _model_names(parser, args.models, MODELS)
     workers = [int(w) for w in args.workers.split(",")] if args.workers else None
     if args.rederive:
         report = rederive(json.loads(Path(args.rederive).read_text()))

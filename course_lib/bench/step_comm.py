@@ -28,6 +28,7 @@ from torch import nn
 
 from ..devices import cpu_cores
 from ..distributed import current_device, launch
+from ..distributed.env import _slowest
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
 from ..parallel.ddp import DistributedDataParallel
@@ -54,13 +55,6 @@ def bootstrap_median(xs: list[float], *, confidence: float = 0.95, resamples: in
     tail = (1 - confidence) / 2
     return (statistics.median(xs), meds[int(tail * (resamples - 1))],
             meds[int((1 - tail) * (resamples - 1))])
-
-
-def _slowest(seconds: float) -> float:
-    """The largest ``seconds`` over the ranks: a step is as slow as its slowest rank."""
-    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def _stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:

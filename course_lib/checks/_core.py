@@ -64,6 +64,17 @@ def unanswered(name: str, strict: bool, what: str = "function") -> ExerciseResul
                    "and run the cell again.", strict)
 
 
+def refused(name: str, fn: Any, missing: str, strict: bool,
+            expected: str = "a function") -> ExerciseResult | None:
+    """The verdict on an answer that is not a function yet: None is "not answered yet"
+    (``missing`` says what to do), anything not callable "not yet right"; None if callable."""
+    if fn is None:
+        return verdict(name, None, missing, strict)
+    if not callable(fn):
+        return verdict(name, False, f"expected {expected}, got {type(fn).__name__}.", strict)
+    return None
+
+
 class CheckTimeout(Exception):
     """The learner's function did not return within the checker's time bound."""
 

@@ -81,6 +81,7 @@ from ._core import (
     check_answer,
     check_function,
     failure,
+    refused,
     unanswered,
     verdict,
 )
@@ -549,10 +550,8 @@ def check_cases(name: str, fn: Callable | None, cases: Sequence[tuple],
     exception becomes ``raised(case, exc)`` (the whole message), or passes through when
     ``raised`` is None. Else ``passed``.
     """
-    if fn is None:
-        return verdict(name, None, missing, strict)
-    if not callable(fn):
-        return verdict(name, False, f"expected {expected}, got {type(fn).__name__}.", strict)
+    if (refusal := refused(name, fn, missing, strict, expected)) is not None:
+        return refusal
     for case in cases:
         try:
             found = problem(fn, *case)

@@ -15,6 +15,7 @@ import torch
 from ..devices import devices
 from ..distributed.collectives import ring_chunk_bounds
 from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
+from .harness import describe
 
 __all__ = ["check_allreduce_fn", "check_butterfly", "check_ring_allreduce", "check_ring_sends"]
 
@@ -23,14 +24,6 @@ _ALLREDUCE_CASES = [(n, shape) for n in (1, 2, 3, 4, 8) for shape in [(3, 5), (7
 #: ... and by check_ring_allreduce: chunks of unequal size, and empty ones (numel < n).
 _RING_CASES = [(n, shape) for n in (1, 2, 3, 4, 5, 8)
                for shape in [(1,), (3,), (10,), (7, 3), (1001,)]]
-
-
-def _values(t: torch.Tensor) -> str:
-    """A tensor in a few characters: its first values and its shape."""
-    flat = t.detach().cpu().flatten()
-    values = ", ".join(f"{v:.4g}" for v in flat[:3].tolist()) + (", ..." if flat.numel() > 3
-                                                                  else "")
-    return f"[{values}] of shape {tuple(t.shape)}"
 
 
 def _first_wrong_sum(fn: Callable, cases: Sequence[tuple[int, tuple[int, ...]]],
@@ -62,7 +55,7 @@ def _first_wrong_sum(fn: Callable, cases: Sequence[tuple[int, tuple[int, ...]]],
                     why = (" No tensor changed: write into the tensors (t.copy_(...), t += ...),"
                            " do not rebind list entries (tensors[i] = ...).")
                 return (f"with {where}: expected device {i}'s tensor to hold the sum "
-                        f"{_values(expected)}, received {_values(t)}.{why}")
+                        f"{describe(expected)}, received {describe(t)}.{why}")
     return None
 
 
@@ -105,23 +98,34 @@ def _ring_sums(xs: list[torch.Tensor]) -> torch.Tensor:
     return out.reshape(xs[0].shape)
 
 
+def _call_on_spread_values(fn: Callable, gen: torch.Generator, n: int,
+                           numel: int) -> tuple[list, list, str | None]:
+    """``fn`` on ``n`` devices' float32 tensors of ``numel`` values from 1e-4 to 1e4 in
+    magnitude (a different order of additions rounds differently): (the values, the tensors
+    ``fn`` was given, how it failed or None)."""
+    devs = devices(n, warn=False)
+    xs = [torch.randn(numel, generator=gen) * 10.0 ** torch.randint(-4, 5, (numel,),
+                                                                    generator=gen)
+          for _ in range(n)]                                              # (numel,) float32
+    held = [x.to(d, copy=True) for x, d in zip(xs, devs)]
+    try:
+        call_bounded(fn, list(held))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: B036 - a verdict, never a crash
+        return xs, held, failure(exc)
+    return xs, held, None
+
+
 def _first_wrong_schedule(fn: Callable, device_counts: Sequence[int]) -> str | None:
     """On float32 values of very different magnitudes, the first (devices, size) case whose
     result is not, bit for bit, the ring's order of additions; None if there is none."""
     gen = torch.Generator().manual_seed(3)
     for n in device_counts:
         numel = 400 * n + 1                                  # n does not divide it (n > 1)
-        devs = devices(n, warn=False)
-        xs = [torch.randn(numel, generator=gen) * 10.0 ** torch.randint(-4, 5, (numel,),
-                                                                        generator=gen)
-              for _ in range(n)]                                          # (numel,) float32
-        held = [x.to(d, copy=True) for x, d in zip(xs, devs)]
-        try:
-            call_bounded(fn, list(held))
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - a verdict, never a crash
-            return f"with {n} device(s), float32, {numel} elements: {failure(exc)}."
+        xs, held, error = _call_on_spread_values(fn, gen, n, numel)
+        if error is not None:
+            return f"with {n} device(s), float32, {numel} elements: {error}."
         want = _ring_sums(xs)
         for i, t in enumerate(held):
             got = t.detach().cpu()
@@ -207,18 +211,9 @@ def check_butterfly(fn: Callable | None, *, device_counts: tuple[int, ...] = (1,
         return verdict(name, False, wrong, strict)
     gen = torch.Generator().manual_seed(2)
     for n in device_counts:
-        devs = devices(n, warn=False)
-        # magnitudes from 1e-4 to 1e4: a different order of additions rounds differently
-        xs = [torch.randn(1000, generator=gen) * 10.0 ** torch.randint(-4, 5, (1000,),
-                                                                      generator=gen)
-              for _ in range(n)]                                             # (1000,) float32
-        held = [x.to(d, copy=True) for x, d in zip(xs, devs)]
-        try:
-            call_bounded(fn, list(held))
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - a verdict, never a crash
-            return verdict(name, False, f"with {n} device(s), float32: {failure(exc)}.", strict)
+        xs, held, error = _call_on_spread_values(fn, gen, n, 1000)
+        if error is not None:
+            return verdict(name, False, f"with {n} device(s), float32: {error}.", strict)
         got = [t.cpu() for t in held]
         distances = [2 ** r for r in range(n.bit_length() - 1)]
         if not any(all(torch.equal(g, w) for g, w in zip(got, _butterfly_sums(xs, order)))

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..devices import cpu_threads, devices
-from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
+from ._core import ExerciseResult, call_bounded, check_answer, failure, refused, unanswered, verdict
 from .harness import as_numbers, keeps_kernel_state
 
 __all__ = ["check_lr_for_shard_means", "check_scaled_batch", "check_shard_mean_weights",
@@ -228,11 +228,9 @@ def check_train_batch(fn: Callable | None, *, lr: float = 0.5,
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    if fn is None:
-        return verdict(_TB_NAME, None, "define train_batch(X, y, device_params, devices, lr) "
-                       "and pass it here.", strict)
-    if not callable(fn):
-        return verdict(_TB_NAME, False, f"expected a function, got {type(fn).__name__}.", strict)
+    missing = "define train_batch(X, y, device_params, devices, lr) and pass it here."
+    if (refusal := refused(_TB_NAME, fn, missing, strict)) is not None:
+        return refusal
     # Tiny tensors: one intra-op thread is faster, and does not stall on a loaded machine. The
     # batch of 5 over 4 devices is meant to leave a device idle: no warning about it here.
     try:

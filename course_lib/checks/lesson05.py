@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..devices import cpu_threads, devices
-from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
+from ._core import ExerciseResult, call_bounded, check_answer, failure, refused, unanswered, verdict
 from .harness import keeps_kernel_state
 
 __all__ = ["check_bn_examples_seen", "check_data_parallel_fn", "check_module_calls"]
@@ -161,12 +161,9 @@ def check_data_parallel_fn(fn: Callable | None, *,
         The verdict (truthy when right); the first failing case is printed.
     """
     global _dp_failures
-    if fn is None:
-        return verdict(_DP_NAME, None, "define data_parallel(module, X, devices) and pass it "
-                       "here.", strict)
-    if not callable(fn):
-        return verdict(_DP_NAME, False, f"expected a function, got {type(fn).__name__}.",
-                       strict)
+    missing = "define data_parallel(module, X, devices) and pass it here."
+    if (refusal := refused(_DP_NAME, fn, missing, strict)) is not None:
+        return refusal
     try:
         with cpu_threads(1):  # tiny tensors: one intra-op thread is faster, and never stalls
             problem = next((p for seed, (k, B) in enumerate(cases)

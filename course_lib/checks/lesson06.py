@@ -13,6 +13,7 @@ from ..distributed.compat import FLAT_COLLECTIVE_NAMES
 from .harness import (
     ExerciseResult,
     check_function,
+    describe,
     first_failure_in_ranks,
     resolve,
     unanswered,
@@ -254,10 +255,11 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
     import torch
     import torch.distributed as dist
 
+    from ..distributed.env import current_device
+
     rank, world = dist.get_rank(), dist.get_world_size()
     all_reduce = dist.all_reduce                           # the checker's own, kept aside
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    device = current_device()
     try:
         fn = resolve(spec)
     except Exception as e:  # the file is missing, or does not define the function
@@ -297,7 +299,7 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
                     why += "."
             elif torch.allclose(got * world, expected):
                 why = f" It is the average; the sum is {world} times larger."
-            problem = (f"{where}: expected {_values(expected)}, received {_values(got)}.{why}")
+            problem = (f"{where}: expected {describe(expected)}, received {describe(got)}.{why}")
         failed = torch.tensor([0.0 if problem is None else 1.0], device=device)
         all_reduce(failed)
         if problem is not None:
@@ -305,13 +307,6 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
         if failed.item() > 0:
             return None                                     # another rank says what went wrong
     return None
-
-
-def _values(t) -> str:
-    """A tensor in a few characters: its first values and its shape."""
-    flat = t.flatten()
-    more = ", ..." if flat.numel() > 3 else ""
-    return f"[{', '.join(f'{v:.4g}' for v in flat[:3].tolist())}{more}] of shape {tuple(t.shape)}"
 
 
 def check_dist_allreduce(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3, 4),

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.recording import record_collectives
-from .harness import UNANSWERED, ExerciseResult, check_in_ranks, load_answer, verdict
+from ._ddp_cases import CASES, MLP, Frozen
+from .harness import UNANSWERED, ExerciseResult, check_in_ranks, describe, load_answer, verdict
 
 __all__ = ["check_average_gradients", "check_ddp"]
 
@@ -38,17 +39,6 @@ _HINT = ("all-reduce (sum) every parameter's .grad in place, then divide it by "
 # the cases: small models whose parameter sizes do not divide by the world size
 # ------------------------------------------------------------------------------------------------
 
-class _MLP(nn.Module):
-    """Linear 7 -> 5 -> 3: 35, 5, 15 and 3 elements."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(7, 5), nn.Linear(5, 3)
-
-    def forward(self, X):                        # (B, 7)
-        return self.fc2(torch.tanh(self.fc1(X)))  # (B, 3)
-
-
 class _Conv(nn.Module):
     """Conv 1 -> 3 channels 3x3 on 5x5 images, then linear 27 -> 3."""
 
@@ -60,26 +50,19 @@ class _Conv(nn.Module):
         return self.fc(torch.relu(self.conv(X)).flatten(1))   # (B, 3, 3, 3) -> (B, 3)
 
 
-def _frozen() -> nn.Module:
-    """The MLP with its first layer frozen: fc1's .grad stays None."""
-    net = _MLP()
-    net.fc1.requires_grad_(False)
-    return net
-
-
 def _unused() -> nn.Module:
     """The MLP with a layer forward never calls: its parameters require grad, their .grad
     stays None (skipping them only when ``not p.requires_grad`` is not enough)."""
-    net = _MLP()
+    net = MLP()
     net.spare = nn.Linear(3, 2)
     return net
 
 
 #: case name -> (model builder, shape of one example)
 _MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
-    "mlp": (_MLP, (7,)),
+    "mlp": (MLP, (7,)),             # Linear 7 -> 5 -> 3: 35, 5, 15 and 3 elements
     "conv": (_Conv, (1, 5, 5)),
-    "frozen fc1": (_frozen, (7,)),
+    "frozen fc1": (Frozen, (7,)),   # fc1's .grad stays None
     "unused layer": (_unused, (7,)),
 }
 
@@ -87,15 +70,6 @@ _MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 # ------------------------------------------------------------------------------------------------
 # the worker (runs in every rank)
 # ------------------------------------------------------------------------------------------------
-
-def _short(t: torch.Tensor | None) -> str:
-    """A tensor in a few characters: its first values and its shape."""
-    if t is None:
-        return "None"
-    values = ", ".join(f"{v:.4g}" for v in t.flatten()[:3].tolist())
-    more = ", ..." if t.numel() > 3 else ""
-    return f"[{values}{more}] of shape {tuple(t.shape)}"
-
 
 def _diagnose(got: torch.Tensor, want: torch.Tensor, local: torch.Tensor, world: int) -> str:
     """What a wrong gradient looks like: the sum, the local gradient, or something else."""
@@ -152,14 +126,14 @@ def _first_wrong_grad(net: nn.Module, oracle: nn.Module, local: dict[str, torch.
         got, want = p.grad, q.grad
         if want is None or got is None:
             if got is not want:
-                return (f"{where}, parameter {name}: expected .grad {_short(want)}{source}, "
-                        f"received {_short(got)}.")
+                return (f"{where}, parameter {name}: expected .grad {describe(want)}{source}, "
+                        f"received {describe(got)}.")
             continue
         # float32 sums in another order: a right answer differs by rounding only
         if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
             hint = diagnose(got, want, local[name], world) if got.shape == want.shape else ""
-            return (f"{where}, parameter {name}: expected .grad {_short(want)}{source}, "
-                    f"received {_short(got)}.{hint}")
+            return (f"{where}, parameter {name}: expected .grad {describe(want)}{source}, "
+                    f"received {describe(got)}.{hint}")
     return None
 
 
@@ -190,15 +164,13 @@ def check_average_gradients(fn: Callable | str | None, *,
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    if fn is None:
-        return verdict(_NAME, None, "write average_gradients(model) to a file and pass it "
-                       "here.", strict)
     return check_in_ranks(
         _NAME, fn, "my_ddp:average_gradients", _run_cases, (per_rank, 7),
         world_sizes=world_sizes, timeout=timeout, hint=_HINT,
         hang_hint="Does every rank call all_reduce on the same tensors, in the same order?",
         passed=f"every .grad equals the whole-batch gradient for world sizes "
-               f"{list(world_sizes)} and {len(_MODELS)} models.", strict=strict)
+               f"{list(world_sizes)} and {len(_MODELS)} models.",
+        missing="write average_gradients(model) to a file and pass it here.", strict=strict)
 
 
 # ================================================================================================
@@ -304,8 +276,6 @@ def _ddp_diagnose(got: torch.Tensor, want: torch.Tensor, local: torch.Tensor,
 def _ddp_cases(spec, per_rank: int, steps: int, cap_mb: float | None, seed: int) -> str | None:
     """In every rank: each model of ``CASES`` wrapped by the learner's class and by torch's DDP,
     ``steps`` SGD steps on this rank's shards; the first failure as text, or None."""
-    from ._ddp_cases import CASES
-
     rank, world = dist.get_rank(), dist.get_world_size()
     cls, error = load_answer(spec, "class")
     if error:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
+from ._core import ExerciseResult, call_bounded, failure, refused, unanswered, verdict
 from .harness import UNANSWERED, agree, check_in_ranks, load_answer
 
 __all__ = ["check_epoch_shards", "check_exact_accuracy", "check_recipe_entry"]
@@ -196,16 +196,13 @@ def check_exact_accuracy(fn: Callable | str | None, *,
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    if fn is None:
-        return verdict(_NAME, None, "write exact_accuracy(model, X, y) to a file and pass it "
-                       "here.", strict)
     return check_in_ranks(
         _NAME, fn, "my_eval:exact_accuracy", _run_cases, (tuple(sizes), 8),
         world_sizes=world_sizes, timeout=timeout, hint=_HINT,
         hang_hint="Does every rank call the same collectives, in the same order?",
         passed=f"the exact accuracy on every rank, every example counted once, for world "
                f"sizes {list(world_sizes)} and {len(sizes)} set sizes {list(sizes)}.",
-        strict=strict)
+        missing="write exact_accuracy(model, X, y) to a file and pass it here.", strict=strict)
 
 
 # ================================================================================================
@@ -363,12 +360,9 @@ def check_epoch_shards(fn: Callable | None, *, sizes: tuple[int, ...] = (10, 11,
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    if fn is None:
-        return verdict(_SHARDS_NAME, None, "write epoch_shard(n, rank, world_size, epoch, seed) "
-                       "and pass it here.", strict)
-    if not callable(fn):
-        return verdict(_SHARDS_NAME, False, f"expected a function, got {type(fn).__name__}.",
-                       strict)
+    missing = "write epoch_shard(n, rank, world_size, epoch, seed) and pass it here."
+    if (refusal := refused(_SHARDS_NAME, fn, missing, strict)) is not None:
+        return refusal
     for n in sizes:
         for world in world_sizes:
             try:

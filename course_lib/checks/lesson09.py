@@ -217,16 +217,14 @@ def check_syncbn(cls: type | str | None, *, world_sizes: tuple[int, ...] = (2, 3
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    if cls is None:
-        return verdict(_BN_NAME, None, "write your SyncBatchNorm class to a file and pass it "
-                       "here.", strict)
     return check_in_ranks(
         _BN_NAME, cls, "my_syncbn:SyncBatchNorm", _syncbn_cases, (steps, 3),
         world_sizes=world_sizes, timeout=timeout, hint=_BN_HINT,
         hang_hint="Does every rank call the same collectives, in the same order, in forward "
                   "and in backward?",
         passed=f"output, gradients and running statistics equal BatchNorm2d's on the global "
-               f"batch, on uneven shards, for world sizes {list(world_sizes)}.", strict=strict)
+               f"batch, on uneven shards, for world sizes {list(world_sizes)}.",
+        missing="write your SyncBatchNorm class to a file and pass it here.", strict=strict)
 
 
 # ================================================================================================

@@ -23,16 +23,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ._core import ExerciseResult, verdict
+from ._core import ExerciseResult
 from ._launch import UNANSWERED, check_in_ranks, load_answer
 from ._zero_cases import MODELS as _ZERO_MODELS
+from .harness import describe
 
 __all__ = ["check_fsdp", "check_zero"]
-
-
-def _short(t: torch.Tensor) -> str:
-    values = ", ".join(f"{v:.4g}" for v in t.flatten()[:3].tolist())
-    return f"[{values}{', ...' if t.numel() > 3 else ''}] of shape {tuple(t.shape)}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -93,7 +89,7 @@ def _zero_cases(spec, steps: int, seed: int) -> str | None:
                                    "agree: did each owner broadcast its updated parameters "
                                    "to every rank?")
                         return (f"{where}, after step {step}: parameter {name} is "
-                                f"{_short(p)}, the unsharded optimizer gives {_short(q)}.{why}")
+                                f"{describe(p)}, the unsharded optimizer gives {describe(q)}.{why}")
             # the state: each rank holds its own shard's only, the shards balanced by size
             local = getattr(zero, "optim", None)
             if not isinstance(local, torch.optim.Optimizer):
@@ -141,15 +137,14 @@ def check_zero(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
         strict: raise ``AssertionError`` on a wrong answer.
     """
     name = "ZeRO1"
-    if cls is None:
-        return verdict(name, None, "write your class to a file and pass it here.", strict)
     return check_in_ranks(
         name, cls, "my_zero:ZeRO1", _zero_cases, (steps, 3), world_sizes=world_sizes,
         timeout=timeout, hint=_ZERO_HINT,
         hang_hint="Does every rank make the same broadcasts, in the same order?",
         passed=f"equal to the unsharded optimizer for world sizes {list(world_sizes)}, "
                f"{len(_ZERO_MODELS)} models and {len(_OPTIMIZERS)} optimizers; each rank steps "
-               f"only its shard.", strict=strict)
+               f"only its shard.",
+        missing="write your class to a file and pass it here.", strict=strict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -218,7 +213,7 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
         if not torch.equal(shard.detach(), padded[rank * size:(rank + 1) * size]):
             return (f"{where}: the shard of Linear({a}, {b}) should be elements "
                     f"{rank * size}:{(rank + 1) * size} of [weight.flatten(), bias] padded "
-                    f"with zeros; it is {_short(shard)}.")
+                    f"with zeros; it is {describe(shard)}.")
     del padded  # the scan below looks for tensors of these sizes
     sizes = {a * b + b for a, b in _SIZES} | {a * b for a, b in _SIZES}
     sizes |= {math.ceil(n / world) * world for n in sizes}
@@ -270,7 +265,7 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
                 if torch.allclose(got, want * world, rtol=1e-4, atol=1e-6):
                     why = f" It is {world} times too large: the sum, not the average."
                 return (f"{where}, step {step}: the gradient of Linear({a}, {b})'s shard is "
-                        f"{_short(got)}, the whole-batch gradient gives {_short(want)}.{why}")
+                        f"{describe(got)}, the whole-batch gradient gives {describe(want)}.{why}")
         opt.step()
         ref_opt.step()
     return None
@@ -299,8 +294,6 @@ def check_fsdp(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
         strict: raise ``AssertionError`` on a wrong answer.
     """
     name = "ShardedLinear"
-    if cls is None:
-        return verdict(name, None, "write your class to a file and pass it here.", strict)
     return check_in_ranks(
         name, cls, "my_fsdp:ShardedLinear", _fsdp_cases, (steps, 5), world_sizes=world_sizes,
         timeout=timeout, hint=_FSDP_HINT,
@@ -308,4 +301,5 @@ def check_fsdp(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
                   "backward, reduce-scatter in backward)?",
         passed=f"shards, averaged gradients and {steps} training steps equal one process on "
                f"the whole batch for world sizes {list(world_sizes)}; the full weights are freed "
-               "between forward and backward.", strict=strict)
+               "between forward and backward.",
+        missing="write your class to a file and pass it here.", strict=strict)

@@ -435,9 +435,6 @@ def check_ring_step(fn: Callable | str | None, *, world_sizes: tuple[int, ...] =
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    if fn is None:
-        return verdict(_RING_NAME, None, "write ring_step to my_ring.py and pass it here.",
-                       strict)
     return check_in_ranks(
         _RING_NAME, fn, "my_ring:ring_step", _ring_cases, (16,), world_sizes=world_sizes,
         timeout=timeout, hint=_RING_HINT,
@@ -445,7 +442,8 @@ def check_ring_step(fn: Callable | str | None, *, world_sizes: tuple[int, ...] =
                   "and receive as many tensors as the previous rank sends?",
         passed=f"every rank got the previous rank's k and v for world sizes "
                f"{list(world_sizes)} (and in a group of ranks 1 and 2), its own left intact, "
-               "through one batch of paired sends and receives.", strict=strict)
+               "through one batch of paired sends and receives.",
+        missing="write ring_step to my_ring.py and pass it here.", strict=strict)
 
 
 
@@ -563,9 +561,6 @@ def check_ring_attention(fn: Callable | str | None, *, world_sizes: tuple[int, .
     Returns:
         The verdict (truthy when right); the first failing case is printed.
     """
-    if fn is None:
-        return verdict(_LOOP_NAME, None, "write ring_attention_forward to my_ring_attention.py "
-                       "and pass it here.", strict)
     return check_in_ranks(
         _LOOP_NAME, fn, "my_ring_attention:ring_attention_forward", _loop_cases, (160,),
         world_sizes=world_sizes, timeout=timeout, hint=_LOOP_HINT,
@@ -573,4 +568,6 @@ def check_ring_attention(fn: Callable | str | None, *, world_sizes: tuple[int, .
                   "posting its sends and receives together?",
         passed=f"every rank's output equals its slice of F.scaled_dot_product_attention over "
                f"the whole sequence, with and without a causal mask, for world sizes "
-               f"{list(world_sizes)}.", strict=strict)
+               f"{list(world_sizes)}.",
+        missing="write ring_attention_forward to my_ring_attention.py and pass it here.",
+        strict=strict)

@@ -291,6 +291,14 @@ def is_main_process() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
+def _slowest(seconds: float) -> float:
+    """The largest ``seconds`` over the ranks, on every rank: a step (or a collective) is as
+    slow as its slowest rank (``timing.compare``'s ``reduce``)."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def reduce_value(value, average: bool = True):
     """Sum (or mean, with ``average``) of ``value`` over all ranks; unchanged without a group.
 

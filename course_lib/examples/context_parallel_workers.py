@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from course_lib.data_text import batch_schedule, load_text, split_tokens
 from course_lib.distributed.device_mesh import init_device_mesh
+from course_lib.distributed.env import current_device
 from course_lib.distributed.tensor.experimental import ring_attention, zigzag_split
 from course_lib.examples import mesh_workers
 from course_lib.models.gpt import GPT, GPTConfig
@@ -136,7 +137,7 @@ def train_context_parallel(config: dict, batch_size: int, seq_len: int, steps: i
     "block_bytes": one (b, heads, T / cp, head_dim) block of keys}``.
     """
     dp_size, cp_size = shape
-    dev = mesh_workers._device()
+    dev = current_device()
     torch.manual_seed(seed)
     one = GPT(GPTConfig(**config)).to(dev, torch.float64)          # the oracle, whole batch
     model = copy.deepcopy(one)

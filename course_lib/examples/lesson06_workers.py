@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import current_device, ring_allreduce, ring_allreduce_pipelined
+from ..distributed.env import _slowest
 from ..timing import Comparison, LoadStamp, compare
 
 __all__ = ["NOISY_MEDIAN_OVER_MIN", "median_over_min", "time_allreduces", "verdict_or_flag"]
@@ -18,13 +19,6 @@ __all__ = ["NOISY_MEDIAN_OVER_MIN", "median_over_min", "time_allreduces", "verdi
 #: most samples waited for something other than the messages (other programs on the cores), and
 #: a ratio of medians says more about the machine than about the all-reduces.
 NOISY_MEDIAN_OVER_MIN = 1.5
-
-
-def _slowest(seconds: float) -> float:
-    """The largest ``seconds`` over the ranks: a collective is as slow as its slowest rank."""
-    t = torch.tensor([seconds], dtype=torch.float64, device=current_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def _variants(x: torch.Tensor, segments: int) -> dict:

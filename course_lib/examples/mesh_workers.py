@@ -29,6 +29,7 @@ from torch import nn
 
 from course_lib.data_text import batch_schedule, load_text, split_tokens
 from course_lib.distributed.device_mesh import init_device_mesh
+from course_lib.distributed.env import current_device
 from course_lib.distributed.pipelining import PipelineStage, ScheduleGPipe
 from course_lib.distributed.recording import COLLECTIVES, record_collectives
 from course_lib.distributed.tensor.parallel import (
@@ -48,19 +49,13 @@ __all__ = ["mesh_groups", "train_on_mesh", "train_torch_mesh"]
 _COUNTED = tuple(n for n in COLLECTIVES if n != "batch_isend_irecv")
 
 
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def mesh_groups(shape: tuple[int, ...], names: tuple[str, ...]) -> dict:
     """Ours and torch's mesh of ``shape``: each dimension's group (global ranks), this rank's
     coordinate and local ranks, and the sub-mesh rows; ``{"ours": ..., "torch": ...}``."""
     from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
     out = {}
     for who, make in (("ours", init_device_mesh), ("torch", torch_init_device_mesh)):
-        mesh = make(_device().type, shape, mesh_dim_names=names)
+        mesh = make(current_device().type, shape, mesh_dim_names=names)
         out[who] = dict(
             mesh=mesh.mesh.tolist(), coordinate=tuple(mesh.get_coordinate()),
             groups={n: dist.get_process_group_ranks(mesh.get_group(n)) for n in names},
@@ -158,7 +153,7 @@ def train_on_mesh(config: dict, shape: tuple[int, ...], names: tuple[str, ...],
     if "pp" in names and shape[0] != 2:
         raise ValueError(f"train_on_mesh cuts the GPT into two pipeline stages: the 'pp' "
                          f"dimension must be 2, got {shape[0]}.")
-    dev, dt = _device(), getattr(torch, dtype)
+    dev, dt = current_device(), getattr(torch, dtype)
     mesh = init_device_mesh(dev.type, shape, mesh_dim_names=names)
     dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
     torch.manual_seed(seed)
@@ -264,7 +259,7 @@ def train_torch_mesh(config: dict, batch_size: int, seq_len: int, steps: int,
         from torch.distributed.fsdp import fully_shard
     except ImportError as e:
         return {"error": f"ImportError: {e}"}
-    dev = _device()
+    dev = current_device()
     torch.manual_seed(seed)
     one = GPT(GPTConfig(**config)).to(dev, torch.float64)
     theirs = copy.deepcopy(one)

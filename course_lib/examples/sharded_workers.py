@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from course_lib.distributed.env import _slowest, current_device
 from course_lib.distributed.fsdp import FullyShardedDataParallel
 from course_lib.distributed.memory import (
     PeakMemory,
@@ -59,16 +60,10 @@ def mlp(widths: list[int]) -> nn.Sequential:
     return nn.Sequential(*layers[:-1])
 
 
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _setup(kind: str, widths: list[int], seed: int = 0, lr: float = 1e-3):
     """(model, optimizer, the optimizer holding this rank's state) for one kind."""
     torch.manual_seed(seed)
-    net = mlp(widths).to(_device())
+    net = mlp(widths).to(current_device())
     if kind in ("DDP", "DDP-view"):   # DDP-view: each .grad a view of its bucket
         model = DistributedDataParallel(net, gradient_as_bucket_view=kind == "DDP-view")
         opt = torch.optim.AdamW(net.parameters(), lr=lr)
@@ -86,8 +81,8 @@ def _setup(kind: str, widths: list[int], seed: int = 0, lr: float = 1e-3):
 
 def _batch(widths: list[int], per_rank: int, seed: int):
     g = torch.Generator().manual_seed(seed + dist.get_rank())
-    X = torch.randn(per_rank, widths[0], generator=g).to(_device())            # (B, in)
-    y = torch.randint(0, widths[-1], (per_rank,), generator=g).to(_device())   # (B,)
+    X = torch.randn(per_rank, widths[0], generator=g).to(current_device())            # (B, in)
+    y = torch.randint(0, widths[-1], (per_rank,), generator=g).to(current_device())   # (B,)
     return X, y
 
 
@@ -201,7 +196,7 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
                   if kind == "ZeRO-1" else [])
         owner_sizes = frozenset(n for n in (sum(p.numel() for p in s) for s in owners) if n)
         classify = _classifier(kind, model, local, (X, y), owner_sizes)
-        with PeakMemory(_device(), classify=classify) as measured:
+        with PeakMemory(current_device(), classify=classify) as measured:
             _step(model, opt, X, y, measured)
         params = list(model.parameters())
         sizes = [p.numel() for p in mlp(widths).parameters()]
@@ -233,7 +228,8 @@ def compare_zero_with_unsharded(widths: list[int], per_rank: int = 8, steps: int
     pairs = list(zip(runs[0][0].parameters(), runs[1][0].parameters()))
     unequal = sum(not torch.equal(a, b) for a, b in pairs)
     difference = max((a.detach() - b.detach()).abs().max().item() for a, b in pairs)
-    summary = torch.tensor([float(unequal), difference], dtype=torch.float64, device=_device())
+    summary = torch.tensor([float(unequal), difference], dtype=torch.float64,
+                           device=current_device())
     dist.all_reduce(summary, op=dist.ReduceOp.MAX)  # gloo and NCCL both take float64
     return {"steps": steps, "equal": summary[0].item() == 0,
             "max_difference": summary[1].item()}
@@ -249,13 +245,8 @@ def step_times(widths: list[int], per_rank: int = 8, samples: int = 10,
     X, y = _batch(widths, per_rank, seed=1)
     variants = {kind: (lambda m=m, o=o: _step(m, o, X, y)) for kind, (m, o, _) in setups.items()}
 
-    def slowest(seconds: float) -> float:
-        t = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
-
     result = compare(variants, samples=samples, min_sample_seconds=min_sample_seconds,
-                     before=dist.barrier, reduce=slowest, device=_device())
+                     before=dist.barrier, reduce=_slowest, device=current_device())
     return result.to_json()
 
 
@@ -270,7 +261,7 @@ def compare_with_torch_fsdp(widths: list[int], per_rank: int = 4, steps: int = 3
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    base = mlp(widths).to(_device())
+    base = mlp(widths).to(current_device())
     one = copy.deepcopy(base)
     ours = FullyShardedDataParallel(copy.deepcopy(base))
     try:
@@ -278,7 +269,7 @@ def compare_with_torch_fsdp(widths: list[int], per_rank: int = 4, steps: int = 3
         from torch.distributed.fsdp import fully_shard
 
         # this group's device: fully_shard's default mesh takes a GPU per rank when CUDA exists
-        mesh = init_device_mesh(_device().type, (world,))
+        mesh = init_device_mesh(current_device().type, (world,))
         theirs = copy.deepcopy(base)
         for m in theirs:
             if isinstance(m, nn.Linear):
@@ -290,8 +281,8 @@ def compare_with_torch_fsdp(widths: list[int], per_rank: int = 4, steps: int = 3
     g = torch.Generator().manual_seed(1)
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
     for _ in range(steps):
-        X = torch.randn(world * per_rank, widths[0], generator=g).to(_device())
-        y = torch.randint(0, widths[-1], (world * per_rank,), generator=g).to(_device())
+        X = torch.randn(world * per_rank, widths[0], generator=g).to(current_device())
+        y = torch.randint(0, widths[-1], (world * per_rank,), generator=g).to(current_device())
         _step(one, opts[0], X, y)                 # one process, the whole batch
         _step(ours, opts[1], X[mine], y[mine])    # each rank its slice
         _step(theirs, opts[2], X[mine], y[mine])
@@ -389,7 +380,7 @@ def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
     # The paper's ZeRO-1: a plain model, its gradients reduce-scattered, its slices all-gathered;
     # after the two steps, its parameters against DDP's (the unsharded AdamW) after two steps
     torch.manual_seed(0)
-    net = mlp(widths).to(_device())
+    net = mlp(widths).to(current_device())
     opt = _PaperZeRO1(net)
     _step(net, opt, X, y)
     with record_collectives() as records:
@@ -404,7 +395,7 @@ def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
         _step(ref, ref_opt, X, y)
     difference = torch.tensor([max((a.detach() - b.detach()).abs().max().item()
                                    for a, b in zip(ref.parameters(), net.parameters()))],
-                              dtype=torch.float64, device=_device())
+                              dtype=torch.float64, device=current_device())
     dist.all_reduce(difference, op=dist.ReduceOp.MAX)
     out["paper_zero1_vs_unsharded"] = difference.item()
     return out

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course_lib.data_text import batch_schedule, load_text, split_tokens, text_batch
+from course_lib.distributed.env import current_device
 from course_lib.distributed.pipelining import ActivationMeter
 from course_lib.distributed.recording import record_collectives
 from course_lib.distributed.tensor.parallel import (
@@ -50,19 +51,13 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
                "all_to_all", "send", "recv")
 
 
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _models(config: dict, dtype: torch.dtype, seed: int,
             mine: dict | None = None) -> tuple[GPT, GPT]:
     """(the whole model, its tensor-parallel copy), the same on every rank. With ``mine``
     (``{"folder": ..., "linears": "my_linears", "loss": "my_loss"}``) the blocks' four linears
     are the learner's ``ColumnParallelLinear`` / ``RowParallelLinear`` and the loss theirs."""
     torch.manual_seed(seed)
-    one = GPT(GPTConfig(**config)).to(_device(), dtype)
+    one = GPT(GPTConfig(**config)).to(current_device(), dtype)
     tp = parallelize_gpt(copy.deepcopy(one))
     if mine:
         if mine["folder"] not in sys.path:
@@ -117,7 +112,8 @@ def against_one_process(config: dict, batch_size: int, seq_len: int, steps: int,
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = []
     for step in range(steps):
-        X, Y = (t.to(_device()) for t in text_batch(tokens, batch_size, seq_len, generator=gen))
+        batch = text_batch(tokens, batch_size, seq_len, generator=gen)
+        X, Y = (t.to(current_device()) for t in batch)
         logits, loss = one(X, Y)
         logits_tp, loss_tp = tp(X, Y)
         for opt, lo in ((opt_one, loss), (opt_tp, loss_tp)):
@@ -154,7 +150,7 @@ def against_torch(config: dict, batch_size: int, seq_len: int, seed: int = 0) ->
     theirs = copy.deepcopy(one)
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        mesh = init_device_mesh(_device().type, (world,))
+        mesh = init_device_mesh(current_device().type, (world,))
         for block in theirs.blocks:
             parallelize_module(block, mesh, {"attn.qkv": ColwiseParallel(),
                                              "attn.out_proj": RowwiseParallel(),
@@ -162,7 +158,7 @@ def against_torch(config: dict, batch_size: int, seq_len: int, seed: int = 0) ->
                                              "mlp.proj": RowwiseParallel()})
         gen = torch.Generator().manual_seed(seed + 1)
         X = torch.randint(one.config.vocab_size, (batch_size, seq_len), generator=gen)
-        X = X.to(_device())
+        X = X.to(current_device())
         logits_t, loss_t = theirs(X, X)
         logits_o, loss_o = ours(X, X)
         loss_t.backward()
@@ -215,7 +211,8 @@ def trace_collectives(config: dict, batch_size: int, seq_len: int, seed: int = 0
             handles += [module.register_forward_pre_hook(before(name)),
                         module.register_forward_hook(after(name))]
     gen = torch.Generator().manual_seed(seed + 1)
-    X = torch.randint(tp.config.vocab_size, (batch_size, seq_len), generator=gen).to(_device())
+    X = torch.randint(tp.config.vocab_size, (batch_size, seq_len), generator=gen)
+    X = X.to(current_device())
     loss_fn = tp.loss_fn
 
     def traced_loss(*args, **kwargs):
@@ -268,7 +265,7 @@ def measure_memory(config_kwargs: dict, batch_size: int, seq_len: int, seed: int
     rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(seed)
     config = GPTConfig(**config_kwargs)
-    device = _device() if world > 1 else torch.device("cpu")
+    device = current_device() if world > 1 else torch.device("cpu")
     model = GPT(config).to(device)
     if world > 1:
         parallelize_gpt(model)
@@ -303,7 +300,7 @@ def train_split(config: dict, batch_size: int, seq_len: int, steps: int, lr: flo
     batches = batch_schedule(train, batch_size, seq_len, seed=seed)
     losses = []
     for _ in range(steps):
-        X, Y = (t.to(_device()) for t in next(batches))
+        X, Y = (t.to(current_device()) for t in next(batches))
         _, loss = tp(X, Y)
         opt.zero_grad()
         loss.backward()
