@@ -104,8 +104,8 @@ def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult
     if any(a is not b for a, b in zip(mine, passed)) or len(mine) != len(passed):
         return verdict("sgd", False, "your step replaced tensors in the list with new ones; "
                        "whoever else holds the parameters (a model, a training loop) would not "
-                       "see the update. Update each tensor in place (p -= ...) under "
-                       "torch.no_grad().", strict)
+                       "see the update. Change each tensor of the list itself, in place.",
+                       strict)
     for p, q in zip(mine, params):
         if not torch.allclose(p.detach(), q.detach()):
             return verdict("sgd", False, "the parameters after your step differ from "
@@ -209,7 +209,8 @@ def check_step_flops(fn: Callable | None, *, strict: bool = False) -> ExerciseRe
             hint = ("count, for each convolution and linear layer, one multiply-add per weight "
                     "per output value, then ask which gradients the backward pass needs for "
                     "each layer (2 FLOPs per multiply-add).")
-        return verdict(name, False, f"for batch_size={batch} you counted {value:,.0f} FLOPs; "
-                       f"PyTorch's FlopCounterMode counts {want:,}. Hint: {hint}", strict)
+        more = "more" if value > want else "fewer"        # the direction, never the target
+        return verdict(name, False, f"for batch_size={batch} you counted {value:,.0f} FLOPs, "
+                       f"{more} than PyTorch's FlopCounterMode counts. Hint: {hint}", strict)
     return verdict(name, True, "the same count as torch.utils.flop_counter.FlopCounterMode for "
                    "batches of 1, 3 and 256.", strict)
