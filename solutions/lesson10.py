@@ -1,9 +1,9 @@
 """Lesson 10, exercises: the alpha-beta time of a ring all-reduce; the alpha-beta fit of a ring
-all-reduce; the bus bandwidth of one raw row of a collectives results file (no longer asked by
-the notebook; its checker is kept).
+all-reduce; the predicted all-reduce time of a step; the bus bandwidth of one raw row of a
+collectives results file (no longer asked by the notebook; its checker is kept).
 
-Checked by ``course_lib.checks.lesson10.check_ring_time``, ``check_alpha_beta_fit`` and
-``check_bus_bandwidth``.
+Checked by ``course_lib.checks.lesson10.check_ring_time``, ``check_alpha_beta_fit``,
+``check_predicted_comm`` and ``check_bus_bandwidth``.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import statistics
 
 import numpy as np
 
-__all__ = ["alpha_beta_fit", "bus_bandwidth", "ring_time"]
+__all__ = ["alpha_beta_fit", "bus_bandwidth", "predicted_comm", "ring_time"]
 
 
 def ring_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
@@ -27,6 +27,11 @@ def alpha_beta_fit(sizes: list[float], times: list[float], p: int) -> tuple[floa
     n, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
     b, a = np.polyfit(n, t, 1, w=1 / t)      # residuals weighted by 1 / t: relative errors
     return float(a / (2 * (p - 1))), float(b * p / (2 * (p - 1)))
+
+
+def predicted_comm(message_bytes: list[float], p: int, alpha: float, beta: float) -> float:
+    """Seconds of a step's all-reduces: one ring all-reduce per message, one after another."""
+    return sum(ring_time(n, p, alpha, beta) for n in message_bytes)
 
 
 def bus_bandwidth(row: dict) -> float:

@@ -13,18 +13,21 @@ import pytest
 from course_lib.bench import cost_model
 from course_lib.checks.lesson10 import (
     _cases,
+    _comm_cases,
     _fit_cases,
     _ring_cases,
     check_alpha_beta_fit,
     check_bus_bandwidth,
+    check_predicted_comm,
     check_ring_time,
+    comm_by_schedule,
     fit_line,
     link_bytes_by_schedule,
     lstsq_relative_fit,
     median_by_sorting,
     ring_time_by_schedule,
 )
-from solutions.lesson10 import alpha_beta_fit, bus_bandwidth, ring_time
+from solutions.lesson10 import alpha_beta_fit, bus_bandwidth, predicted_comm, ring_time
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -248,3 +251,62 @@ def test_lstsq_oracle_matches_the_normal_equations_and_the_library():
         lib = cost_model.fit_ring(sizes, times, p)
         assert math.isclose(alpha, lib.alpha, rel_tol=1e-9)
         assert math.isclose(beta, lib.beta, rel_tol=1e-9)
+
+
+# --- a step's predicted all-reduce time ---------------------------------------------------------
+
+def _comm_open(msgs, p, alpha, beta):
+    raise NotImplementedError("predicted_comm")
+
+
+COMM_WRONG = {
+    "one all-reduce of all the bytes":
+        lambda m, p, a, b: cost_model.ring_time(sum(m), p, a, b) if m else 0.0,
+    "alpha paid once per message":
+        lambda m, p, a, b: sum(a + 2 * (p - 1) / p * n * b for n in m) if p > 1 else 0.0,
+    "the 2-rank formula": lambda m, p, a, b: sum(2 * a + n * b for n in m),
+    "the largest message only":
+        lambda m, p, a, b: cost_model.ring_time(max(m), p, a, b) if m else 0.0,
+    "whole messages in every ring step": lambda m, p, a, b: sum(2 * (p - 1) * (a + n * b)
+                                                               for n in m),
+}
+
+
+def test_predicted_comm_checker_accepts_the_reference_and_the_library(capsys):
+    assert check_predicted_comm(predicted_comm, strict=True)
+    assert check_predicted_comm(cost_model.predicted_comm)
+    assert check_predicted_comm(None).ok is None
+    assert check_predicted_comm(_comm_open).ok is None
+    assert "not answered" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("why", list(COMM_WRONG))
+def test_predicted_comm_checker_names_the_usual_mistakes(why):
+    result = check_predicted_comm(COMM_WRONG[why])
+    assert result.ok is False and "expected" in result.message
+    assert why in result.message, result.message
+    with pytest.raises(AssertionError):
+        check_predicted_comm(COMM_WRONG[why], strict=True)
+
+
+def test_predicted_comm_checker_a_failure_a_non_number_or_a_mutated_list_is_a_verdict():
+    assert "ZeroDivisionError" in check_predicted_comm(lambda m, p, a, b: 1 / 0).message
+    assert "one number" in check_predicted_comm(lambda m, p, a, b: "fast").message
+
+    def pops(m, p, a, b):   # empties the caller's list: each call gets its own copy
+        total = 0.0
+        while m:
+            total += cost_model.ring_time(m.pop(), p, a, b)
+        return total
+    assert check_predicted_comm(pops).ok
+
+
+def test_comm_oracle_matches_the_library_and_covers_three_ranks():
+    for m, p, a, b in _comm_cases():
+        assert math.isclose(comm_by_schedule(m, p, a, b), cost_model.predicted_comm(m, p, a, b),
+                            rel_tol=1e-12, abs_tol=1e-18)
+        assert math.isclose(cost_model.predicted_comm(m, p, a, b),
+                            cost_model.predicted_step_time(0.0, m, p, cost_model.AlphaBeta(
+                                alpha=a, beta=b, p=p)), rel_tol=1e-12, abs_tol=1e-18)
+    assert any(p == 3 for _, p, _, _ in _comm_cases())
+    assert any(not m for m, _, _, _ in _comm_cases())

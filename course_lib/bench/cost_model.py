@@ -58,6 +58,7 @@ __all__ = [
     "naive_time",
     "nccl_tree_time",
     "predict",
+    "predicted_comm",
     "predicted_step_time",
     "ps_server_bytes",
     "ps_time",
@@ -309,15 +310,15 @@ def fit_ring(sizes: list[float], times: list[float], p: int, source: str = "") -
 
     The ring model is a straight line in n: ``t = a + b n`` with ``a = 2 (p - 1) alpha`` and
     ``b = 2 (p - 1) / p * beta``. It is fitted by weighted least squares on the *relative*
-    error, minimising ``sum(((a + b n_i - t_i) / t_i) ** 2)``: the sizes span four orders of
-    magnitude, and an ordinary least-squares line would fit the 64 MB points and ignore the
-    4 KB ones (whose times can be a hundred or more times smaller). Then
-    ``alpha = a / (2 (p - 1))`` and ``beta = b p / (2 (p - 1))``.
+    error, minimising ``sum(((a + b n_i - t_i) / t_i) ** 2)``: the largest message takes many
+    times as long as the smallest, and an ordinary least-squares line would follow the largest
+    messages and ignore the smallest, where alpha shows. Then ``alpha = a / (2 (p - 1))`` and
+    ``beta = b p / (2 (p - 1))``.
 
     Args:
         sizes: message sizes in bytes (at least two distinct).
-        times: the measured seconds of one all-reduce of each size: the fastest samples
-            (``low_quantile``), not a median inflated by whatever else the machine ran.
+        times: the measured seconds of one all-reduce of each size, one number per size (a
+            median of the samples, or a low quantile of them: the caller chooses).
         p: ranks (>= 2).
         source: a label kept with the result.
 
@@ -381,6 +382,13 @@ def fit_results(rows: list[dict], op: str = "all_reduce", p: int = 2, q: float =
 def predict(model: AlphaBeta, n_bytes: float, p: int) -> dict[str, float]:
     """Seconds of one all-reduce of ``n_bytes`` over p ranks, for each of ``ALGORITHMS``."""
     return {name: f(n_bytes, p, model.alpha, model.beta) for name, f in ALGORITHMS.items()}
+
+
+def predicted_comm(message_bytes: Sequence[float], p: int, alpha: float, beta: float) -> float:
+    """Seconds of a step's all-reduces by the alpha-beta model: one ring all-reduce per message,
+    one after another, ``sum(ring_time(n, p, alpha, beta) for n in message_bytes)``. Every
+    message pays its own ``2 (p - 1) alpha``, so the same bytes in fewer messages cost less."""
+    return sum(ring_time(n, p, alpha, beta) for n in message_bytes)
 
 
 def predicted_step_time(compute_s: float, message_bytes: list[float], p: int, model: AlphaBeta,

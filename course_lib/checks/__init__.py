@@ -49,7 +49,12 @@ from .lesson06 import (
 from .lesson07 import check_average_gradients, check_ddp
 from .lesson08 import check_epoch_shards, check_exact_accuracy, check_recipe_entry
 from .lesson09 import check_resume, check_syncbn
-from .lesson10 import check_alpha_beta_fit, check_bus_bandwidth, check_ring_time
+from .lesson10 import (
+    check_alpha_beta_fit,
+    check_bus_bandwidth,
+    check_predicted_comm,
+    check_ring_time,
+)
 from .lesson11 import check_fsdp, check_zero
 from .lesson12 import check_one_f_one_b, check_stage, max_in_flight
 from .lesson13 import (
@@ -85,7 +90,8 @@ __all__ = [
     "check_average_gradients", "check_ddp",                   # 07
     "check_epoch_shards", "check_exact_accuracy", "check_recipe_entry",  # 08
     "check_resume", "check_syncbn",                           # 09
-    "check_alpha_beta_fit", "check_bus_bandwidth", "check_ring_time",   # 10
+    "check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",  # 10
+    "check_ring_time",
     "check_zero", "check_fsdp",                              # 11 (sharded)
     "check_stage", "check_one_f_one_b", "max_in_flight",       # 12
     "check_load_matching", "check_read_plan", "check_reshard", "check_sharded_resume",  # 13

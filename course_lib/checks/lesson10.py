@@ -18,6 +18,11 @@ to measured (bytes, seconds): the line ``t = a + b n`` that minimises
 ``alpha = a / (2 (p - 1))`` and ``beta = b p / (2 (p - 1))``. Its oracle solves the weighted
 least-squares problem with ``numpy.linalg.lstsq`` (rows scaled by ``1 / t_i``; not
 ``course_lib.bench.cost_model.fit_ring``); the tests check that both agree.
+
+``check_predicted_comm`` asks for the model's time of a step's all-reduces: one ring all-reduce
+per message (a bucket, or a parameter), one after another, each paying its own latency. Its
+oracle walks every message's ring schedule (``ring_time_by_schedule``), not the library's
+``course_lib.bench.cost_model.predicted_comm``; the tests check that both agree.
 """
 from __future__ import annotations
 
@@ -29,9 +34,9 @@ import numpy as np
 
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
 
-__all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_ring_time", "fit_line",
-           "link_bytes_by_schedule", "lstsq_relative_fit", "median_by_sorting",
-           "ring_time_by_schedule"]
+__all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",
+           "check_ring_time", "comm_by_schedule", "fit_line", "link_bytes_by_schedule",
+           "lstsq_relative_fit", "median_by_sorting", "ring_time_by_schedule"]
 
 _NAME = "bus_bandwidth"
 _HINT = ("the bus bandwidth is the bytes one rank's link carries in a ring, per second of the "
@@ -340,3 +345,90 @@ def check_alpha_beta_fit(fn: Callable | None, *, strict: bool = False) -> Exerci
                            f"{got[1]:.6g}. {_fit_diagnose(sizes, times, p, got)}", strict)
     return verdict(_FIT, True, f"matches the relative-error fit on {len(cases)} cases (2 to 8 "
                    "ranks, exact and noisy times).", strict)
+
+
+# ------------------------------------------------------------------------------------------------
+# the predicted all-reduce time of a step
+# ------------------------------------------------------------------------------------------------
+
+_COMM = "predicted_comm"
+_COMM_HINT = ("a step sends each message (a bucket, or a parameter's gradient) in an all-reduce "
+              "of its own, one after another: add up one ring all-reduce per message, each with "
+              "its own 2 (p - 1) steps of alpha + n / p * beta.")
+
+
+def comm_by_schedule(message_bytes: list[float], p: int, alpha: float, beta: float) -> float:
+    """Seconds of a step's all-reduces, message by message: every message's ring schedule
+    walked in turn (the oracle of ``check_predicted_comm``)."""
+    total = 0.0
+    for n in message_bytes:
+        total += ring_time_by_schedule(n, p, alpha, beta)
+    return total
+
+
+def _comm_cases() -> list[tuple[list[float], int, float, float]]:
+    """(message_bytes, p, alpha, beta): LeNet-like and ResNet-like buckets at 2 to 8 ranks (3
+    among them, where the 2-rank formula is wrong), one message, none, one rank."""
+    lenet = [600, 24, 9600, 64, 192000, 480, 40320, 336]
+    resnet = [9_468_000, 25_270_000, 8_730_000]
+    return [(lenet, 3, 300e-6, 0.7e-9), (resnet, 4, 50e-6, 1e-9), (lenet, 2, 300e-6, 0.7e-9),
+            ([2**20] * 5, 8, 5e-6, 0.02e-9), ([123_457], 3, 30e-6, 2e-9), ([], 4, 10e-6, 1e-9),
+            (resnet, 1, 50e-6, 1e-9), (lenet + resnet, 5, 20e-6, 0.3e-9)]
+
+
+def _comm_diagnose(msgs: list[float], p: int, alpha: float, beta: float, got: float) -> str:
+    """A likely mistake behind ``got``, when one of the usual ones reproduces it."""
+    total = sum(msgs)
+    ring = ring_time_by_schedule
+    usual = {
+        "one all-reduce of all the bytes: each message is an all-reduce of its own and pays "
+        "its own latency": ring(total, p, alpha, beta) if msgs else 0.0,
+        "alpha paid once per message: each of a ring's 2 (p - 1) steps is a message that pays "
+        "it": sum(alpha + 2 * (p - 1) / p * n * beta for n in msgs) if p > 1 else 0.0,
+        "the 2-rank formula, 2 alpha + n beta, whatever p: the ring's cost depends on p":
+            sum(2 * alpha + n * beta for n in msgs),
+        "the largest message only: every message is sent": ring(max(msgs), p, alpha, beta)
+        if msgs else 0.0,
+        "whole messages in every ring step: each step sends n / p bytes":
+            sum(2 * (p - 1) * (alpha + n * beta) for n in msgs),
+    }
+    for why, value in usual.items():
+        if math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-15):
+            return f"That is {why}."
+    return _COMM_HINT
+
+
+def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise: ``fn(message_bytes, p, alpha, beta)`` is the alpha-beta model's time (s) of a
+    step's all-reduces: one ring all-reduce per message, one after another.
+
+    Run on lists of 0 to 11 messages at 1 to 8 ranks; each call gets its own copy of the list.
+    Relative tolerance 1e-9 against every message's ring schedule walked step by step; the
+    first failing case is printed with the usual mistake that explains it, if one does.
+    """
+    if fn is None:
+        return verdict(_COMM, None, "define your function and pass it here.", strict)
+    cases = _comm_cases()
+    for msgs, p, alpha, beta in cases:
+        want = comm_by_schedule(msgs, p, alpha, beta)
+        shown = (f"message_bytes={msgs}, p={p}, alpha={alpha:g}, beta={beta:g}" if len(msgs) < 6
+                 else f"{len(msgs)} messages of {sum(msgs)} bytes in all, p={p}, "
+                      f"alpha={alpha:g}, beta={beta:g}")
+        try:
+            got = call_bounded(fn, list(msgs), p, alpha, beta)
+        except NotImplementedError:
+            return unanswered(_COMM, strict)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+            return verdict(_COMM, False, f"{failure(exc)} on {shown}. {_COMM_HINT}", strict)
+        try:
+            got = float(got)   # a 0-d tensor or numpy number is fine
+        except (TypeError, ValueError):
+            return verdict(_COMM, False, f"returned {got!r} ({type(got).__name__}) on {shown}; "
+                           "expected one number, in seconds.", strict)
+        if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15):
+            return verdict(_COMM, False, f"on {shown}: expected {want:.6g} s, got {got:.6g} s. "
+                           f"{_comm_diagnose(msgs, p, alpha, beta, got)}", strict)
+    return verdict(_COMM, True, f"matches every message's ring schedule on {len(cases)} steps "
+                   "(0 to 11 messages, 1 to 8 ranks).", strict)
