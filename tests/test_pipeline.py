@@ -218,9 +218,10 @@ def test_bubble_table_and_compare_to_control(capsys):
     ratios = W.compare_to_control(_fake_runs(control=noisy, m2=[0.9 * k for k in noisy]),
                                   (1, 2))
     assert ratios[2] == pytest.approx((0.9, 0.9, 0.9))
-    assert "1F1B faster" in capsys.readouterr().out
+    out = capsys.readouterr().out   # each verdict names the rounds it rests on
+    assert "over 6 rounds" in out and "1F1B faster in these 6 rounds" in out
     W.compare_to_control(_fake_runs(control=noisy, m2=[1.1 * k for k in noisy]), (1, 2))
-    assert "1F1B slower" in capsys.readouterr().out
+    assert "1F1B slower in these 6 rounds" in capsys.readouterr().out
     # resampled apart (an unpaired interval), the same data would call nothing
     a = [0.9 * k for k in noisy]
     shuffled = W.ratio_over_control(a, [1.0] * 6, noisy[::-1], [1.0] * 6)

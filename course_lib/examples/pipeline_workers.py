@@ -431,7 +431,7 @@ def bubble_table(runs: dict, title: str) -> dict:
         busy = [busy_seconds(r, s) * 1e3 for s in (0, 1)]
         print(f"{schedule:>8} {m:>2} {bubble_fraction(2, m):>7.3f} "
               f"{medians[schedule, m]:>11.3f} [{min(b):.3f}, {max(b):.3f}] "
-              f"{step_seconds(r) * 1e3:>11.1f} {busy[0]:>10.1f} / {busy[1]:<8.1f}")
+              f"{step_seconds(r) * 1e3:>11.1f} {busy[0]:>10.1f} / {busy[1]:.1f}")
     return medians
 
 
@@ -479,16 +479,18 @@ def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
     if any(gpipe_order(s, 2, 1) != one_f_one_b_order(s, 2, 1) for s in (0, 1)):
         raise AssertionError("at m = 1 the two schedules should run the same order")
     spans = {key: step_spans(r) for key, r in runs.items()}
+    rounds = len(spans["gpipe", 1])   # one step of each configuration per round
     out = {1: bootstrap_ratio(spans["1f1b", 1], spans["gpipe", 1])}
     control, low, high = out[1]
     print(f"control, m=1 (the same order): step time 1F1B / GPipe {control:.3f} "
-          f"[{low:.3f}, {high:.3f}] (95% bootstrap interval over rounds)")
+          f"[{low:.3f}, {high:.3f}] (95% bootstrap interval over {rounds} rounds)")
     print("  1F1B / GPipe at m, over the control (rounds resampled together):")
     for m in microbatches[1:]:
         out[m] = r, lo, hi = ratio_over_control(spans["1f1b", m], spans["gpipe", m],
                                                 spans["1f1b", 1], spans["gpipe", 1])
-        verdict = ("below 1: 1F1B faster" if hi < 1 else "above 1: 1F1B slower" if lo > 1
-                   else "includes 1: no difference measurable here")
+        verdict = (f"below 1: 1F1B faster in these {rounds} rounds" if hi < 1 else
+                   f"above 1: 1F1B slower in these {rounds} rounds" if lo > 1
+                   else f"includes 1: no difference measurable in these {rounds} rounds")
         print(f"  m={m}: {r:.3f} [{lo:.3f}, {hi:.3f}]: {verdict}")
     return out
 
