@@ -1,5 +1,5 @@
 """Checkers for the exercises of lesson 01 (functional LeNet): the network, sgd, accuracy, the
-arithmetic of one step, the plateau."""
+arithmetic of one step, the first loss."""
 from __future__ import annotations
 
 import functools
