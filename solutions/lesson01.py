@@ -1,5 +1,5 @@
 """Lesson 01, exercises: the functional LeNet, SGD from scratch, counting correct predictions,
-the arithmetic of one training step, the plateau's loss.
+the arithmetic of one training step, the first loss.
 
 Checked by ``course_lib.checks.lesson01``: ``check_lenet_fn``, ``check_sgd_fn``,
 ``check_accuracy_fn``, ``check_step_flops`` and ``check_initial_loss``. The names are those the
