@@ -222,6 +222,13 @@ def test_bubble_table_and_compare_to_control(capsys):
     assert "over 6 rounds" in out and "1F1B faster in these 6 rounds" in out
     W.compare_to_control(_fake_runs(control=noisy, m2=[1.1 * k for k in noisy]), (1, 2))
     assert "1F1B slower in these 6 rounds" in capsys.readouterr().out
+    # a bound just below 1 next to "below 1" must not print as 1 (it did at 3 decimals)
+    W.compare_to_control(_fake_runs(control=noisy, m2=[0.99999 * k for k in noisy]), (1, 2))
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "below 1" in line and "[< 1, < 1]" in line and "1.000" not in line, line
+    W.compare_to_control(_fake_runs(control=noisy, m2=[1.00001 * k for k in noisy]), (1, 2))
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "above 1" in line and "[> 1, > 1]" in line, line
     # resampled apart (an unpaired interval), the same data would call nothing
     a = [0.9 * k for k in noisy]
     shuffled = W.ratio_over_control(a, [1.0] * 6, noisy[::-1], [1.0] * 6)

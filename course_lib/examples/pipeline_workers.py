@@ -463,6 +463,15 @@ def ratio_over_control(a: Sequence[float], b: Sequence[float], a0: Sequence[floa
     return of(range(n)), low, high
 
 
+def _ratio_text(x: float) -> str:
+    """A ratio to 4 decimals; one that rounds to 1 without being 1 prints as "< 1" or "> 1",
+    so that a bound shown next to "below 1" or "above 1" never reads as 1."""
+    text = f"{x:.4f}"
+    if text == "1.0000" and x != 1:
+        return "< 1" if x < 1 else "> 1"
+    return text
+
+
 def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
     """1F1B's step time over GPipe's at each m, divided by the same ratio at m = 1, the control.
 
@@ -470,7 +479,8 @@ def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
     gives for no difference in the work. The ratio of ratios gets a 95% bootstrap interval,
     rounds resampled together (``ratio_over_control``). A difference is called only where that
     interval excludes 1: below it "1F1B faster", above it "1F1B slower". The first m must be 1.
-    Prints the control's ratio, then one line per m > 1. Returns ``{m: (ratio, low, high)}``:
+    Prints the control's ratio, then one line per m > 1, ratios to 4 decimals (a bound that
+    would round to 1 prints as "< 1" or "> 1"). Returns ``{m: (ratio, low, high)}``:
     1F1B / GPipe at m = 1, the ratio over the control at every m > 1.
     """
     if microbatches[0] != 1:
@@ -482,8 +492,9 @@ def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
     rounds = len(spans["gpipe", 1])   # one step of each configuration per round
     out = {1: bootstrap_ratio(spans["1f1b", 1], spans["gpipe", 1])}
     control, low, high = out[1]
-    print(f"control, m=1 (the same order): step time 1F1B / GPipe {control:.3f} "
-          f"[{low:.3f}, {high:.3f}] (95% bootstrap interval over {rounds} rounds)")
+    print(f"control, m=1 (the same order): step time 1F1B / GPipe {_ratio_text(control)} "
+          f"[{_ratio_text(low)}, {_ratio_text(high)}] (95% bootstrap interval over {rounds} "
+          "rounds)")
     print("  1F1B / GPipe at m, over the control (rounds resampled together):")
     for m in microbatches[1:]:
         out[m] = r, lo, hi = ratio_over_control(spans["1f1b", m], spans["gpipe", m],
@@ -491,7 +502,7 @@ def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
         verdict = (f"below 1: 1F1B faster in these {rounds} rounds" if hi < 1 else
                    f"above 1: 1F1B slower in these {rounds} rounds" if lo > 1
                    else f"includes 1: no difference measurable in these {rounds} rounds")
-        print(f"  m={m}: {r:.3f} [{lo:.3f}, {hi:.3f}]: {verdict}")
+        print(f"  m={m}: {_ratio_text(r)} [{_ratio_text(lo)}, {_ratio_text(hi)}]: {verdict}")
     return out
 
 
