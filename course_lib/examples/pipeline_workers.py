@@ -179,7 +179,7 @@ def check_pipeline(cases: Sequence[tuple[str, str, int, Sequence[int] | None]],
 
 
 def two_rank_example(X: torch.Tensor, y: torch.Tensor, lr: float = 0.1) -> dict:
-    """The two-rank pipeline of the seed, by hand with ``dist.send`` / ``dist.recv``.
+    """The two-rank pipeline of section 4, by hand with ``dist.send`` / ``dist.recv``.
 
     Rank 0 holds layer 1 (flatten, linear 784 -> 128, ReLU) and sends its activation; rank 1
     holds layer 2 (linear 128 -> 10), computes the loss, and sends the activation's gradient
