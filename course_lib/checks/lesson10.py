@@ -205,27 +205,38 @@ def check_ring_time(fn: Callable | None, *, strict: bool = False) -> ExerciseRes
     if fn is None:
         return verdict(_RING, None, "define your function and pass it here.", strict)
     cases = _ring_cases()
-    for n, p, alpha, beta in cases:
-        want = ring_time_by_schedule(n, p, alpha, beta)
-        shown = f"n_bytes={n}, p={p}, alpha={alpha:g}, beta={beta:g}"
+    return _check_seconds(
+        _RING, fn, strict, [((n, p, alpha, beta), f"n_bytes={n}, p={p}, alpha={alpha:g}, "
+                             f"beta={beta:g}") for n, p, alpha, beta in cases],
+        ring_time_by_schedule, _RING_HINT, _ring_diagnose,
+        f"matches the ring's schedule on {len(cases)} cases (1 to 8 ranks).")
+
+
+def _check_seconds(name: str, fn: Callable, strict: bool, cases: list, want: Callable,
+                   hint: str, diagnose: Callable, passed: str) -> ExerciseResult:
+    """The shared loop of the two time checkers: ``fn(*args)`` against ``want(*args)`` for each
+    ``(args, shown)`` of ``cases`` (a list argument is passed as a copy), to 1e-9 relative."""
+    for args, shown in cases:
+        expected = want(*args)
         try:
-            got = call_bounded(fn, n, p, alpha, beta)
+            got = call_bounded(fn, *(list(a) if isinstance(a, (list, tuple)) else a
+                                     for a in args))
         except NotImplementedError:
-            return unanswered(_RING, strict)
+            return unanswered(name, strict)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return verdict(_RING, False, f"{failure(exc)} on {shown}. {_RING_HINT}", strict)
+            return verdict(name, False, f"{failure(exc)} on {shown}. {hint}", strict)
         try:
             got = float(got)   # a 0-d tensor or numpy number is fine
         except (TypeError, ValueError):
-            return verdict(_RING, False, f"returned {got!r} ({type(got).__name__}) on {shown}; "
+            return verdict(name, False, f"returned {got!r} ({type(got).__name__}) on {shown}; "
                            "expected one number, in seconds.", strict)
-        if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15):
-            return verdict(_RING, False, f"on {shown}: expected {want:.6g} s, got {got:.6g} s. "
-                           f"{_ring_diagnose(n, p, alpha, beta, got)}", strict)
-    return verdict(_RING, True, f"matches the ring's schedule on {len(cases)} cases (1 to 8 "
-                   "ranks).", strict)
+        if not math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-15):
+            return verdict(name, False, f"on {shown}: expected {expected:.6g} s, got "
+                           f"{got:.6g} s. {diagnose(*args, got)}", strict)
+    return verdict(name, True, passed, strict)
+
 
 
 # ------------------------------------------------------------------------------------------------
@@ -409,26 +420,14 @@ def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> Exerci
     if fn is None:
         return verdict(_COMM, None, "define your function and pass it here.", strict)
     cases = _comm_cases()
-    for msgs, p, alpha, beta in cases:
-        want = comm_by_schedule(msgs, p, alpha, beta)
-        shown = (f"message_bytes={msgs}, p={p}, alpha={alpha:g}, beta={beta:g}" if len(msgs) < 6
-                 else f"{len(msgs)} messages of {sum(msgs)} bytes in all, p={p}, "
-                      f"alpha={alpha:g}, beta={beta:g}")
-        try:
-            got = call_bounded(fn, list(msgs), p, alpha, beta)
-        except NotImplementedError:
-            return unanswered(_COMM, strict)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return verdict(_COMM, False, f"{failure(exc)} on {shown}. {_COMM_HINT}", strict)
-        try:
-            got = float(got)   # a 0-d tensor or numpy number is fine
-        except (TypeError, ValueError):
-            return verdict(_COMM, False, f"returned {got!r} ({type(got).__name__}) on {shown}; "
-                           "expected one number, in seconds.", strict)
-        if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15):
-            return verdict(_COMM, False, f"on {shown}: expected {want:.6g} s, got {got:.6g} s. "
-                           f"{_comm_diagnose(msgs, p, alpha, beta, got)}", strict)
-    return verdict(_COMM, True, f"matches every message's ring schedule on {len(cases)} steps "
-                   "(0 to 11 messages, 1 to 8 ranks).", strict)
+
+    def shown(msgs, p, alpha, beta):
+        what = (f"message_bytes={msgs}" if len(msgs) < 6
+                else f"{len(msgs)} messages of {sum(msgs)} bytes in all")
+        return f"{what}, p={p}, alpha={alpha:g}, beta={beta:g}"
+
+    return _check_seconds(
+        _COMM, fn, strict, [(case, shown(*case)) for case in cases], comm_by_schedule,
+        _COMM_HINT, _comm_diagnose,
+        f"matches every message's ring schedule on {len(cases)} steps (0 to 11 messages, 1 to "
+        "8 ranks).")
