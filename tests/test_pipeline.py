@@ -798,3 +798,21 @@ def test_pipeline_timeline_drawing():
     fig = draw_pipeline_timeline(simulate_schedule(one_f_one_b_order, 3, 4), unit="steps",
                                  title="1F1B")
     assert len(fig.axes[0].patches) == 3 * 4 * 2
+
+
+def test_a_called_difference_says_whether_it_is_in_computing_or_in_waiting(capsys):
+    """GPipe's steps at m = 2 wait on slow hand-offs, 1F1B's do not; the ops take as long in
+    both: the verdict "1F1B faster" must say busy 1.00 and idle below 1."""
+    jitter = (0.97, 0.98, 0.99, 1.0, 1.01, 1.02)
+    runs = {}
+    for name, order in (("gpipe", gpipe_order), ("1f1b", one_f_one_b_order)):
+        for m, comm in ((1, 0.0), (2, 0.5 if name == "gpipe" else 0.0)):
+            runs[name, m] = [list(simulate_schedule(order, 2, m, forward_time=k,
+                                                    backward_time=2 * k, comm_time=comm * k))
+                             for k in jitter]
+    W.compare_to_control(runs, (1, 2))
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "1F1B faster" in line and "busy 1.00, idle 0." in line, line
+    # no difference called: no busy / idle part
+    W.compare_to_control(_fake_runs(), (1, 2))
+    assert "busy" not in capsys.readouterr().out

@@ -480,7 +480,9 @@ def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
     rounds resampled together (``ratio_over_control``). A difference is called only where that
     interval excludes 1: below it "1F1B faster", above it "1F1B slower". The first m must be 1.
     Prints the control's ratio, then one line per m > 1, ratios to 4 decimals (a bound that
-    would round to 1 prints as "< 1" or "> 1"). Returns ``{m: (ratio, low, high)}``:
+    would round to 1 prints as "< 1" or "> 1"); where a difference is called, the line adds
+    1F1B / GPipe of the median busy and idle time: whether it lies in computing or in waiting.
+    Returns ``{m: (ratio, low, high)}``:
     1F1B / GPipe at m = 1, the ratio over the control at every m > 1.
     """
     if microbatches[0] != 1:
@@ -502,8 +504,20 @@ def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
         verdict = (f"below 1: 1F1B faster in these {rounds} rounds" if hi < 1 else
                    f"above 1: 1F1B slower in these {rounds} rounds" if lo > 1
                    else f"includes 1: no difference measurable in these {rounds} rounds")
-        print(f"  m={m}: {_ratio_text(r)} [{_ratio_text(lo)}, {_ratio_text(hi)}]: {verdict}")
+        where = ""
+        if not lo <= 1 <= hi:   # a difference called: in the computing or in the waiting?
+            (busy, idle), (busy_g, idle_g) = (_busy_and_idle(runs[s, m]) for s in ("1f1b", "gpipe"))
+            where = f"; medians 1F1B / GPipe: busy {busy / busy_g:.2f}, idle {idle / idle_g:.2f}"
+        print(f"  m={m}: {_ratio_text(r)} [{_ratio_text(lo)}, {_ratio_text(hi)}]: {verdict}{where}")
     return out
+
+
+def _busy_and_idle(runs: Sequence[Sequence], stages: int = 2) -> tuple[float, float]:
+    """Median over steps of the time all stages computed, and of the time they sat idle
+    (stages x the step's span, less the busy time), in seconds."""
+    busy = [sum(e.end - e.start for e in run) for run in runs]
+    idle = [stages * _span(run) - b for run, b in zip(runs, busy)]
+    return statistics.median(busy), statistics.median(idle)
 
 
 def torch_pipeline_step(name: str, schedule: str, m: int, X: torch.Tensor, y: torch.Tensor,
