@@ -9,7 +9,9 @@ NBVAL   := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_san
            --nbval-cell-timeout=600
 # pytest-xdist: many tests wait on processes they launch or on timeouts, so three pytest workers
 # keep two cores busy (measured on 2 cores, clean clone: pytest 8:31 with 3, 9:02 with 2); a
-# notebook's cells stay together in one worker (--dist loadfile). TEST_WORKERS=0 runs serially.
+# notebook's cells stay together in one worker (--dist loadfile). The notebooks come first: xdist
+# hands out files in the order collected, and a long lesson started last would run alone at the
+# end while the other workers sit idle. TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 3
 XDIST   := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 # OMP_NUM_THREADS=1: three workers on two cores, so torch's intra-op threads would only contend
@@ -41,7 +43,7 @@ lab: setup
 test: setup
 	$(VENV)/bin/ruff check course_lib tests conftest.py
 	$(VENV)/bin/lint-imports
-	$(TESTENV) $(PY) -m pytest tests notebooks -m "not site" --durations=25 $(XDIST) $(NBVAL)
+	$(TESTENV) $(PY) -m pytest notebooks tests -m "not site" --durations=25 $(XDIST) $(NBVAL)
 
 unit: setup
 	$(TESTENV) $(PY) -m pytest tests -m "not site"
