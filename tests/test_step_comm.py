@@ -5,7 +5,12 @@ import statistics
 import pytest
 import torch
 
-from course_lib.bench.step_comm import STRATEGIES_TIMED, bootstrap_median, measure_step_comm
+from course_lib.bench.step_comm import (
+    STRATEGIES_TIMED,
+    bootstrap_median,
+    measure_step_comm,
+    slower_rank_wait,
+)
 from course_lib.models.lenet import LeNet
 
 
@@ -39,3 +44,19 @@ def test_lenet_steps_and_their_messages_at_two_ranks():
     for samples in (*e["step"].values(), *e["alone"].values()):
         assert len(samples) == 2 and all(s > 0 for s in samples)
     assert run["threads_per_worker"] >= 1 and torch.get_num_threads() >= 1
+    met = e["local_met"]                              # 2 ranks x 3 * samples local steps
+    assert len(met) == 2 and all(len(d) == 6 and min(d) > 0 for d in met)
+    assert slower_rank_wait(met) >= -1e-12
+
+
+def test_slower_rank_wait():
+    # rank 1 slower at every step: meeting every step costs nothing over meeting once
+    assert slower_rank_wait([[1.0, 1.0], [2.0, 3.0]]) == pytest.approx(0.0)
+    # the slower rank alternates: each step waits 1 s over the slower rank's mean, 2 s
+    assert slower_rank_wait([[1.0, 3.0], [3.0, 1.0]]) == pytest.approx(1.0)
+    # three ranks, each the slowest once: per-step max 3, slowest mean (3 + 1 + 1) / 3
+    assert slower_rank_wait([[3, 1, 1], [1, 3, 1], [1, 1, 3]]) == pytest.approx(3 - 5 / 3)
+    with pytest.raises(ValueError, match="same number"):
+        slower_rank_wait([[1.0], [1.0, 2.0]])
+    with pytest.raises(ValueError, match="same number"):
+        slower_rank_wait([[], []])

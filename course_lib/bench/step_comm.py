@@ -9,7 +9,10 @@ and, for each model, times interleaved in the same processes (``course_lib.timin
 - ``bucketed``: the course's DDP, one all-reduce per bucket, launched during backward.
 
 Then, in a second comparison, the very messages each strategy sent (read from its buckets after
-the warm-up steps), all-reduced alone, back to back, no computation. Buffers are not broadcast
+the warm-up steps), all-reduced alone, back to back, no computation. Last, ``local`` steps once
+more, the ranks meeting at a barrier before each (as a DDP step's collectives make them meet):
+what meeting every step costs over ``local``'s loops, which meet once per sample
+(``slower_rank_wait``). Buffers are not broadcast
 (``broadcast_buffers=False``), so the only communication of a step is its gradients'.
 Lesson 10 predicts these times with the alpha-beta model (``cost_model``) fitted in the same run.
 PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on a timeline).
@@ -19,6 +22,7 @@ from __future__ import annotations
 import copy
 import random
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -26,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..devices import cpu_cores
+from ..devices import cpu_cores, synchronize
 from ..distributed import current_device, launch
 from ..distributed.env import _slowest
 from ..models.lenet import LeNet
@@ -34,7 +38,8 @@ from ..models.resnet import resnet18
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import compare
 
-__all__ = ["STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm"]
+__all__ = ["STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm",
+           "slower_rank_wait"]
 
 #: model -> (builder, bucket cap in MiB, global batch, global batch in quick mode). LeNet's
 #: buckets are capped at 0.1 MiB so that its 0.49 MiB of gradients make several; ResNet-18 runs
@@ -66,6 +71,34 @@ def _stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor) -> Callable[[], N
         F.cross_entropy(net(X), y).backward()
         opt.step()
     return step
+
+
+def slower_rank_wait(durations: list[list[float]]) -> float:
+    """Seconds per step that meeting every step costs, from each rank's step durations
+    (``durations[rank][step]``, the ranks starting each step together): the mean over steps of
+    the slowest rank's duration, less the slowest rank's mean duration. A DDP step waits at its
+    collectives for whichever rank is slower at that step; ranks that meet only at the end of a
+    loop wait once, for the rank slower over the whole loop. 0 when one rank is the slower at
+    every step."""
+    if len({len(d) for d in durations}) != 1 or not durations or not durations[0]:
+        raise ValueError(f"slower_rank_wait needs the same number (>= 1) of steps from every "
+                         f"rank, got {[len(d) for d in durations]}.")
+    per_step = statistics.fmean(max(step) for step in zip(*durations))
+    return per_step - max(statistics.fmean(d) for d in durations)
+
+
+def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> list[list[float]]:
+    """Every rank's duration of each of ``steps`` calls of ``step``, after a barrier each."""
+    mine = []
+    for _ in range(steps):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        mine.append(time.perf_counter() - start)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
 
 
 def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,
@@ -105,7 +138,9 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
         alone = compare({name: rounds(t) for name, t in flats.items()}, samples=samples,
                         min_sample_seconds=min_sample_s / 2, warmup=1, calibration_calls=2,
                         device=device, before=dist.barrier, reduce=_slowest)
+        met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
+                      "local_met": met,
                       "step": {name: v["seconds"]
                                for name, v in steps.to_json()["variants"].items()},
                       "alone": {name: v["seconds"]
@@ -128,7 +163,8 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
     Returns:
         ``{model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes, ...]},
         "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
-        its all-reduces, ...]}}}``, samples paired by round within ``step`` and within
+        its all-reduces, ...]}, "local_met": [[seconds of each local step, ranks meeting
+        before each] per rank]}}``, samples paired by round within ``step`` and within
         ``alone``; ``"threads_per_worker"`` beside the models.
     """
     unknown = sorted(set(models) - set(STEP_MODELS))
