@@ -6,7 +6,10 @@ and, for each model, times interleaved in the same processes (``course_lib.timin
 - ``local``: each rank's step on its shard, no wrapper, no communication (the compute);
 - ``naive``: the course's ``DistributedDataParallel``, one all-reduce per parameter after
   backward;
-- ``bucketed``: the course's DDP, one all-reduce per bucket, launched during backward.
+- ``bucketed``: the course's DDP, one all-reduce per bucket, launched during backward;
+- ``naive_nocomm``: ``naive``'s wrapper with a communication hook that sends nothing (torch's
+  ``noop_hook``): the wrapper's own work, so ``naive - naive_nocomm`` is the communication as the
+  step pays it and ``naive_nocomm - local`` what the wrapper adds.
 
 Then, in a second comparison, the very messages each strategy sent (read from its buckets after
 the warm-up steps), all-reduced alone, back to back, no computation. Last, ``local`` steps once
@@ -29,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 from ..devices import cpu_cores, synchronize
 from ..distributed import current_device, launch
@@ -120,6 +124,9 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
         for name in STRATEGIES_TIMED:
             nets[name] = DistributedDataParallel(copy.deepcopy(base), strategy=name,
                                                  bucket_cap_mb=cap_mb, broadcast_buffers=False)
+        nets["naive_nocomm"] = DistributedDataParallel(copy.deepcopy(base), strategy="naive",
+                                                       broadcast_buffers=False)
+        nets["naive_nocomm"].register_comm_hook(None, noop_hook)   # the bucket back, unsent
 
         steps = compare({name: _stepper(net, X, y) for name, net in nets.items()}, samples=samples,
                         min_sample_seconds=min_sample_s, warmup=2, calibration_calls=2,
