@@ -6,8 +6,9 @@ every lesson's training uses, with the step that differs handed in as a function
   allreduced by hand.
 - ``train_module`` (lesson 05): an ``nn.Module`` (plain, the course's ``DataParallel`` or
   torch's) with ``torch.optim.SGD``.
-- Beside it, re-exported here: ``SeedSpread`` (``_seed_spread``: a result over several seeds,
-  lesson 04) and ``recalibrate_batch_norm`` (``_batch_norm``: "precise BN", lesson 05).
+- Beside it, re-exported here: ``evaluate_accuracy`` (``_evaluate``: on one device or
+  several), ``SeedSpread`` (``_seed_spread``: a result over several seeds, lesson 04) and
+  ``recalibrate_batch_norm`` (``_batch_norm``: "precise BN", lesson 05).
 
 PyTorch counterpart: the usual ``for X, y in loader: loss.backward(); opt.step()`` loop; for
 several devices, what ``nn.DataParallel`` does inside. Source: d2l's "Multiple GPUs" chapters.
@@ -23,35 +24,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._batch_norm import recalibrate_batch_norm  # noqa: F401 - public here, as before
+from ._evaluate import evaluate_accuracy
+from ._evaluate import use_threads as _threads
 from ._seed_spread import SeedSpread  # noqa: F401 - public here, as before
 from .devices import Device, as_device
 from .models.lenet import lenet, sgd
-from .parallel.comm import (
-    _check_independent_replicas,
-    allreduce,
-    replicate_params,
-    scatter,
-    split_batch,
-)
+from .parallel.comm import _check_independent_replicas, allreduce, replicate_params, split_batch
 from .parallel.parallel_apply import parallel_apply
 from .plots import TrainingPlot
 from .timing import Timer
 
-__all__ = [
-    "accuracy",
-    "evaluate_accuracy",
-    "NonFiniteLoss",
-    "fit",
-    "recalibrate_batch_norm",
-    "run_epoch",
-    "SeedSpread",
-    "sgd_step",
-    "train",
-    "train_batch",
-    "train_epoch",
-    "train_module",
-    "train_single",
-]
+__all__ = ["accuracy", "evaluate_accuracy", "NonFiniteLoss", "fit", "recalibrate_batch_norm",
+           "run_epoch", "SeedSpread", "sgd_step", "train", "train_batch", "train_epoch",
+           "train_module", "train_single"]
 
 #: A training step: ``step(X, y) -> (mean loss over the batch, number correct)``, both 0-d
 #: tensors on one device; it changes the parameters (that is the step).
@@ -61,66 +46,6 @@ Step = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 def accuracy(y_hat: torch.Tensor, y: torch.Tensor) -> int:
     """Number of correct predictions (an int, so that shards can be summed exactly)."""
     return int((y_hat.argmax(dim=1) == y).sum())
-
-
-@torch.no_grad()
-def evaluate_accuracy(net: Callable[[torch.Tensor], torch.Tensor]
-                      | Sequence[Callable[[torch.Tensor], torch.Tensor]],
-                      data_iter: Iterable,
-                      device: Device | Sequence[Device] | None = None, *,
-                      parallel: bool | None = None) -> float:
-    """Accuracy of ``net`` (a function from X to logits) over ``data_iter``.
-
-    Args:
-        net: a function from X to logits; with several devices, either one such function that
-            works on any of them or a list of functions, ``net[i]`` for ``device[i]`` (e.g.
-            ``functools.partial(lenet, params=device_params[i])``).
-        data_iter: iterable of ``(X, y)`` batches.
-        device: one device (batches are moved there; None: left where they are), or a list of
-            devices: each batch is then scattered over them, shard i is evaluated by ``net[i]``
-            on ``device[i]`` and the correct counts (ints) are summed, so the result is exactly
-            the one-device accuracy.
-        parallel: with a list of devices, run the shards in threads (``parallel_apply``;
-            default: only for distinct GPUs).
-    """
-    if isinstance(device, (list, tuple)):
-        return _evaluate_sharded(net, data_iter, [torch.device(d) for d in device], parallel)
-    correct, total = 0, 0
-    for X, y in data_iter:
-        if device is not None:
-            X, y = X.to(device), y.to(device)
-        correct += accuracy(net(X), y)
-        total += y.numel()
-    return _ratio(correct, total)
-
-
-def _ratio(correct: int, total: int) -> float:
-    if total == 0:
-        raise ValueError("evaluate_accuracy got no examples: the data iterator is empty.")
-    return correct / total
-
-
-def _count_correct(net: Callable, X: torch.Tensor, y: torch.Tensor) -> int:
-    return accuracy(net(X), y)
-
-
-def _evaluate_sharded(net, data_iter: Iterable, devices: list[torch.device],
-                      parallel: bool | None) -> float:
-    """``evaluate_accuracy`` over several devices: scatter each batch, sum exact counts."""
-    nets = list(net) if isinstance(net, (list, tuple)) else [net] * len(devices)
-    if len(nets) != len(devices):
-        raise ValueError(f"evaluate_accuracy got {len(nets)} nets for {len(devices)} devices; "
-                         "pass one net per device, or a single net.")
-    correct, total = 0, 0
-    for X, y in data_iter:
-        X_shards, y_shards = scatter(X, devices), scatter(y, devices)  # a short batch may use
-        k = len(X_shards)                                             # fewer devices
-        counts = parallel_apply([_count_correct] * k,
-                                [(nets[i], X_shards[i], y_shards[i]) for i in range(k)],
-                                devices=devices[:k], threads=_threads(devices[:k], parallel))
-        correct += sum(counts)                                        # ints: exact
-        total += y.numel()
-    return _ratio(correct, total)
 
 
 def run_epoch(step: Step, data_iter: Iterable) -> tuple[float, float]:
@@ -270,14 +195,6 @@ def train_single(params: list[torch.Tensor], train_iter: Iterable, test_iter: It
 
 # --- several devices in one process (lesson 04) ---------------------------------------------
 
-def _threads(devices: Sequence[torch.device], parallel: bool | None) -> bool:
-    """Threads when asked; by default only for distinct GPUs (hardware that works at once)."""
-    if parallel is not None:
-        return parallel
-    return len(devices) > 1 and len(set(devices)) == len(devices) and all(
-        d.type == "cuda" for d in devices)
-
-
 def train_batch(X: torch.Tensor, y: torch.Tensor, device_params: Sequence[list[torch.Tensor]],
                 devices: Sequence[Device], lr: float, *, net: Callable = lenet,
                 parallel: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -382,11 +299,7 @@ def train(params: list[torch.Tensor], train_iter: Iterable, test_iter: Iterable,
 
 def _bind(net: Callable, params: list[torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
     """``X -> net(X, params)`` for one replica."""
-    return functools.partial(_apply, net, params)
-
-
-def _apply(net: Callable, params: list[torch.Tensor], X: torch.Tensor) -> torch.Tensor:
-    return net(X, params)
+    return lambda X: net(X, params)
 
 
 # --- an nn.Module (lesson 05) ------------------------------------------------------------------

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 __all__ = ["GRADE_LOG", "CheckTimeout", "ExerciseResult", "as_numbers", "call_bounded",
-           "check_answer", "check_function", "failure", "unanswered", "verdict"]
+           "call_or_verdict", "check_answer", "check_function", "failure", "unanswered",
+           "verdict"]
 
 #: Environment variable naming a file: when set (``make grade`` sets it), every verdict is also
 #: appended to that file as one JSON line ``{"name", "ok", "message"}``, for the grader to read.
@@ -178,6 +179,21 @@ def failure(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {exc}"
 
 
+def call_or_verdict(name: str, strict: bool, fn: Callable, *args: Any,
+                    after: str = "") -> tuple[Any, ExerciseResult | None]:
+    """``call_bounded(fn, *args)`` as checkers call the learner's function: ``(its value,
+    None)``, or ``(None, the verdict)`` if it raised: not answered yet for NotImplementedError,
+    else what it raised followed by ``after`` (where it happened, a hint)."""
+    try:
+        return call_bounded(fn, *args), None
+    except KeyboardInterrupt:
+        raise
+    except NotImplementedError:
+        return None, unanswered(name, strict)
+    except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
+        return None, verdict(name, False, f"{failure(exc)}{after}", strict)
+
+
 def _same(got: Any, want: Any) -> None:
     """Raise AssertionError (or TypeError) unless ``got`` matches the oracle's ``want``."""
     if isinstance(want, torch.Tensor) or isinstance(got, torch.Tensor):
@@ -223,15 +239,10 @@ def check_function(name: str, fn: Callable | None, oracle: Callable,
         return verdict(name, None, "define your function and pass it here.", strict)
     for case in cases:
         want = oracle(*case)
-        try:
-            got = call_bounded(fn, *case)
-        except KeyboardInterrupt:
-            raise
-        except NotImplementedError:
-            return unanswered(name, strict)
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return verdict(name, False, f"{failure(exc)} on input {_short(case)}. {hint}"
-                           .strip(), strict)
+        got, failed = call_or_verdict(name, strict, fn, *case,
+                                      after=f" on input {_short(case)}. {hint}".rstrip())
+        if failed is not None:
+            return failed
         try:
             _same(got, want)
         except (AssertionError, TypeError, ValueError, RuntimeError) as exc:

@@ -10,10 +10,8 @@ import torch
 from ._core import (
     ExerciseResult,
     _short,
-    call_bounded,
+    call_or_verdict,
     check_function,
-    failure,
-    unanswered,
     verdict,
 )
 
@@ -58,15 +56,10 @@ def check_accuracy_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseR
              for n in (1, 7, 256)]
     hint = "argmax over the class dimension, compare with y, count."
     if fn is not None:   # the type first, on one case (check_function compares values only)
-        try:
-            got = call_bounded(fn, *cases[1])
-        except KeyboardInterrupt:
-            raise
-        except NotImplementedError:
-            return unanswered("accuracy", strict)
-        except BaseException as exc:  # noqa: B036 - reported, never raised
-            return verdict("accuracy", False, f"{failure(exc)} on input {_short(cases[1])}. "
-                           f"{hint}", strict)
+        got, failed = call_or_verdict("accuracy", strict, fn, *cases[1],
+                                      after=f" on input {_short(cases[1])}. {hint}")
+        if failed is not None:
+            return failed
         if not isinstance(got, int) or isinstance(got, bool):
             return verdict("accuracy", False, f"expected a Python int, got {type(got).__name__}"
                            f" ({got!r}): wrap the count in int(...).", strict)
@@ -93,14 +86,9 @@ def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult
     passed = list(mine)          # the caller's list: its tensors must change, not be replaced
     torch.optim.SGD(params, lr=0.1).step()           # the oracle: PyTorch's own step
     with torch.enable_grad():
-        try:
-            call_bounded(fn, mine, 0.1)
-        except KeyboardInterrupt:
-            raise
-        except NotImplementedError:
-            return unanswered("sgd", strict)
-        except BaseException as exc:  # noqa: B036 - reported, never raised
-            return verdict("sgd", False, failure(exc), strict)
+        _, failed = call_or_verdict("sgd", strict, fn, mine, 0.1)
+    if failed is not None:
+        return failed
     if any(a is not b for a, b in zip(mine, passed)) or len(mine) != len(passed):
         return verdict("sgd", False, "your step replaced tensors in the list with new ones; "
                        "whoever else holds the parameters (a model, a training loop) would not "
@@ -181,14 +169,9 @@ def check_step_flops(fn: Callable | None, *, strict: bool = False) -> ExerciseRe
     if fn is None:
         return verdict(name, None, "define your function and pass it here.", strict)
     for batch in (1, 3, 256):
-        try:
-            got = call_bounded(fn, batch)
-        except KeyboardInterrupt:
-            raise
-        except NotImplementedError:
-            return unanswered(name, strict)
-        except BaseException as exc:  # noqa: B036 - reported, never raised
-            return verdict(name, False, f"{failure(exc)} for batch_size={batch}.", strict)
+        got, failed = call_or_verdict(name, strict, fn, batch, after=f" for batch_size={batch}.")
+        if failed is not None:
+            return failed
         want = step_flops_counted(batch)
         try:
             value = float(got)

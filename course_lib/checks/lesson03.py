@@ -5,7 +5,15 @@ from collections.abc import Callable
 
 import torch
 
-from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
+from ._core import (
+    ExerciseResult,
+    call_bounded,
+    call_or_verdict,
+    check_answer,
+    failure,
+    unanswered,
+    verdict,
+)
 
 __all__ = ["check_balanced_sizes", "check_devices_used", "check_scatter", "check_split_batch"]
 
@@ -151,15 +159,10 @@ def check_scatter(fn: Callable | None, *, balanced: bool = False,
         return verdict(name, None, "define your function and pass it here.", strict)
     for B, n in _SCATTER_CASES:
         X, _, devs = _example_batch(B, n)
-        try:
-            chunks = call_bounded(fn, X, devs)
-        except KeyboardInterrupt:
-            raise
-        except NotImplementedError:
-            return unanswered(name, strict)
-        except BaseException as exc:  # noqa: B036 - a verdict, never a crash
-            return verdict(name, False, f"{failure(exc)} on a batch of {B} over {n} devices.",
-                           strict)
+        chunks, failed = call_or_verdict(name, strict, fn, X, devs,
+                                         after=f" on a batch of {B} over {n} devices.")
+        if failed is not None:
+            return failed
         problem = _chunks_problem(chunks, X, devs)
         if problem is None:
             problem = _sizes_problem([c.shape[0] for c in chunks], B, n, balanced)

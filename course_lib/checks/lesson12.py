@@ -32,7 +32,7 @@ from ..distributed.pipelining import (
     simulate_schedule,
     split_sequential,
 )
-from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
+from ._core import ExerciseResult, call_or_verdict, verdict
 from .harness import StopRank, agree, call_answer, check_in_ranks, load_answer
 
 __all__ = ["check_one_f_one_b", "check_stage", "max_in_flight"]
@@ -109,14 +109,9 @@ def check_one_f_one_b(fn: Callable | None, *, strict: bool = False) -> ExerciseR
         orders = []
         for stage in range(p):
             where = f"stage={stage}, num_stages={p}, num_microbatches={m}"
-            try:
-                got = call_bounded(fn, stage, p, m)
-            except KeyboardInterrupt:
-                raise
-            except NotImplementedError:                 # the scaffold, not written yet
-                return unanswered(_NAME, strict)
-            except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-                return verdict(_NAME, False, f"{failure(exc)} for {where}.", strict)
+            got, failed = call_or_verdict(_NAME, strict, fn, stage, p, m, after=f" for {where}.")
+            if failed is not None:
+                return failed
             try:
                 orders.append(check_order(list(got), stage, m))
             except (TypeError, ValueError) as e:

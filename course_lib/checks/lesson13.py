@@ -50,7 +50,7 @@ from ..deploy import (
 from ..deploy import resume_sharded as _course_resume
 from ..deploy import save_sharded as _course_save
 from ..models.lenet import LeNet
-from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
+from ._core import ExerciseResult, call_bounded, call_or_verdict, failure, unanswered, verdict
 from .harness import keeps_kernel_state
 
 __all__ = ["check_load_matching", "check_read_plan", "check_reshard", "check_sharded_resume",
@@ -429,15 +429,10 @@ def check_reshard(fn: Callable | None, *, strict: bool = False) -> ExerciseResul
     for n, m in _RS_LAYOUTS:
         saved = [{k: shard_rows(v, n)[r] for k, v in state.items()} for r in range(n)]
         given = [{k: v.clone() for k, v in s.items()} for s in saved]
-        try:
-            got = call_bounded(fn, given, m)
-        except NotImplementedError:
-            return unanswered(_RS_NAME, strict)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return verdict(_RS_NAME, False, f"{failure(exc)} with {n} saving and {m} loading "
-                           f"rank(s). Hint: {_RS_HINT}", strict)
+        got, failed = call_or_verdict(_RS_NAME, strict, fn, given, m, after=f" with {n} saving "
+                                      f"and {m} loading rank(s). Hint: {_RS_HINT}")
+        if failed is not None:
+            return failed
         problem = _rs_compare(got, reshard(saved, m), n, m)
         if problem is None and any(not torch.equal(a[k], b[k])
                                    for a, b in zip(given, saved) for k in a):
@@ -524,15 +519,10 @@ def check_read_plan(fn: Callable | None, *, strict: bool = False) -> ExerciseRes
                        strict)
     for what, pieces, world_size in _RP_CASES:
         given = list(pieces)
-        try:
-            got = call_bounded(fn, given, world_size)
-        except NotImplementedError:
-            return unanswered(_RP_NAME, strict)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return verdict(_RP_NAME, False, f"{failure(exc)} on {what}. Hint: {_RP_HINT}",
-                           strict)
+        got, failed = call_or_verdict(_RP_NAME, strict, fn, given, world_size,
+                                      after=f" on {what}. Hint: {_RP_HINT}")
+        if failed is not None:
+            return failed
         want = read_plan(pieces, world_size)
         mine = _rp_normal(got, world_size)
         if isinstance(mine, str):

@@ -6,9 +6,11 @@ reducer (torch/csrc/distributed/c10d/reducer.cpp):
 * ``GradBucketInterface``: ``torch.distributed.GradBucket``'s methods, so that communication
   hooks written for torch's DDP run on ``ddp.Bucket`` unchanged, and the bucket's small helpers
   (views shaped like each parameter, the parameters still awaited, its repr);
-* ``Rebuild``: the buckets rebuilt once, in the order the first synchronised backward produced
-  the gradients (rank 0's), and the parameters that no rank used in a step (left alone);
-* ``bucket_sizes``: ``bucket_cap_mb`` as the byte caps torch uses (the first bucket smaller);
+* ``Buckets``: a strategy's bookkeeping (its arguments, the reset after each backward), the
+  buckets rebuilt once in the order the first synchronised backward produced the gradients
+  (rank 0's), and the parameters that no rank used in a step (left alone);
+* ``strategy_options``: ``bucket_cap_mb`` as the byte caps torch uses (the first bucket
+  smaller), and torch's rules for rebuilding the buckets and finding unused parameters;
 * ``weak_hook``: a DDP method as an autograd hook that does not keep the DDP object alive.
 """
 from __future__ import annotations
@@ -31,15 +33,21 @@ DEFAULT_BUCKET_CAP_MB = 25  # torch's default
 FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MB)
 
 
-def bucket_sizes(bucket_cap_mb: float | None, rebuild: bool) -> dict[str, int]:
+def strategy_options(bucket_cap_mb: float | None, find_unused_parameters: bool,
+                     static_graph: bool) -> dict[str, Any]:
     """The strategies' byte caps for DDP's ``bucket_cap_mb`` (None: torch's 25 MiB, the first
-    bucket after the rebuild 1 MiB; ``math.inf``: one bucket per dtype and device); before a
-    rebuild, torch's one bucket for everything."""
+    bucket after the rebuild 1 MiB; ``math.inf``: one bucket per dtype and device; before a
+    rebuild, torch's one bucket for everything) and torch's rules: the buckets are rebuilt
+    unless unused parameters are looked for without a static graph; with a static graph,
+    parameters unused in every step are found (and left alone) whatever
+    ``find_unused_parameters`` says."""
+    rebuild = static_graph or not find_unused_parameters
     cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
     cap_bytes = sys.maxsize if math.isinf(cap) else int(cap * MB)
     return {"bucket_cap_bytes": cap_bytes,
             "first_bucket_bytes": FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap_bytes,
-            "initial_cap_bytes": sys.maxsize if rebuild else cap_bytes}
+            "initial_cap_bytes": sys.maxsize if rebuild else cap_bytes, "rebuild": rebuild,
+            "find_unused_parameters": find_unused_parameters or static_graph}
 
 
 def assign_buckets(params: Sequence[torch.Tensor], bucket_cap_bytes: int, *,
@@ -137,13 +145,42 @@ class GradBucketInterface:
                 f"{', '.join(self.names)})")
 
 
-class Rebuild:
-    """For a strategy with ``params``, ``buckets``, ``bucket_of``, ``assign`` and ``build``:
-    the rebuild in arrival order, and the parameters unused on every rank."""
+class Buckets:
+    """The bookkeeping of ``ddp``'s strategies, which add ``build`` (make ``buckets`` and
+    ``bucket_of`` from an assignment): the reset after each backward, the rebuild in arrival
+    order, and the parameters unused on every rank.
+
+    ``named_params``: (name, parameter) to average, in registration order; the byte caps as
+    ``strategy_options`` gives them; ``rebuild``: rebuild the buckets once, in arrival order.
+    """
 
     #: Whether the first synchronised backward sends nothing before the rebuild: where a
     #: bucket holds several parameters the rebuild changes where each gradient sits in it.
     delay_first_step = False
+    assign = staticmethod(one_bucket_per_parameter)  # the bucketed strategy: assign_buckets
+
+    def __init__(self, named_params: Sequence[tuple[str, torch.Tensor]], *,
+                 bucket_cap_bytes: int, first_bucket_bytes: int, initial_cap_bytes: int,
+                 rebuild: bool, process_group: dist.ProcessGroup, find_unused_parameters: bool,
+                 gradient_as_bucket_view: bool = False):
+        self.names, self.params = [n for n, _ in named_params], [p for _, p in named_params]
+        self.index_of = {id(p): i for i, p in enumerate(self.params)}
+        self.name_of = dict(zip(self.index_of, self.names))
+        self.bucket_cap_bytes, self.first_bucket_bytes = bucket_cap_bytes, first_bucket_bytes
+        self.process_group, self.find_unused_parameters = process_group, find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.state = process_group  # the hook's state (register_comm_hook replaces it)
+        self.arrivals: dict[int, None] | None = {} if rebuild else None  # first step's order
+        self.used_since_sync: set[int] = set()  # ids of parameters used under no_sync()
+        self.build(self.assign(self.params, initial_cap_bytes))
+
+    def reset(self) -> None:
+        """Ready for the next backward."""
+        for bucket in self.buckets:
+            bucket.reset()
+        self.next_bucket = 0
+        if self.arrivals is not None:
+            self.arrivals = {}
 
     def note_arrival(self, param: torch.Tensor) -> bool:
         """Note the order gradients arrive in, in the first synchronised backward; True if

@@ -14,10 +14,12 @@ import torch.distributed as dist
 from torch import nn
 
 
-def check_arguments(module: nn.Module, bucket_cap_mb: float | None, strategy: str,
-                    strategies: Collection[str], process_group: dist.ProcessGroup | None,
-                    **flags: Any) -> None:
-    """Raise a clear error for arguments DistributedDataParallel cannot use."""
+def check_arguments(module: nn.Module, device_ids: Sequence[int | torch.device] | None,
+                    output_device: int | torch.device | None, bucket_cap_mb: float | None,
+                    strategy: str, strategies: Collection[str],
+                    process_group: dist.ProcessGroup | None, **flags: Any) -> tuple:
+    """Raise a clear error for arguments DistributedDataParallel cannot use; return
+    ``check_devices``'s ``(device, device_ids, output_device)``."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"DistributedDataParallel expects an nn.Module, got "
                         f"{type(module).__name__}.")
@@ -47,6 +49,7 @@ def check_arguments(module: nn.Module, bucket_cap_mb: float | None, strategy: st
         raise ValueError("DistributedDataParallel expected a module with at least one "
                          "parameter that requires grad, found none: there is nothing to "
                          "synchronise (call the module directly).")
+    return check_devices(module, device_ids, output_device)
 
 
 def check_devices(module: nn.Module, device_ids: Sequence[int | torch.device] | None,

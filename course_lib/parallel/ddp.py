@@ -14,13 +14,13 @@ Three strategies, in the order the notebook teaches them (``strategy=``):
 3. ``"bucketed"``: the same with gradients packed into flat buckets of at most ``bucket_cap_mb``:
    a few large all-reduces instead of one per parameter (each one pays a fixed latency).
 
-Every strategy moves gradients in ``Bucket`` s (in the first two each parameter is a bucket of
-one) and hands each bucket to a communication hook ``hook(state, bucket) -> Future[Tensor]``
-(default ``allreduce_hook``: the average), so torch's hooks and ours work with all three.
+Every strategy moves gradients in ``Bucket`` s (in the first two a bucket holds one parameter)
+and hands each to a communication hook ``hook(state, bucket) -> Future[Tensor]`` (default
+``allreduce_hook``: the average), so torch's hooks and ours work with all three.
 
-The machinery lives beside it (all importable from here): ``_ddp_buckets`` (bucket sizes, the
-rebuild in arrival order, unused parameters), ``_ddp_comm_hooks``, ``_ddp_checks`` (argument checks,
-error texts), ``_ddp_accounting`` (bytes counted); the equal start in ``distributed._same_tensors``.
+Beside it (all importable from here): ``_ddp_buckets`` (bucket sizes, the rebuild in arrival
+order, unused parameters), ``_ddp_comm_hooks``, ``_ddp_checks`` (argument checks, error texts),
+``_ddp_accounting`` (bytes counted); the equal start in ``distributed._same_tensors``.
 """
 from __future__ import annotations
 
@@ -42,11 +42,10 @@ from ._ddp_buckets import (  # noqa: F401 - MB and the caps re-exported, as befo
     DEFAULT_BUCKET_CAP_MB,
     FIRST_BUCKET_BYTES,
     MB,
+    Buckets,
     GradBucketInterface,
-    Rebuild,
     assign_buckets,
-    bucket_sizes,
-    one_bucket_per_parameter,
+    strategy_options,
     weak_hook,
 )
 from ._ddp_comm_hooks import bf16_compress_hook
@@ -79,15 +78,13 @@ def allreduce_hook(process_group: dist.ProcessGroup | None,
 class Bucket(GradBucketInterface):
     """Gradients of a few parameters packed in one flat buffer, sent by one all-reduce.
 
-    The protocol, one method per step, in the order they happen in a training step:
-    ``mark_ready(param)`` as autograd produces each gradient (copies it into the buffer; True
-    when it was the last one), ``launch(hook, state)`` to start the all-reduce, ``wait()`` after
-    backward, ``copy_back()`` to write the averaged values into each ``param.grad``.
+    One method per step, in the order of a training step: ``mark_ready(param)`` as autograd
+    produces each gradient (True for the last one), ``launch(hook, state)`` to start the
+    all-reduce, ``wait()`` after backward, ``copy_back()`` to write the averages into ``.grad``.
 
-    With ``as_view=True`` (DDP's ``gradient_as_bucket_view``) each ``param.grad`` becomes a view
-    of the buffer: autograd accumulates into the buffer itself, nothing is copied in or out, and
-    the gradients take half the memory. ``index``: the position in launch order; ``names``: the
-    parameters' names (for messages). torch's ``GradBucket`` methods come from the base class.
+    ``as_view=True`` (DDP's ``gradient_as_bucket_view``): each ``param.grad`` becomes a view of
+    the buffer, so autograd accumulates into it and the gradients take half the memory.
+    ``index``: the place in launch order; ``names``: the parameters' (for messages).
     """
 
     def __init__(self, index: int, params: Sequence[torch.Tensor], names: Sequence[str],
@@ -154,36 +151,15 @@ class Bucket(GradBucketInterface):
 
 # --- The three strategies: when each bucket is launched ------------------------------------------
 
-class _Strategy(Rebuild):
+class _Strategy(Buckets):
     """What the strategies share: the buckets, the hook, and what happens once backward is done.
 
     Each strategy adds ``grad_ready(param)``, which DDP's hook calls when ``param.grad`` is final
-    for this backward, and ``sync()``, which leaves every bucket launched and waited for.
-
-    ``named_params``: (name, parameter) of the parameters to average, in registration order;
-    buckets of at most ``bucket_cap_bytes`` (the first after the rebuild ``first_bucket_bytes``),
-    before the first iteration ``initial_cap_bytes``; ``rebuild``: rebuild them once, in the
-    order the first synchronised backward produced the gradients (``Rebuild``).
+    for this backward, and ``sync()``, which leaves every bucket launched and waited for. The
+    bookkeeping (arguments, reset, the rebuild in arrival order) is in ``Buckets``.
     """
 
-    def __init__(self, named_params: Sequence[tuple[str, torch.Tensor]], *,
-                 bucket_cap_bytes: int, first_bucket_bytes: int, initial_cap_bytes: int,
-                 rebuild: bool, process_group: dist.ProcessGroup, find_unused_parameters: bool,
-                 gradient_as_bucket_view: bool = False):
-        self.names = [name for name, _ in named_params]
-        self.params = [p for _, p in named_params]
-        self.index_of = {id(p): i for i, p in enumerate(self.params)}
-        self.name_of = {id(p): name for name, p in named_params}
-        self.bucket_cap_bytes, self.first_bucket_bytes = bucket_cap_bytes, first_bucket_bytes
-        self.process_group, self.find_unused_parameters = process_group, find_unused_parameters
-        self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.hook, self.state = allreduce_hook, process_group  # register_comm_hook replaces them
-        # indices in arrival order (a dict: each once) in the first step; None: no rebuild
-        self.arrivals: dict[int, None] | None = {} if rebuild else None
-        self.used_since_sync: set[int] = set()       # ids of parameters used under no_sync()
-        self.build(self.assign(self.params, initial_cap_bytes))
-
-    assign = staticmethod(one_bucket_per_parameter)  # the bucketed strategy: assign_buckets
+    hook = staticmethod(allreduce_hook)  # register_comm_hook replaces it (and ``state``)
 
     def build(self, assignment: list[list[int]]) -> None:
         """Make the buckets: ``assignment`` lists each bucket's parameter indices, launch order."""
@@ -218,14 +194,6 @@ class _Strategy(Rebuild):
             self.used_since_sync.clear()
             self.reset()
 
-    def reset(self) -> None:
-        """Ready for the next backward."""
-        for bucket in self.buckets:
-            bucket.reset()
-        self.next_bucket = 0
-        if self.arrivals is not None:
-            self.arrivals = {}
-
 
 class NaiveStrategy(_Strategy):
     """1. ``"naive"``: nothing is sent during backward; then one blocking all-reduce per parameter
@@ -255,7 +223,7 @@ class OverlapStrategy(_Strategy):
     def grad_ready(self, param: torch.Tensor) -> None:
         """Copy the gradient into its bucket and start its all-reduce (in bucket order)."""
         if self.note_arrival(param):  # the first step: sent once the buckets are rebuilt
-            if self.all_arrived():    # (``Rebuild``), when torch's one bucket would go
+            if self.all_arrived():    # (every gradient came), when torch's one bucket would go
                 self.launch_ready_buckets()
             return
         self.bucket_of[id(param)].mark_ready(param)
@@ -292,12 +260,11 @@ STRATEGIES: dict[str, type[_Strategy]] = {"naive": NaiveStrategy, "overlap": Ove
 class DistributedDataParallel(nn.Module):
     """Data parallelism over processes: a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
 
-    At construction every rank's parameters are checked to have the same shapes (an error on
-    every rank names the first difference), then every parameter and buffer is broadcast from
-    the group's rank 0, so all replicas start equal. When ``loss.backward()`` returns, the
-    ``.grad`` of every parameter that requires grad holds the average over the ranks (a
-    callback queued on the autograd engine does the last step), so the optimizer steps stay
-    equal too. The arguments are torch's, in torch's order; the course's ``strategy`` after.
+    At construction the ranks' parameter shapes are compared (an error names the first
+    difference) and every parameter and buffer is broadcast from the group's rank 0: all
+    replicas start equal. When ``loss.backward()`` returns, every ``.grad`` holds the average
+    over the ranks (a callback queued on the autograd engine does the last step), so the
+    optimizer steps stay equal too. torch's arguments, in torch's order; then ``strategy``.
 
     Args:
         module: the model, already on this rank's device.
@@ -312,8 +279,8 @@ class DistributedDataParallel(nn.Module):
         find_unused_parameters: parameters without a gradient in a step count as zero instead
             of raising (used in a ``no_sync()`` micro-step: used). Buckets are not rebuilt.
         gradient_as_bucket_view: each ``.grad`` a view of its bucket's buffer: no second copy.
-        static_graph: every iteration uses the same parameters; as in torch, those unused in
-            every step are then left alone, and the buckets are rebuilt in any case.
+        static_graph: every step uses the same parameters; as in torch, those unused in every
+            step are left alone, and the buckets are rebuilt in any case.
         strategy: ``"naive"``, ``"overlap"`` or ``"bucketed"`` (see the module docstring).
     """
 
@@ -324,13 +291,12 @@ class DistributedDataParallel(nn.Module):
                  gradient_as_bucket_view: bool = False, static_graph: bool = False, *,
                  strategy: str = "bucketed"):
         super().__init__()
-        checks.check_arguments(module, bucket_cap_mb, strategy, STRATEGIES, process_group,
-                               broadcast_buffers=broadcast_buffers, dim=dim,
-                               find_unused_parameters=find_unused_parameters,
-                               gradient_as_bucket_view=gradient_as_bucket_view,
-                               static_graph=static_graph)
-        self.device, self.device_ids, self.output_device = checks.check_devices(
-            module, device_ids, output_device)  # this rank's one device (None on CPU)
+        # this rank's one device (None on CPU), after checking every argument
+        self.device, self.device_ids, self.output_device = checks.check_arguments(
+            module, device_ids, output_device, bucket_cap_mb, strategy, STRATEGIES, process_group,
+            dim=dim, broadcast_buffers=broadcast_buffers,
+            find_unused_parameters=find_unused_parameters,
+            gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)
         self.module, self.dim, self.strategy = module, dim, strategy
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.broadcast_buffers, self.static_graph = broadcast_buffers, static_graph
@@ -344,14 +310,10 @@ class DistributedDataParallel(nn.Module):
                                                       else ())], self.process_group)
         self._named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         self._frozen = [(name, p) for name, p in module.named_parameters() if not p.requires_grad]
-        rebuild = static_graph or not find_unused_parameters  # torch's rule
-        self.reducer = STRATEGIES[strategy](
-            self._named, **bucket_sizes(bucket_cap_mb, rebuild),  # torch's, in bytes
-            rebuild=rebuild, process_group=self.process_group,
-            # as torch: with a static graph, parameters unused in every step are found (and
-            # count as unused) whatever find_unused_parameters says
-            find_unused_parameters=find_unused_parameters or static_graph,
-            gradient_as_bucket_view=gradient_as_bucket_view)
+        self.reducer = STRATEGIES[strategy](  # the byte caps and when to rebuild: torch's rules
+            self._named, process_group=self.process_group,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            **strategy_options(bucket_cap_mb, find_unused_parameters, static_graph))
         self._comm_hook_registered = False
         self._expect_hooks = False     # a synchronised forward ran: its backward averages
         self._grads_arrived = False    # a gradient of this backward reached DDP's hook
@@ -386,11 +348,8 @@ class DistributedDataParallel(nn.Module):
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Inside, backward passes accumulate gradients locally without communicating.
-
-        The first synchronised backward after it averages the accumulated sums. As in torch,
-        the forward pass must run inside the context.
-        """
+        """Inside, backward passes accumulate gradients locally without communicating; the first
+        synchronised backward after it averages the sums. As in torch, run the forward inside."""
         previous = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:
@@ -401,21 +360,16 @@ class DistributedDataParallel(nn.Module):
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
         """Average buckets with ``hook(state, bucket) -> Future[Tensor]`` instead of the default.
 
-        The hook must return a ``torch.futures.Future`` (not a tensor) whose value is a tensor
-        shaped like ``bucket.buffer()``: it becomes the bucket's gradients. torch's hooks
-        (``torch.distributed.algorithms.ddp_comm_hooks``) work as well as ours. ``state`` is
-        passed to the hook as is (for the default hooks: the process group).
+        The future's value, a tensor shaped like ``bucket.buffer()``, becomes the bucket's
+        gradients; torch's hooks work too. ``state`` is passed as is (for torch's: the group).
         """
         checks.check_comm_hook(hook, self._comm_hook_registered)
         self.reducer.hook, self.reducer.state = hook, state
         self._comm_hook_registered = True
 
     def _backward_started(self, grad: torch.Tensor) -> None:
-        """Hook on the forward's outputs: backward reached them; queue the end-of-backward step.
-
-        Queued here, it belongs to the backward the caller started, not to a nested one (as
-        reentrant activation checkpointing runs for each segment), which would end too early.
-        """
+        """Hook on the forward's outputs: backward reached them; queue the end-of-backward step
+        here, in the caller's backward, not in a nested one (reentrant checkpointing's)."""
         if not self._callback_queued:
             Variable._execution_engine.queue_callback(self._finish_backward)
             self._callback_queued = True
@@ -432,11 +386,9 @@ class DistributedDataParallel(nn.Module):
             self.reducer.grad_ready(param)
 
     def _finish_backward(self) -> None:
-        """Queued callback: runs once backward is done, before ``loss.backward()`` returns.
-
-        Nothing to do when no parameter received a gradient (``torch.autograd.grad`` with
-        respect to the inputs, say): the gradients of a later backward are still expected.
-        """
+        """Queued callback: runs once backward is done, before ``loss.backward()`` returns
+        (nothing to do when no parameter got a gradient, as in ``torch.autograd.grad`` of the
+        inputs: a later backward's are still expected)."""
         self._callback_queued = False
         if not (self._expect_hooks and self._grads_arrived):
             return

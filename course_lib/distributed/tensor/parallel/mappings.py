@@ -77,30 +77,19 @@ class _ReduceFromRegion(torch.autograd.Function):
         return grad, None
 
 
-class _GatherFromRegion(torch.autograd.Function):
-    """All-gather of the last dimension forward, this rank's slice backward."""
+class _Conjugate(torch.autograd.Function):
+    """``there(x, group)`` forward, its conjugate ``back(grad, group)`` backward: the pairs the
+    lessons do not spell out as classes (all-gather / split here, split / all-gather along the
+    sequence in ``sequence``)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _gather_last(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _split_last(grad, ctx.group), None
-
-
-class _ScatterToRegion(torch.autograd.Function):
-    """This rank's slice of the last dimension forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _split_last(x, group)
+    def forward(ctx, x, group, there, back):
+        ctx.group, ctx.back = group, back
+        return there(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return _gather_last(grad, ctx.group), None
+        return ctx.back(grad, ctx.group), None, None, None
 
 
 def _world(group) -> int:
@@ -120,9 +109,9 @@ def reduce_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> tor
 def gather_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """Every rank's ``x`` concatenated along the last dimension (rank order); backward keeps
     this rank's slice of the gradient."""
-    return x if _world(group) == 1 else _GatherFromRegion.apply(x, group)
+    return x if _world(group) == 1 else _Conjugate.apply(x, group, _gather_last, _split_last)
 
 
 def scatter_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """This rank's block of ``x``'s last dimension; backward all-gathers the gradient."""
-    return x if _world(group) == 1 else _ScatterToRegion.apply(x, group)
+    return x if _world(group) == 1 else _Conjugate.apply(x, group, _split_last, _gather_last)

@@ -30,7 +30,7 @@ from torch import nn
 
 from ... import compat
 from ._checks import divisible, group_rank_size
-from .mappings import copy_to_tensor_model_parallel_region
+from .mappings import _Conjugate, copy_to_tensor_model_parallel_region
 
 __all__ = [
     "SEQUENCE_DIM",
@@ -96,19 +96,6 @@ class _ReduceScatterToSequenceRegion(torch.autograd.Function):
         return _gather_seq(grad, ctx.group), None
 
 
-class _ScatterToSequenceRegion(torch.autograd.Function):
-    """This rank's positions forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _split_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_seq(grad, ctx.group), None
-
-
 class _LinearWithSequenceParallelInput(torch.autograd.Function):
     """``F.linear(g(x), weight, bias)`` that saves the shard x, not the gathered input, and
     gathers it again in backward (Megatron's ``LinearWithGradAccumulationAndAsyncCommunication``
@@ -150,7 +137,7 @@ def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor, group=None) -> t
 
 def scatter_to_sequence_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """This rank's block of positions of ``x`` (the same on every rank); backward all-gathers."""
-    return x if _world(group) == 1 else _ScatterToSequenceRegion.apply(x, group)
+    return x if _world(group) == 1 else _Conjugate.apply(x, group, _split_seq, _gather_seq)
 
 
 def linear_with_sequence_parallel_input(x: torch.Tensor, weight: torch.Tensor,
