@@ -1,6 +1,7 @@
 """Comparing variants of one piece of work, beside ``course_lib.timing`` (which re-exports it):
-``compare`` interleaves their samples in one process, ``bootstrap_ratio`` gives each ratio an
-interval, ``Comparison`` holds the result and names a winner only when the interval excludes 1.
+``compare`` interleaves their samples in one process (each sample timed by ``time_sample``),
+``bootstrap_ratio`` gives each ratio an interval, ``Comparison`` holds the result and names a
+winner only when the interval excludes 1.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .devices import synchronize
 if TYPE_CHECKING:  # annotations only: timing imports this module
     from .timing import LoadStamp
 
-__all__ = ["Comparison", "bootstrap_ratio", "compare"]
+__all__ = ["Comparison", "bootstrap_ratio", "compare", "time_sample"]
 
 
 def _quantile(sorted_xs: list[float], q: float) -> float:
@@ -53,6 +54,30 @@ def bootstrap_ratio(a: list[float], b: list[float], *, confidence: float = 0.95,
     ratios.sort()
     tail = (1 - confidence) / 2
     return ratio, _quantile(ratios, tail), _quantile(ratios, 1 - tail)
+
+
+def time_sample(fn: Callable[[], object], loops: int, *,
+                device: torch.device | str | None = None,
+                before: Callable[[], None] | None = None,
+                reduce: Callable[[float], float] | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> float:
+    """One timed sample: ``loops`` calls of ``fn`` under one clock; the seconds per call.
+
+    ``before`` runs first, untimed (a ``dist.barrier``, so that every rank starts the sample
+    together). The device is synchronized before the clock starts (earlier GPU work is not
+    counted) and before it stops (the work the loop queued is). ``reduce`` turns this
+    process's seconds per call into the one reported (``_slowest``: the largest over the
+    ranks, since a collective ends when its slowest rank does).
+    """
+    if before is not None:
+        before()
+    synchronize(device)
+    start = clock()
+    for _ in range(loops):
+        fn()
+    synchronize(device)
+    seconds = (clock() - start) / loops
+    return seconds if reduce is None else reduce(seconds)
 
 
 @dataclass
@@ -198,17 +223,9 @@ def compare(variants: dict[str, Callable[[], object]], *, samples: int = 15,
                          f"calibration_calls >= 1 and max_loops >= 1, got samples={samples}, "
                          f"min_sample_seconds={min_sample_seconds}, calibration_calls="
                          f"{calibration_calls}, max_loops={max_loops}.")
-    reduce = reduce or (lambda t: t)
-    before = before or (lambda: None)
 
     def timed(fn: Callable[[], object], loops: int) -> float:
-        before()
-        synchronize(device)
-        start = clock()
-        for _ in range(loops):
-            fn()
-        synchronize(device)
-        return reduce((clock() - start) / loops)
+        return time_sample(fn, loops, device=device, before=before, reduce=reduce, clock=clock)
 
     loops = {}
     for name in names:

@@ -1,17 +1,44 @@
-"""Lesson 10, exercises: the alpha-beta time of a ring all-reduce; the alpha-beta fit of a ring
-all-reduce; the predicted all-reduce time of a step; the bus bandwidth of one raw row of a
-collectives results file (no longer asked by the notebook; its checker is kept).
+"""Lesson 10, exercises: the benchmark loop of a collective; the alpha-beta fit of a ring
+all-reduce; the predicted all-reduce time of a step. No longer asked by the notebook, their
+checkers kept: the alpha-beta time of a ring all-reduce (lesson 02 derives it), the bus bandwidth
+of one raw row of a collectives results file.
 
-Checked by ``course_lib.checks.lesson10.check_ring_time``, ``check_alpha_beta_fit``,
-``check_predicted_comm`` and ``check_bus_bandwidth``.
+Checked by ``course_lib.checks.lesson10.check_time_collective``, ``check_alpha_beta_fit``,
+``check_predicted_comm``, ``check_ring_time`` and ``check_bus_bandwidth``.
 """
 from __future__ import annotations
 
 import statistics
+import time
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
-__all__ = ["alpha_beta_fit", "bus_bandwidth", "predicted_comm", "ring_time"]
+from course_lib.devices import synchronize
+from course_lib.distributed import current_device
+
+__all__ = ["alpha_beta_fit", "bus_bandwidth", "predicted_comm", "ring_time", "time_collective"]
+
+
+def time_collective(op, warmup: int, samples: int, loops: int) -> float:
+    """Called on every rank: the seconds per call of ``op()``, the slowest rank's, median over
+    ``samples`` samples of ``loops`` calls each, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        op()
+    times = []
+    for _ in range(samples):
+        dist.barrier()                       # every rank starts the sample together
+        synchronize()                        # earlier GPU work is not this sample's
+        start = time.perf_counter()
+        for _ in range(loops):
+            op()
+        synchronize()                        # the work the loop queued is
+        per_call = torch.tensor([(time.perf_counter() - start) / loops], dtype=torch.float64,
+                                device=current_device())
+        dist.all_reduce(per_call, op=dist.ReduceOp.MAX)   # ends when the slowest rank does
+        times.append(per_call.item())
+    return statistics.median(times)
 
 
 def ring_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:

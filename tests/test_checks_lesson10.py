@@ -310,3 +310,159 @@ def test_comm_oracle_matches_the_library_and_covers_three_ranks():
                                 alpha=a, beta=b, p=p)), rel_tol=1e-12, abs_tol=1e-18)
     assert any(p == 3 for _, p, _, _ in _comm_cases())
     assert any(not m for m, _, _, _ in _comm_cases())
+
+
+# --- the benchmark loop of a collective (multi-process) ------------------------------------------
+
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from course_lib.checks import check_time_collective  # noqa: E402
+from course_lib.checks.harness import first_failure_in_ranks, verdicts_as_expected  # noqa: E402
+from course_lib.checks.lesson10 import (  # noqa: E402
+    _LOOPS,
+    _SAMPLES,
+    _STALLED,
+    _WARMUP,
+    _time_collective_cases,
+    planned_sleep,
+)
+from solutions.lesson10 import time_collective  # noqa: E402
+
+
+def _timing(op, warmup, samples, loops, *, warm=True, barrier=True, reduce="max",
+            median=True, per_call=True, extra=0, barrier_inside=False):
+    """time_collective with one thing changed (what the wrong answers below get wrong)."""
+    for _ in range(warmup if warm else 0):
+        op()
+    times = []
+    for _ in range(samples):
+        if barrier:
+            dist.barrier()
+        start = time.perf_counter()
+        for i in range(loops + extra):
+            if barrier_inside and i:
+                dist.barrier()
+            op()
+        t = torch.tensor([(time.perf_counter() - start) / (loops if per_call else 1)],
+                         dtype=torch.float64)
+        if reduce == "max":
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        elif reduce == "sum":
+            dist.all_reduce(t)                                 # sums: op forgotten
+        elif reduce == "to rank 0":
+            dist.reduce(t, 0, op=dist.ReduceOp.MAX)            # only rank 0 gets the max
+        times.append(t.item())
+    return (statistics.median if median else statistics.fmean)(times)
+
+
+def no_warmup(op, w, s, n):
+    return _timing(op, w, s, n, warm=False)
+
+
+def mean_of_samples(op, w, s, n):
+    return _timing(op, w, s, n, median=False)
+
+
+def own_time(op, w, s, n):
+    return _timing(op, w, s, n, reduce=None)
+
+
+def max_of_medians(op, w, s, n):
+    t = torch.tensor([_timing(op, w, s, n, reduce=None)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def reduced_to_rank_0(op, w, s, n):
+    return _timing(op, w, s, n, reduce="to rank 0")
+
+
+def summed(op, w, s, n):
+    return _timing(op, w, s, n, reduce="sum")
+
+
+def no_barrier(op, w, s, n):
+    return _timing(op, w, s, n, barrier=False)
+
+
+def barrier_in_the_loop(op, w, s, n):
+    return _timing(op, w, s, n, barrier_inside=True)
+
+
+def per_sample(op, w, s, n):
+    return _timing(op, w, s, n, per_call=False)
+
+
+def one_call_too_many(op, w, s, n):
+    return _timing(op, w, s, n, extra=1)
+
+
+def with_the_library(op, warmup, samples, loops):
+    """The course's own sample loop (what measure_collectives gives compare) in the exercise's
+    frame: the checker must pass it."""
+    from course_lib.distributed.env import _slowest
+    from course_lib.timing import time_sample
+
+    for _ in range(warmup):
+        op()
+    return statistics.median(time_sample(op, loops, before=dist.barrier, reduce=_slowest)
+                             for _ in range(samples))
+
+
+def time_collective_scaffold(op, warmup, samples, loops):
+    raise NotImplementedError   # the notebook's scaffold, not yet written
+
+
+_ROWS = [
+    ("the reference", _time_collective_cases, time_collective, {2: None}),
+    ("the library", _time_collective_cases, with_the_library, {2: None}),
+    ("the scaffold", _time_collective_cases, time_collective_scaffold, {2: "NotImplementedError"}),
+    ("no warm-up", _time_collective_cases, no_warmup, {2: "That is no warm-up"}),
+    ("mean", _time_collective_cases, mean_of_samples, {2: "the mean of the samples"}),
+    ("own time", _time_collective_cases, own_time, {2: "each rank returned its own time"}),
+    ("max of medians", _time_collective_cases, max_of_medians, {2: "a fast rank's time"}),
+    ("reduce", _time_collective_cases, reduced_to_rank_0, {2: "different numbers on different"}),
+    ("sum", _time_collective_cases, summed, {2: "the sum over the ranks"}),
+    ("no barrier", _time_collective_cases, no_barrier, {2: "no dist.barrier() at all"}),
+    ("barrier in the loop", _time_collective_cases, barrier_in_the_loop,
+     {2: "between two timed calls"}),
+    ("per sample", _time_collective_cases, per_sample, {2: "the time of a whole sample"}),
+    ("calls", _time_collective_cases, one_call_too_many, {2: "op was called 22 times"}),
+]
+
+
+def test_time_collective_wrong_answers_get_their_reasons_in_one_launch():
+    """Every row in one launch of 2 ranks: the reference passes, each wrong answer is named.
+    The stand-in's sleeps make a row last about 0.25 s."""
+    found = first_failure_in_ranks(verdicts_as_expected, _ROWS, (2,), (), timeout=120.0,
+                                   hang_hint="", hint="")
+    assert found is None, found
+
+
+def test_time_collective_checker_passes_the_reference_at_2_and_3_ranks(capsys):
+    assert check_time_collective(time_collective, strict=True)
+    assert "[time_collective] correct" in capsys.readouterr().out
+    assert check_time_collective(None).ok is None
+    assert "not answered yet" in capsys.readouterr().out
+
+
+def test_time_collective_plan_separates_the_slowest_rank_from_the_others():
+    """The stand-in's plan (nominal sleeps): the slowest rank's median per call differs from
+    every usual mistake by 25 % or more at 2 and 3 ranks, so that the tolerance holds."""
+    for world in (2, 3):
+        calls = _WARMUP + _SAMPLES * _LOOPS
+        per_rank = [[sum(planned_sleep(_WARMUP + s * _LOOPS + i, r) for i in range(_LOOPS))
+                     / _LOOPS for s in range(_SAMPLES)] for r in range(world)]
+        by_sample = list(zip(*per_rank))
+        want = statistics.median(max(ts) for ts in by_sample)
+        usual = [statistics.fmean(max(ts) for ts in by_sample),
+                 *(statistics.median(ts) for ts in per_rank),
+                 statistics.median(min(ts) for ts in by_sample),
+                 statistics.median(sum(ts) for ts in by_sample),
+                 statistics.median(sum(ts) / world for ts in by_sample), want * _LOOPS]
+        assert all(abs(math.log(u / want)) > math.log(1.25) for u in usual), (world, usual)
+        assert min(planned_sleep(k, r) for k in range(calls) for r in range(world)) >= 0.004
+        assert any(planned_sleep(_WARMUP + _STALLED * _LOOPS, r) > 0.1 for r in range(world))

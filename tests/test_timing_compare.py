@@ -128,3 +128,43 @@ def test_bad_input_is_refused():
         compare({"a": lambda: None, "b": lambda: None}, baseline="c")
     with pytest.raises(ValueError, match="samples >= 2"):
         compare({"a": lambda: None, "b": lambda: None}, samples=1)
+
+
+def test_time_sample_runs_before_untimed_then_one_loop_and_reduces_the_time_per_call():
+    """``time_sample``, the sample loop ``compare`` runs (lesson 10 shows it): ``before`` ends
+    before the clock starts, ``loops`` calls under one clock, seconds per call, ``reduce``d."""
+    from course_lib.timing import time_sample
+
+    clock = FakeClock()
+    work = clock.variant("work", lambda: 0.002)
+    seen = []
+
+    def before():                    # a barrier that takes 1 s: it must not be timed
+        seen.append(len(clock.calls))
+        clock.now += 1.0
+
+    got = time_sample(work, 5, before=before, reduce=lambda t: 10 * t, clock=clock)
+    assert seen == [0] and clock.calls == ["work"] * 5
+    assert got == pytest.approx(10 * 0.002)
+    assert time_sample(work, 4, clock=clock) == pytest.approx(0.002)   # no before, no reduce
+
+
+def test_compare_times_each_sample_with_time_sample(monkeypatch):
+    """``compare`` takes every sample, the calibration's included, from ``time_sample`` with
+    its own device, before, reduce and clock."""
+    from course_lib import _compare
+
+    calls = []
+    real = _compare.time_sample
+
+    def spy(fn, loops, **kw):
+        calls.append((loops, sorted(kw)))
+        return real(fn, loops, **kw)
+
+    monkeypatch.setattr(_compare, "time_sample", spy)
+    clock = FakeClock()
+    compare({"a": clock.variant("a", lambda: 0.01), "b": clock.variant("b", lambda: 0.02)},
+            samples=3, min_sample_seconds=0.05, warmup=1, calibration_calls=2, clock=clock)
+    assert len(calls) == 2 * 2 + 2 * 3                      # calibration calls, then samples
+    assert all(kw == ["before", "clock", "device", "reduce"] for _, kw in calls)
+    assert [n for n, _ in calls[:2]] == [1, 1] and {n for n, _ in calls[-6:]} == {5, 3}

@@ -1,5 +1,12 @@
 """Checkers for the exercises of lesson 10 (timing plots and the alpha-beta model).
 
+``check_time_collective`` asks for the benchmark loop of a collective, run on every rank of 2
+and 3 gloo processes: warm-up calls, then samples of timed loops behind a barrier, the slowest
+rank's time per call, the median over the samples. Its oracle is the stand-in collective's own
+record of how long each of its calls slept (``planned_sleep``), reduced over the ranks by the
+checker, not the library's ``course_lib.timing.time_sample`` (the tests pass that through the
+checker too).
+
 ``check_bus_bandwidth`` asks for the bus bandwidth of one raw row of a collectives results file
 (``world_size``, ``bytes``, ``seconds``: one time per operation for each sample), in GB/s, as
 nccl-tests defines it (``doc/PERFORMANCE.md`` of NVIDIA/nccl-tests). Its oracle is not a copy of
@@ -28,15 +35,19 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
+import time
 from collections.abc import Callable
 
 import numpy as np
 
-from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
+from ._core import ExerciseResult, call_or_verdict, verdict
+from .harness import UNANSWERED, agree, check_in_ranks, load_answer
 
 __all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",
-           "check_ring_time", "comm_by_schedule", "fit_line", "link_bytes_by_schedule",
-           "lstsq_relative_fit", "median_by_sorting", "ring_time_by_schedule"]
+           "check_ring_time", "check_time_collective", "comm_by_schedule", "fit_line",
+           "link_bytes_by_schedule", "lstsq_relative_fit", "median_by_sorting", "planned_sleep",
+           "ring_time_by_schedule"]
 
 _NAME = "bus_bandwidth"
 _HINT = ("the bus bandwidth is the bytes one rank's link carries in a ring, per second of the "
@@ -126,14 +137,10 @@ def check_bus_bandwidth(fn: Callable | None, *, strict: bool = False) -> Exercis
     for row in cases:
         want = _expected(row)
         shown = {k: row[k] for k in ("world_size", "bytes", "seconds")}
-        try:
-            got = call_bounded(fn, copy.deepcopy(row))
-        except NotImplementedError:
-            return unanswered(_NAME, strict)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return verdict(_NAME, False, f"{failure(exc)} on the row {shown}. {_HINT}", strict)
+        got, failed = call_or_verdict(_NAME, strict, fn, copy.deepcopy(row),
+                                      after=f" on the row {shown}. {_HINT}")
+        if failed is not None:
+            return failed
         if isinstance(got, bool) or not isinstance(got, (int, float)):
             try:
                 got = float(got)  # a 0-d tensor or numpy number is fine
@@ -218,15 +225,11 @@ def _check_seconds(name: str, fn: Callable, strict: bool, cases: list, want: Cal
     ``(args, shown)`` of ``cases`` (a list argument is passed as a copy), to 1e-9 relative."""
     for args, shown in cases:
         expected = want(*args)
-        try:
-            got = call_bounded(fn, *(list(a) if isinstance(a, (list, tuple)) else a
-                                     for a in args))
-        except NotImplementedError:
-            return unanswered(name, strict)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return verdict(name, False, f"{failure(exc)} on {shown}. {hint}", strict)
+        got, failed = call_or_verdict(name, strict, fn, *(list(a) if isinstance(a, (list, tuple))
+                                                           else a for a in args),
+                                      after=f" on {shown}. {hint}")
+        if failed is not None:
+            return failed
         try:
             got = float(got)   # a 0-d tensor or numpy number is fine
         except (TypeError, ValueError):
@@ -334,14 +337,10 @@ def check_alpha_beta_fit(fn: Callable | None, *, strict: bool = False) -> Exerci
     for sizes, times, p in cases:
         want = lstsq_relative_fit(sizes, times, p)
         shown = f"p={p}, {len(sizes)} sizes from {sizes[0]} to {sizes[-1]} bytes"
-        try:
-            got = call_bounded(fn, list(sizes), list(times), p)
-        except NotImplementedError:
-            return unanswered(_FIT, strict)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return verdict(_FIT, False, f"{failure(exc)} on {shown}. {_FIT_HINT}", strict)
+        got, failed = call_or_verdict(_FIT, strict, fn, list(sizes), list(times), p,
+                                      after=f" on {shown}. {_FIT_HINT}")
+        if failed is not None:
+            return failed
         try:
             got = tuple(float(x) for x in got)
         except (TypeError, ValueError):
@@ -431,3 +430,224 @@ def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> Exerci
         _COMM_HINT, _comm_diagnose,
         f"matches every message's ring schedule on {len(cases)} steps (0 to 11 messages, 1 to "
         "8 ranks).")
+
+
+# ------------------------------------------------------------------------------------------------
+# the benchmark loop of a collective, in real processes
+# ------------------------------------------------------------------------------------------------
+
+_TIME = "time_collective"
+_TIME_HINT = ("warm up with `warmup` untimed calls of op; then for each sample: dist.barrier(), "
+              "synchronize(), the clock, `loops` calls, synchronize(), the clock, the seconds "
+              "per call; all-reduce that time with op=dist.ReduceOp.MAX (the slowest rank's); "
+              "return the median of the samples (the same number on every rank).")
+#: The check's plan: untimed calls, samples, calls per sample.
+_WARMUP, _SAMPLES, _LOOPS = 2, 5, 3
+#: What the stand-in collective sleeps (s): each warm-up call (a cold start), a call on a fast
+#: rank, a call on the sample's slow rank, and once more on every rank at the start of the
+#: stalled sample (a noisy moment of the machine).
+_COLD_S, _FAST_S, _SLOW_S, _STALL_S = 0.010, 0.004, 0.008, 0.150
+#: sample -> the rank that is slow in it (at most one sample per rank, so that each rank's own
+#: median is a fast time while the slowest rank's median is a slow one), and the stalled sample
+_SLOW_RANK, _STALLED = {0: 0, 2: 1}, 1
+#: The answer is timed around the stand-in's sleeps, so it may only exceed the time they took
+#: (the loop and the clock add microseconds); these bound it around that exact time.
+_TIME_LOW, _TIME_HIGH = 0.97, 1.2
+
+
+def planned_sleep(call: int, rank: int) -> float:
+    """Seconds the stand-in collective sleeps at its ``call``-th call (0-based) on ``rank``."""
+    if call < _WARMUP:
+        return _COLD_S
+    sample, position = divmod(call - _WARMUP, _LOOPS)
+    seconds = _SLOW_S if _SLOW_RANK.get(sample) == rank else _FAST_S
+    if sample == _STALLED and position == 0:
+        seconds += _STALL_S
+    return seconds
+
+
+class _StandIn:
+    """What the learner's function times: a call sleeps as ``planned_sleep`` says (no
+    collective inside, so a fast rank does not wait for the slow one), counts itself and
+    measures how long it really took."""
+
+    def __init__(self, rank: int):
+        self.rank, self.calls, self.seconds = rank, 0, []
+
+    def __call__(self) -> None:
+        start = time.perf_counter()
+        time.sleep(planned_sleep(self.calls, self.rank))
+        self.calls += 1
+        self.seconds.append(time.perf_counter() - start)
+
+
+def _calls_problem(calls: int) -> str | None:
+    """What is wrong with the number of calls op received (None: warmup + samples x loops)."""
+    want = _WARMUP + _SAMPLES * _LOOPS
+    if calls == want:
+        return None
+    usual = {
+        _SAMPLES * _LOOPS: "no warm-up: call op `warmup` times, untimed, before the first "
+                           "sample (first calls are slow: a cold cache, a first connection)",
+        _WARMUP + _SAMPLES: "one call per sample: each sample times `loops` calls",
+        _WARMUP + _LOOPS: "one sample: time `samples` of them",
+        _WARMUP * _SAMPLES + _SAMPLES * _LOOPS: "a warm-up before every sample: warm up once, "
+                                                "before the first",
+    }
+    why = (f"That is {usual[calls]}." if calls in usual
+           else "Call op exactly warmup + samples x loops times.")
+    return (f"warmup={_WARMUP}, samples={_SAMPLES}, loops={_LOOPS}: op was called {calls} "
+            f"times, expected {want} ({_WARMUP} untimed, then {_SAMPLES} samples of {_LOOPS}). "
+            f"{why}")
+
+
+def _order_problem(records: list) -> str | None:
+    """A barrier missing before a sample, or a collective between two timed calls (``records``:
+    the collectives called, each with how many calls of op came before it)."""
+    timed = range(_WARMUP + 1, _WARMUP + _SAMPLES * _LOOPS)
+    inside = [r for r in records if r.context in timed and (r.context - _WARMUP) % _LOOPS]
+    if inside:
+        r = inside[0]
+        sample = (r.context - _WARMUP) // _LOOPS
+        return (f"dist.{r.name} was called between two timed calls of op (sample {sample}, after "
+                f"call {(r.context - _WARMUP) % _LOOPS} of {_LOOPS}): it is timed with them. Only "
+                "op may run while the clock runs; the barrier comes before the clock starts, "
+                "the all-reduce after it stops.")
+    barriers = {r.context for r in records if r.name in ("barrier", "monitored_barrier")}
+    missing = [s for s in range(_SAMPLES) if _WARMUP + s * _LOOPS not in barriers]
+    if missing:
+        where = ("at all" if len(missing) == _SAMPLES
+                 else "before sample" + ("s " if len(missing) > 1 else " ")
+                 + ", ".join(map(str, missing)))
+        return (f"no dist.barrier() {where}: call it before each sample's clock starts, after "
+                "the previous sample (or the warm-up), so that every rank starts the sample "
+                "together.")
+    return None
+
+
+def _per_call(seconds: list[float]) -> list[float]:
+    """Seconds per call of each sample, from the stand-in's own times of its calls."""
+    timed = seconds[_WARMUP:]
+    return [sum(timed[s * _LOOPS:(s + 1) * _LOOPS]) / _LOOPS for s in range(_SAMPLES)]
+
+
+def _value_problem(got: float, rank: int, per_rank: list[list[float]]) -> str | None:
+    """``got`` against the slowest rank's median time per call, from what the stand-in's calls
+    really took on every rank; a usual mistake named when one lies nearer."""
+    world = len(per_rank)
+    by_sample = list(zip(*per_rank))                             # (samples, ranks)
+    slowest = [max(ts) for ts in by_sample]
+    want = statistics.median(slowest)
+    fast = ("a fast rank's time (this rank's own, the fastest rank's, or the largest of the "
+            "ranks' medians): a collective ends when its slowest rank does; take the slowest "
+            "rank's time of each sample (all-reduce it with op=dist.ReduceOp.MAX), then the "
+            "median over the samples")
+    usual = [
+        ("the mean of the samples: one stalled sample pulls it up; take the median",
+         statistics.fmean(slowest)),
+        (fast, statistics.median(per_rank[rank])),
+        (fast, statistics.median(min(ts) for ts in by_sample)),
+        (fast, max(statistics.median(ts) for ts in per_rank)),
+        ("the sum over the ranks: dist.all_reduce sums unless told otherwise; pass "
+         "op=dist.ReduceOp.MAX", statistics.median(sum(ts) for ts in by_sample)),
+        ("the average over the ranks: the slowest rank's time is asked (op=dist.ReduceOp.MAX)",
+         statistics.median(sum(ts) / world for ts in by_sample)),
+        ("the time of a whole sample: divide it by `loops` for the time per call",
+         want * _LOOPS),
+        ("in milliseconds: return seconds", want * 1e3),
+    ]
+    if got > 0:
+        why, value = min(usual, key=lambda u: abs(math.log(got / u[1])))
+        if abs(math.log(got / value)) < abs(math.log(got / want)):
+            return (f"rank {rank} returned {got * 1e3:.2f} ms per call; the slowest rank's median "
+                    f"was {want * 1e3:.2f} ms. That is {why}.")
+        if _TIME_LOW <= got / want <= _TIME_HIGH:
+            return None
+    return (f"rank {rank} returned {got:.6g} s per call; the slowest rank's median was "
+            f"{want:.6g} s (the calls' own times; yours may exceed them by the loop's "
+            f"microseconds).")
+
+
+def _time_collective_cases(spec) -> str | None:
+    """One rank of ``check_time_collective``: the learner's function on the stand-in, then its
+    calls, its collectives, its number (the same on every rank?) against the stand-in's times."""
+    import torch.distributed as dist
+
+    from ..distributed.recording import COLLECTIVES, record_collectives
+
+    fn, error = load_answer(spec)
+    if error:
+        return error
+    rank, world = dist.get_rank(), dist.get_world_size()
+    op = _StandIn(rank)
+    names = COLLECTIVES + (("monitored_barrier",) if hasattr(dist, "monitored_barrier") else ())
+    try:
+        with record_collectives(names, context=lambda: op.calls) as records:
+            got = fn(op, _WARMUP, _SAMPLES, _LOOPS)
+    except NotImplementedError:
+        return UNANSWERED
+    except Exception as e:  # noqa: BLE001 - the learner's error, said in words (peers stop too)
+        return f"world_size={world}, rank {rank}: your function raised {type(e).__name__}: " \
+               f"{' '.join(str(e).split())}"
+    try:
+        got = float(got)                                     # a 0-d tensor or numpy number
+    except (TypeError, ValueError):
+        got = None
+    where = f"world_size={world}: "
+    problem = (f"rank {rank} returned {got!r}; expected one number, the seconds per call."
+               if got is None else _calls_problem(op.calls) or _order_problem(records))
+    problem = agree(None if problem is None else where + problem)
+    if problem is not None:
+        return problem
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, (got, _per_call(op.seconds)))
+    gots, per_rank = [g for g, _ in gathered], [ts for _, ts in gathered]
+    if not all(math.isclose(g, gots[0], rel_tol=1e-9) for g in gots):
+        returned = ", ".join(f"rank {r} {g * 1e3:.2f} ms" for r, g in enumerate(gots))
+        own = all(math.isclose(g, statistics.median(ts), rel_tol=0.05)
+                  for g, ts in zip(gots, per_rank))
+        why = ("each rank returned its own time: a collective ends when its slowest rank "
+               "does; all-reduce each sample's time with op=dist.ReduceOp.MAX" if own else
+               "every rank must return the same number: dist.all_reduce gives every rank the "
+               "result (dist.reduce gives it to one rank only)")
+        return f"{where}different numbers on different ranks ({returned}): {why}."
+    problem = _value_problem(got, rank, per_rank)
+    return None if problem is None else where + problem
+
+
+def check_time_collective(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3),
+                          timeout: float = 60.0, strict: bool = False) -> ExerciseResult:
+    """Exercise: ``fn(op, warmup, samples, loops)``, called on every rank, is the benchmark loop
+    of a collective: ``op()`` ``warmup`` times untimed; then for each sample a barrier,
+    ``loops`` timed calls, the seconds per call, the slowest rank's (an all-reduce with MAX);
+    the median over the samples, the same number on every rank.
+
+    ``op`` is a stand-in that sleeps a few milliseconds per call (``planned_sleep``) and times
+    itself: the first ``warmup`` calls are slow, one rank is slower than the others in some
+    samples (with no collective inside, the others do not wait for it), and one sample stalls
+    on every rank. Judged, in one launch of 2 and 3 ranks (gloo), against the slowest rank's
+    median of the calls' own times: the number of calls (no warm-up, one call per sample, ...),
+    a ``dist.barrier`` before each sample and no collective between two timed calls (the
+    barrier is judged by where it is called, not by the times: the all-reduce of each sample
+    lines the ranks up again, and a missing barrier changes the times too little to tell), the
+    same number on every rank, and the number itself, with the usual mistakes named (the mean,
+    one rank's own time, the sum over the ranks, a whole sample's time). Whether the GPU is
+    synchronized is not judged: on a CPU it changes nothing.
+
+    Args:
+        fn: the learner's function, importable by worker processes, or ``"module:function"``
+            (imported in the workers from the current folder); None: not answered yet.
+        world_sizes: numbers of processes to try.
+        timeout: seconds for each world size.
+        strict: raise ``AssertionError`` on a wrong answer.
+    """
+    return check_in_ranks(
+        _TIME, fn, "my_timing:time_collective", _time_collective_cases, (),
+        world_sizes=world_sizes, timeout=timeout, hint=_TIME_HINT,
+        hang_hint="Does every rank make the same collective calls (the barrier, the "
+                  "all-reduce) the same number of times?",
+        passed=f"the slowest rank's median time per call, the same on every rank, for world "
+               f"sizes {list(world_sizes)} ({_WARMUP} warm-up calls, {_SAMPLES} samples of "
+               f"{_LOOPS} calls).",
+        missing="write time_collective(op, warmup, samples, loops) to a file and pass it here.",
+        strict=strict)
