@@ -60,3 +60,21 @@ def test_slower_rank_wait():
         slower_rank_wait([[1.0], [1.0, 2.0]])
     with pytest.raises(ValueError, match="same number"):
         slower_rank_wait([[], []])
+
+
+def test_divide_only_hook_divides_and_sends_nothing(monkeypatch):
+    import torch.distributed as dist
+
+    from course_lib.bench.step_comm import divide_only_hook
+
+    class OneBucket:
+        def __init__(self, t):
+            self.t = t
+
+        def buffer(self):
+            return self.t
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)   # no process group
+    t = torch.tensor([2.0, 4.0], dtype=torch.float64)
+    out = divide_only_hook(None, OneBucket(t)).wait()
+    assert out is t and t.tolist() == [1.0, 2.0]       # divided in place, nothing sent

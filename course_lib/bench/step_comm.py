@@ -7,9 +7,10 @@ and, for each model, times interleaved in the same processes (``course_lib.timin
 - ``naive``: the course's ``DistributedDataParallel``, one all-reduce per parameter after
   backward;
 - ``bucketed``: the course's DDP, one all-reduce per bucket, launched during backward;
-- ``naive_nocomm``: ``naive``'s wrapper with a communication hook that sends nothing (torch's
-  ``noop_hook``): the wrapper's own work, so ``naive - naive_nocomm`` is the communication as the
-  step pays it and ``naive_nocomm - local`` what the wrapper adds.
+- ``naive_nocomm``: ``naive``'s wrapper with a communication hook that does what the default
+  ``allreduce_hook`` does but send (``divide_only_hook``: it divides by the world size): the
+  wrapper's own work, so ``naive - naive_nocomm`` is the all-reduces as the step pays them and
+  ``naive_nocomm - local`` what the wrapper adds.
 
 Then, in a second comparison, the very messages each strategy sent (read from its buckets after
 the warm-up steps), all-reduced alone, back to back, no computation. Last, ``local`` steps once
@@ -32,7 +33,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 from ..devices import cpu_cores, synchronize
 from ..distributed import current_device, launch
@@ -43,7 +43,7 @@ from ..parallel.ddp import DistributedDataParallel
 from ..timing import compare
 
 __all__ = ["STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm",
-           "slower_rank_wait"]
+           "divide_only_hook", "slower_rank_wait"]
 
 #: model -> (builder, bucket cap in MiB, global batch, global batch in quick mode). LeNet's
 #: buckets are capped at 0.1 MiB so that its 0.49 MiB of gradients make several; ResNet-18 runs
@@ -75,6 +75,17 @@ def _stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor) -> Callable[[], N
         F.cross_entropy(net(X), y).backward()
         opt.step()
     return step
+
+
+def divide_only_hook(process_group: dist.ProcessGroup | None,
+                     bucket) -> torch.futures.Future[torch.Tensor]:
+    """``allreduce_hook`` without its all-reduce: the bucket's buffer divided by the world size,
+    returned in a completed future. A step with it does all a DDP step does but send."""
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size(process_group))
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(buffer)
+    return done
 
 
 def slower_rank_wait(durations: list[list[float]]) -> float:
@@ -126,7 +137,7 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                                                  bucket_cap_mb=cap_mb, broadcast_buffers=False)
         nets["naive_nocomm"] = DistributedDataParallel(copy.deepcopy(base), strategy="naive",
                                                        broadcast_buffers=False)
-        nets["naive_nocomm"].register_comm_hook(None, noop_hook)   # the bucket back, unsent
+        nets["naive_nocomm"].register_comm_hook(None, divide_only_hook)   # all but the send
 
         steps = compare({name: _stepper(net, X, y) for name, net in nets.items()}, samples=samples,
                         min_sample_seconds=min_sample_s, warmup=2, calibration_calls=2,
