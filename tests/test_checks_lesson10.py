@@ -5,17 +5,27 @@ a median by sorting) agrees with the library's ``cost_model.bus_bandwidth_gbps``
 ``busbw_GBps`` column the collectives benchmark stores."""
 import math
 import statistics
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import torch.distributed as dist
 
 from course_lib.bench import cost_model
+from course_lib.checks import check_time_collective
+from course_lib.checks.harness import first_failure_in_ranks, verdicts_as_expected
 from course_lib.checks.lesson10 import (
+    _LOOPS,
+    _SAMPLES,
+    _STALLED,
+    _WARMUP,
     _cases,
     _comm_cases,
     _fit_cases,
     _ring_cases,
+    _time_collective_cases,
     check_alpha_beta_fit,
     check_bus_bandwidth,
     check_predicted_comm,
@@ -25,9 +35,16 @@ from course_lib.checks.lesson10 import (
     link_bytes_by_schedule,
     lstsq_relative_fit,
     median_by_sorting,
+    planned_sleep,
     ring_time_by_schedule,
 )
-from solutions.lesson10 import alpha_beta_fit, bus_bandwidth, predicted_comm, ring_time
+from solutions.lesson10 import (
+    alpha_beta_fit,
+    bus_bandwidth,
+    predicted_comm,
+    ring_time,
+    time_collective,
+)
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -313,24 +330,6 @@ def test_comm_oracle_matches_the_library_and_covers_three_ranks():
 
 
 # --- the benchmark loop of a collective (multi-process) ------------------------------------------
-
-import time  # noqa: E402
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from course_lib.checks import check_time_collective  # noqa: E402
-from course_lib.checks.harness import first_failure_in_ranks, verdicts_as_expected  # noqa: E402
-from course_lib.checks.lesson10 import (  # noqa: E402
-    _LOOPS,
-    _SAMPLES,
-    _STALLED,
-    _WARMUP,
-    _time_collective_cases,
-    planned_sleep,
-)
-from solutions.lesson10 import time_collective  # noqa: E402
-
 
 def _timing(op, warmup, samples, loops, *, warm=True, barrier=True, reduce="max",
             median=True, per_call=True, extra=0, barrier_inside=False):
