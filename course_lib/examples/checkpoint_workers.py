@@ -50,8 +50,10 @@ COLLECTIVE_TIMEOUT_S = 120
 
 
 def _bound_collectives() -> None:
-    # every collective on the default group from here on (fully_shard's mesh and DCP use it)
-    dist.set_timeout(timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    # every collective on the default group from here on (fully_shard's mesh and DCP use it);
+    # torch 2.11 has only the private name that later releases keep as a deprecated alias
+    set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    set_timeout(timedelta(seconds=COLLECTIVE_TIMEOUT_S))
 
 
 def build_mlp(seed: int = 0) -> nn.Sequential:
