@@ -39,6 +39,7 @@ from ..distributed import current_device, launch
 from ..distributed.env import _slowest
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
+from ..parallel._ddp_comm_hooks import divide_only_hook
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import compare
 
@@ -75,17 +76,6 @@ def _stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor) -> Callable[[], N
         F.cross_entropy(net(X), y).backward()
         opt.step()
     return step
-
-
-def divide_only_hook(process_group: dist.ProcessGroup | None,
-                     bucket) -> torch.futures.Future[torch.Tensor]:
-    """``allreduce_hook`` without its all-reduce: the bucket's buffer divided by the world size,
-    returned in a completed future. A step with it does all a DDP step does but send."""
-    buffer = bucket.buffer()
-    buffer.div_(dist.get_world_size(process_group))
-    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    done.set_result(buffer)
-    return done
 
 
 def slower_rank_wait(durations: list[list[float]]) -> float:

@@ -2,8 +2,9 @@
 ``torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py``.
 
 A hook is ``hook(state, bucket) -> Future[Tensor]`` (``ddp.allreduce_hook`` is the default);
-lesson 07 registers this one with ``register_comm_hook`` to halve the bytes sent. Re-exported by
-``course_lib.parallel.ddp``.
+lesson 07 registers ``bf16_compress_hook`` with ``register_comm_hook`` to halve the bytes sent
+(re-exported by ``course_lib.parallel.ddp``); lesson 10 times a step with ``divide_only_hook``,
+which sends nothing (re-exported by ``course_lib.bench.step_comm``).
 """
 from __future__ import annotations
 
@@ -36,3 +37,14 @@ def bf16_compress_hook(process_group: dist.ProcessGroup | None,
         return buffer
 
     return work.get_future().then(decompress)
+
+
+def divide_only_hook(process_group: dist.ProcessGroup | None,
+                     bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
+    """``allreduce_hook`` without its all-reduce: the bucket's buffer divided by the world size,
+    returned in a completed future. A step with it does all a DDP step does but send."""
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size(process_group))
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(buffer)
+    return done
