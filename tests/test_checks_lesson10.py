@@ -465,3 +465,30 @@ def test_time_collective_plan_separates_the_slowest_rank_from_the_others():
         assert all(abs(math.log(u / want)) > math.log(1.25) for u in usual), (world, usual)
         assert min(planned_sleep(k, r) for k in range(calls) for r in range(world)) >= 0.004
         assert any(planned_sleep(_WARMUP + _STALLED * _LOOPS, r) > 0.1 for r in range(world))
+
+
+# ---- time_all_reduce: the learner's loop on a real all-reduce ---------------------------------
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_time_all_reduce_runs_a_passing_loop_on_dist_all_reduce(world_size):
+    from course_lib.checks import time_all_reduce
+
+    sizes = [4 * 1024, 32 * 1024 * 1024]
+    got = time_all_reduce("solutions.lesson10:time_collective", sizes, [20, 1],
+                          world_size=world_size, samples=3)
+    assert sorted(got) == sizes
+    assert all(0 < t < 5 for t in got.values())
+    # 8192 times the bytes: gloo on loopback moves a few GB/s at most, so 32 MB takes well over
+    # 3 ms where 4 KB takes about one: the loop timed the all-reduce it was given
+    assert got[sizes[1]] > 3 * got[sizes[0]]
+
+
+def test_time_all_reduce_refuses_bad_input_and_says_what_to_do():
+    from course_lib.checks import time_all_reduce
+
+    with pytest.raises(ValueError, match="cannot import a function defined in a notebook"):
+        time_all_reduce(lambda op, w, s, n: 0.0, [4096], [1])
+    with pytest.raises(ValueError, match="one positive loop count per positive size"):
+        time_all_reduce("solutions.lesson10:time_collective", [4096, 8192], [1])
+    with pytest.raises(RuntimeError, match="could not import your function"):
+        time_all_reduce("no_such_module_here:time_collective", [4096], [1], samples=1)

@@ -55,6 +55,7 @@ from .lesson10 import (
     check_predicted_comm,
     check_ring_time,
     check_time_collective,
+    time_all_reduce,
 )
 from .lesson11 import check_fsdp, check_zero
 from .lesson12 import check_one_f_one_b, check_stage, max_in_flight
@@ -92,7 +93,7 @@ __all__ = [
     "check_epoch_shards", "check_exact_accuracy", "check_recipe_entry",  # 08
     "check_resume", "check_syncbn",                           # 09
     "check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",  # 10
-    "check_ring_time", "check_time_collective",
+    "check_ring_time", "check_time_collective", "time_all_reduce",
     "check_zero", "check_fsdp",                              # 11 (sharded)
     "check_stage", "check_one_f_one_b", "max_in_flight",       # 12
     "check_load_matching", "check_read_plan", "check_reshard", "check_sharded_resume",  # 13

@@ -34,6 +34,7 @@ oracle walks every message's ring schedule (``ring_time_by_schedule``), not the 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import statistics
 import time
@@ -42,12 +43,12 @@ from collections.abc import Callable
 import numpy as np
 
 from ._core import ExerciseResult, call_or_verdict, verdict
-from .harness import UNANSWERED, agree, check_in_ranks, load_answer
+from .harness import UNANSWERED, agree, check_in_ranks, load_answer, worker_spec
 
 __all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",
            "check_ring_time", "check_time_collective", "comm_by_schedule", "fit_line",
            "link_bytes_by_schedule", "lstsq_relative_fit", "median_by_sorting", "planned_sleep",
-           "ring_time_by_schedule"]
+           "ring_time_by_schedule", "time_all_reduce"]
 
 _NAME = "bus_bandwidth"
 _HINT = ("the bus bandwidth is the bytes one rank's link carries in a ring, per second of the "
@@ -651,3 +652,52 @@ def check_time_collective(fn: Callable | str | None, *, world_sizes: tuple[int, 
                f"{_LOOPS} calls).",
         missing="write time_collective(op, warmup, samples, loops) to a file and pass it here.",
         strict=strict)
+
+
+def _time_all_reduce_worker(spec, sizes: list[int], loops: list[int], warmup: int,
+                            samples: int) -> dict[int, float] | str | None:
+    """One rank of ``time_all_reduce``: the learner's loop around ``dist.all_reduce`` of each
+    size; rank 0 returns {bytes: seconds per call}, or what went wrong."""
+    import torch
+    import torch.distributed as dist
+
+    from ..distributed import current_device
+
+    fn, error = load_answer(spec)
+    if error:
+        return error
+    out = {}
+    for nbytes, n_loops in zip(sizes, loops):
+        x = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=current_device())
+        out[nbytes] = float(fn(functools.partial(dist.all_reduce, x), warmup, samples, n_loops))
+    return out if dist.get_rank() == 0 else None
+
+
+def time_all_reduce(fn: Callable | str, sizes: list[int], loops: list[int], *,
+                    world_size: int = 2, warmup: int = 2, samples: int = 9,
+                    timeout: float = 300.0) -> dict[int, float]:
+    """The learner's benchmark loop (``check_time_collective``'s ``fn``) on a real collective:
+    ``dist.all_reduce`` of float32 zeros of each size in ``sizes`` (bytes), ``loops[i]`` calls
+    per sample, over ``world_size`` ranks (gloo on a CPU, NCCL with a GPU per rank).
+
+    Returns:
+        {bytes: the seconds per call ``fn`` returned on rank 0}.
+
+    Raises:
+        ValueError: ``fn`` is neither a function workers can import nor ``"module:function"``,
+            or ``sizes`` and ``loops`` differ in length or hold a non-positive number.
+        RuntimeError: the workers could not import ``fn``.
+    """
+    from ..distributed import launch
+
+    spec = worker_spec(fn, "my_timing:time_collective")
+    if isinstance(spec, str):
+        raise ValueError(f"time_all_reduce: {spec}")
+    if len(sizes) != len(loops) or min([*sizes, *loops], default=0) < 1:
+        raise ValueError(f"time_all_reduce needs one positive loop count per positive size, got "
+                         f"sizes {list(sizes)} and loops {list(loops)}.")
+    result = launch(_time_all_reduce_worker, world_size, spec, list(sizes), list(loops), warmup,
+                    samples, timeout=timeout)[0]
+    if isinstance(result, str):
+        raise RuntimeError(f"time_all_reduce: {result}")
+    return result
