@@ -13,7 +13,9 @@ and, for each model, times interleaved in the same processes (``course_lib.timin
   ``naive_nocomm - local`` what the wrapper adds.
 
 Then, in a second comparison, the very messages each strategy sent (read from its buckets after
-the warm-up steps), all-reduced alone, back to back, no computation. Last, ``local`` steps once
+the warm-up steps), all-reduced alone, back to back, no computation; interleaved with them, a
+control: one 4 KB tensor all-reduced again and again (``repeat_4k``, lesson 10's first loop) in
+the same processes. Last, ``local`` steps once
 more, the ranks meeting at a barrier before each (as a DDP step's collectives make them meet):
 what meeting every step costs over ``local``'s loops, which meet once per sample
 (``slower_rank_wait``). Buffers are not broadcast
@@ -43,8 +45,11 @@ from ..parallel._ddp_comm_hooks import divide_only_hook
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import compare
 
-__all__ = ["STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm",
+__all__ = ["REPEAT_4K", "STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm",
            "divide_only_hook", "slower_rank_wait"]
+
+#: The control of the all-reduces alone: one 4 KB tensor, all-reduced again and again.
+REPEAT_4K = "repeat_4k"
 
 #: model -> (builder, bucket cap in MiB, global batch, global batch in quick mode). LeNet's
 #: buckets are capped at 0.1 MiB so that its 0.49 MiB of gradients make several; ResNet-18 runs
@@ -143,16 +148,22 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                 for t in tensors:
                     dist.all_reduce(t)
             return one_round
+        # a control, interleaved with them: section 1's loop (one 4 KB tensor, all-reduced
+        # again and again), as many calls a round as naive's, in these same processes
+        calls = len(flats["naive"])
+        flats[REPEAT_4K] = [torch.zeros(1024, device=device)] * calls
         alone = compare({name: rounds(t) for name, t in flats.items()}, samples=samples,
                         min_sample_seconds=min_sample_s / 2, warmup=1, calibration_calls=2,
                         device=device, before=dist.barrier, reduce=_slowest)
+        variants = alone.to_json()["variants"]
+        repeat = [t / calls for t in variants.pop(REPEAT_4K)["seconds"]]
         met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
                       "local_met": met,
                       "step": {name: v["seconds"]
                                for name, v in steps.to_json()["variants"].items()},
-                      "alone": {name: v["seconds"]
-                                for name, v in alone.to_json()["variants"].items()}}
+                      "alone": {name: v["seconds"] for name, v in variants.items()},
+                      "repeat_4k": repeat}
     return out if rank == 0 else None
 
 
@@ -171,9 +182,10 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
     Returns:
         ``{model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes, ...]},
         "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
-        its all-reduces, ...]}, "local_met": [[seconds of each local step, ranks meeting
-        before each] per rank]}}``, samples paired by round within ``step`` and within
-        ``alone``; ``"threads_per_worker"`` beside the models.
+        its all-reduces, ...]}, "repeat_4k": [seconds per call of one 4 KB tensor all-reduced
+        again and again, timed in the same rounds as ``alone``], "local_met": [[seconds of
+        each local step, ranks meeting before each] per rank]}}``, samples paired by round
+        within ``step`` and within ``alone``; ``"threads_per_worker"`` beside the models.
     """
     unknown = sorted(set(models) - set(STEP_MODELS))
     if unknown or not models:
