@@ -45,11 +45,12 @@ from ..parallel._ddp_comm_hooks import divide_only_hook
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import compare
 
-__all__ = ["REPEAT_4K", "STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm",
+__all__ = ["STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm",
            "divide_only_hook", "slower_rank_wait"]
 
-#: The control of the all-reduces alone: one 4 KB tensor, all-reduced again and again.
-REPEAT_4K = "repeat_4k"
+#: The control of the all-reduces alone (its key in the result): one 4 KB tensor, all-reduced
+#: again and again.
+_REPEAT_4K = "repeat_4k"
 
 #: model -> (builder, bucket cap in MiB, global batch, global batch in quick mode). LeNet's
 #: buckets are capped at 0.1 MiB so that its 0.49 MiB of gradients make several; ResNet-18 runs
@@ -151,12 +152,12 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
         # a control, interleaved with them: section 1's loop (one 4 KB tensor, all-reduced
         # again and again), as many calls a round as naive's, in these same processes
         calls = len(flats["naive"])
-        flats[REPEAT_4K] = [torch.zeros(1024, device=device)] * calls
+        flats[_REPEAT_4K] = [torch.zeros(1024, device=device)] * calls
         alone = compare({name: rounds(t) for name, t in flats.items()}, samples=samples,
                         min_sample_seconds=min_sample_s / 2, warmup=1, calibration_calls=2,
                         device=device, before=dist.barrier, reduce=_slowest)
         variants = alone.to_json()["variants"]
-        repeat = [t / calls for t in variants.pop(REPEAT_4K)["seconds"]]
+        repeat = [t / calls for t in variants.pop(_REPEAT_4K)["seconds"]]
         met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
                       "local_met": met,
