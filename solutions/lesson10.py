@@ -1,7 +1,7 @@
 """Lesson 10, exercises: the benchmark loop of a collective; the alpha-beta fit of a ring
-all-reduce; the predicted all-reduce time of a step. No longer asked by the notebook, their
-checkers kept: the alpha-beta time of a ring all-reduce (lesson 02 derives it), the bus bandwidth
-of one raw row of a collectives results file.
+all-reduce. No longer asked by the notebook, their checkers kept: the predicted all-reduce time
+of a step, the alpha-beta time of a ring all-reduce (lesson 02 derives it), the bus bandwidth of
+one raw row of a collectives results file.
 
 Checked by ``course_lib.checks.lesson10.check_time_collective``, ``check_alpha_beta_fit``,
 ``check_predicted_comm``, ``check_ring_time`` and ``check_bus_bandwidth``.
