@@ -438,10 +438,8 @@ def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> Exerci
 # ------------------------------------------------------------------------------------------------
 
 _TIME = "time_collective"
-_TIME_HINT = ("warm up with `warmup` untimed calls of op; then for each sample: dist.barrier(), "
-              "synchronize(), the clock, `loops` calls, synchronize(), the clock, the seconds "
-              "per call; all-reduce that time with op=dist.ReduceOp.MAX (the slowest rank's); "
-              "return the median of the samples (the same number on every rank).")
+_TIME_HINT = ("each item of the list above the exercise is one part of the loop; the message "
+              "above says what yours does differently.")
 #: The check's plan: untimed calls, samples, calls per sample.
 _WARMUP, _SAMPLES, _LOOPS = 2, 5, 3
 #: What the stand-in collective sleeps (s): each warm-up call (a cold start), a call on a fast
