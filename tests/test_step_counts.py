@@ -24,6 +24,17 @@ def test_a_larger_net_launches_more_and_the_count_ignores_the_batch():
     assert kernels_per_step(small, (2, 1, 28, 28)) == kernels_per_step(small, (16, 1, 28, 28))
 
 
+def test_foreach_makes_one_update_of_every_tensor():
+    """torch.optim.SGD's multi-tensor update (its default on a GPU) is one operation for all
+    parameters, where the per-tensor update is one each."""
+    from course_lib.models.lenet import LeNet
+
+    for net in (nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10)),
+                LeNet()):
+        tensors = len(list(net.parameters()))
+        assert kernels_per_step(net) - kernels_per_step(net, foreach=True) == tensors - 1
+
+
 def test_torch_buckets_reverse_order_add_then_close():
     net = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 100))   # 440, 40, 4000, 400 bytes
     sizes = [nbytes([p]) for p in net.parameters()]

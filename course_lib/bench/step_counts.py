@@ -41,12 +41,14 @@ class CountKernels(TorchDispatchMode):
 
 
 def kernels_per_step(net: nn.Module, input_shape: Sequence[int] = (8, 1, 28, 28),
-                     classes: int = 10) -> int:
-    """Operations of one SGD step of ``net`` (forward, cross-entropy, backward, update, one
-    ``foreach=False`` update per tensor as d2l's loop does), counted on the second step."""
+                     classes: int = 10, *, foreach: bool = False) -> int:
+    """Operations of one SGD step of ``net`` (forward, cross-entropy, backward, update),
+    counted on the second step. ``foreach=False``: one update per tensor, as d2l's
+    from-scratch loop does; ``foreach=True``: ``torch.optim.SGD``'s update on a GPU, one
+    multi-tensor operation for all of them."""
     X = torch.zeros(*input_shape)
     y = torch.arange(input_shape[0]) % classes
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, foreach=False)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, foreach=foreach)
     for counting in (False, True):
         counter = CountKernels()
         with counter if counting else contextlib.nullcontext():
