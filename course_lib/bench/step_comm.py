@@ -6,20 +6,17 @@ and, for each model, times interleaved in the same processes (``course_lib.timin
 - ``local``: each rank's step on its shard, no wrapper, no communication (the compute);
 - ``naive``: the course's ``DistributedDataParallel``, one all-reduce per parameter after
   backward;
-- ``bucketed``: the course's DDP, one all-reduce per bucket, launched during backward;
-- ``naive_nocomm``: ``naive``'s wrapper with a communication hook that does what the default
-  ``allreduce_hook`` does but send (``divide_only_hook``: it divides by the world size): the
-  wrapper's own work, so ``naive - naive_nocomm`` is the all-reduces as the step pays them and
-  ``naive_nocomm - local`` what the wrapper adds.
+- ``bucketed``: the course's DDP, one all-reduce per bucket, launched during backward.
 
 Then, in a second comparison, the very messages each strategy sent (read from its buckets after
 the warm-up steps), all-reduced alone, back to back, no computation; interleaved with them, a
 control: one 4 KB tensor all-reduced again and again (``repeat_4k``, lesson 10's first loop) in
-the same processes. Last, ``local`` steps once
-more, the ranks meeting at a barrier before each (as a DDP step's collectives make them meet):
-what meeting every step costs over ``local``'s loops, which meet once per sample
-(``slower_rank_wait``). Buffers are not broadcast
-(``broadcast_buffers=False``), so the only communication of a step is its gradients'.
+the same processes. Buffers are not broadcast (``broadcast_buffers=False``), so the only
+communication of a step is its gradients'.
+
+Also here: ``divide_only_hook`` (a communication hook that divides by the world size and sends
+nothing: a step's wrapper without its messages) and ``slower_rank_wait`` (what meeting every
+step costs over a loop whose ranks meet once, from each rank's step durations).
 Lesson 10 predicts these times with the alpha-beta model (``cost_model``) fitted in the same run.
 PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on a timeline).
 """
@@ -28,7 +25,6 @@ from __future__ import annotations
 import copy
 import random
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -36,12 +32,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..devices import cpu_cores, synchronize
+from ..devices import cpu_cores
 from ..distributed import current_device, launch
 from ..distributed.env import _slowest
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
-from ..parallel._ddp_comm_hooks import divide_only_hook
+from ..parallel._ddp_comm_hooks import divide_only_hook  # noqa: F401 - re-exported
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import compare
 
@@ -98,20 +94,6 @@ def slower_rank_wait(durations: list[list[float]]) -> float:
     return per_step - max(statistics.fmean(d) for d in durations)
 
 
-def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> list[list[float]]:
-    """Every rank's duration of each of ``steps`` calls of ``step``, after a barrier each."""
-    mine = []
-    for _ in range(steps):
-        dist.barrier()
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        mine.append(time.perf_counter() - start)
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return every
-
-
 def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,
                       min_sample_s: float) -> dict | None:
     """Runs in both ranks: for each model, the steps, then their messages alone."""
@@ -131,9 +113,6 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
         for name in STRATEGIES_TIMED:
             nets[name] = DistributedDataParallel(copy.deepcopy(base), strategy=name,
                                                  bucket_cap_mb=cap_mb, broadcast_buffers=False)
-        nets["naive_nocomm"] = DistributedDataParallel(copy.deepcopy(base), strategy="naive",
-                                                       broadcast_buffers=False)
-        nets["naive_nocomm"].register_comm_hook(None, divide_only_hook)   # all but the send
 
         steps = compare({name: _stepper(net, X, y) for name, net in nets.items()}, samples=samples,
                         min_sample_seconds=min_sample_s, warmup=2, calibration_calls=2,
@@ -158,9 +137,7 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                         device=device, before=dist.barrier, reduce=_slowest)
         variants = alone.to_json()["variants"]
         repeat = [t / calls for t in variants.pop(_REPEAT_4K)["seconds"]]
-        met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
-                      "local_met": met,
                       "step": {name: v["seconds"]
                                for name, v in steps.to_json()["variants"].items()},
                       "alone": {name: v["seconds"] for name, v in variants.items()},
@@ -184,8 +161,7 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
         ``{model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes, ...]},
         "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
         its all-reduces, ...]}, "repeat_4k": [seconds per call of one 4 KB tensor all-reduced
-        again and again, timed in the same rounds as ``alone``], "local_met": [[seconds of
-        each local step, ranks meeting before each] per rank]}}``, samples paired by round
+        again and again, timed in the same rounds as ``alone``]}}``, samples paired by round
         within ``step`` and within ``alone``; ``"threads_per_worker"`` beside the models.
     """
     unknown = sorted(set(models) - set(STEP_MODELS))
