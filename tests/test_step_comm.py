@@ -77,3 +77,29 @@ def test_divide_only_hook_divides_and_sends_nothing(monkeypatch):
     t = torch.tensor([2.0, 4.0], dtype=torch.float64)
     out = divide_only_hook(None, OneBucket(t)).wait()
     assert out is t and t.tolist() == [1.0, 2.0]       # divided in place, nothing sent
+
+
+def _pinned_cores():
+    import os
+
+    from course_lib.distributed.env import _pin_to_cores
+    return _pin_to_cores(), sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no affinity call")
+def test_benchmark_ranks_are_pinned_to_cores_of_their_own():
+    """_pin_to_cores: each rank on its own slice of the cores (disjoint, covering them), and
+    nothing bound where there are more ranks than cores."""
+    import os
+
+    from course_lib.distributed import launch
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    got = launch(_pinned_cores, 2, timeout=120)
+    assert [g[0] for g in got] == [g[1] for g in got]                 # what it says it did
+    share = len(cores) // 2
+    assert got[0][0] == cores[:share] and got[1][0] == cores[share:2 * share]
+    too_many = launch(_pinned_cores, len(cores) + 1, timeout=120)
+    assert all(g[0] is None and g[1] == cores for g in too_many)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from ..devices import cpu_cores, num_gpus
 from ..distributed import current_device, launch, ring_allreduce, ring_allreduce_pipelined
-from ..distributed.env import _slowest
+from ..distributed.env import _pin_to_cores, _slowest
 from ..timing import compare
 from .scaling import _out_option, load_average, report_header, results_path, write_report
 
@@ -112,6 +112,7 @@ OPS = {"naive": naive_allreduce, "ring": _ring, "ring_pipelined": _ring_pipeline
 def _collectives_worker(sizes: list[int], names: list[str], samples: int, min_sample_s: float,
                         max_ops: int, calibration_calls: int) -> dict | None:
     """Runs in every rank of ``launch``; rank 0 returns {bytes: ``Comparison.to_json()``}."""
+    _pin_to_cores()                      # on a CPU, each rank on cores of its own
     device = current_device()
     out: dict[int, dict] = {}
     for nbytes in sizes:

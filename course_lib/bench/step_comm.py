@@ -34,7 +34,7 @@ from torch import nn
 
 from ..devices import cpu_cores
 from ..distributed import current_device, launch
-from ..distributed.env import _slowest
+from ..distributed.env import _pin_to_cores, _slowest
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
 from ..parallel._ddp_comm_hooks import divide_only_hook  # noqa: F401 - re-exported
@@ -97,6 +97,7 @@ def slower_rank_wait(durations: list[list[float]]) -> float:
 def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,
                       min_sample_s: float) -> dict | None:
     """Runs in both ranks: for each model, the steps, then their messages alone."""
+    _pin_to_cores()                      # on a CPU, each rank on cores of its own
     device, rank, k = current_device(), dist.get_rank(), dist.get_world_size()
     if device.type == "cpu":
         torch.set_num_threads(threads)   # a worker is `threads` cores
