@@ -530,13 +530,18 @@ def _per_call(seconds: list[float]) -> list[float]:
     return [sum(timed[s * _LOOPS:(s + 1) * _LOOPS]) / _LOOPS for s in range(_SAMPLES)]
 
 
+def _slowest_median(per_rank: list[list[float]]) -> float:
+    """The median over the samples of the slowest rank's time per call: the right answer."""
+    return statistics.median(max(ts) for ts in zip(*per_rank))
+
+
 def _value_problem(got: float, rank: int, per_rank: list[list[float]]) -> str | None:
     """``got`` against the slowest rank's median time per call, from what the stand-in's calls
     really took on every rank; a usual mistake named when one lies nearer."""
     world = len(per_rank)
     by_sample = list(zip(*per_rank))                             # (samples, ranks)
     slowest = [max(ts) for ts in by_sample]
-    want = statistics.median(slowest)
+    want = _slowest_median(per_rank)
     fast = ("a fast rank's time (this rank's own, the fastest rank's, or the largest of the "
             "ranks' medians): a collective ends when its slowest rank does; take the slowest "
             "rank's time of each sample (all-reduce it with op=dist.ReduceOp.MAX), then the "
@@ -603,7 +608,7 @@ def _time_collective_cases(spec) -> str | None:
     gots, per_rank = [g for g, _ in gathered], [ts for _, ts in gathered]
     if not all(math.isclose(g, gots[0], rel_tol=1e-9) for g in gots):
         returned = ", ".join(f"rank {r} {g * 1e3:.2f} ms" for r, g in enumerate(gots))
-        want = statistics.median(max(ts) for ts in zip(*per_rank))
+        want = _slowest_median(per_rank)
         own = all(g > 0 and abs(math.log(g / statistics.median(ts))) < abs(math.log(g / want))
                   for g, ts in zip(gots, per_rank))      # nearer its own than the slowest's
         why = ("each rank returned its own time: a collective ends when its slowest rank "
