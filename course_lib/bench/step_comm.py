@@ -6,18 +6,18 @@ and, for each model, times interleaved in the same processes (``course_lib.timin
 - ``local``: each rank's step on its shard, no wrapper, no communication (the compute);
 - ``naive``: the course's ``DistributedDataParallel``, one all-reduce per parameter after
   backward;
-- ``bucketed``: the course's DDP, one all-reduce per bucket, launched during backward.
+- ``bucketed``: the course's DDP, one all-reduce per bucket, launched during backward;
+- ``naive_nosend`` and ``bucketed_nosend``: the same wrappers with ``divide_only_hook``, a
+  communication hook that does what the default one does but send. ``naive_nosend - local`` is
+  what the wrapper's own work costs (copies into buckets, hooks, copies back);
+  ``naive - naive_nosend`` what the all-reduces cost inside the step.
 
 Then, in a second comparison, the very messages each strategy sent (read from its buckets after
-the warm-up steps), all-reduced alone, back to back, no computation; interleaved with them, a
-control: one 4 KB tensor all-reduced again and again (``repeat_4k``, lesson 10's first loop) in
-the same processes. Buffers are not broadcast (``broadcast_buffers=False``), so the only
-communication of a step is its gradients'.
-
-Also here: ``divide_only_hook`` (a communication hook that divides by the world size and sends
-nothing: a step's wrapper without its messages) and ``slower_rank_wait`` (what meeting every
-step costs over a loop whose ranks meet once, from each rank's step durations).
-Lesson 10 predicts these times with the alpha-beta model (``cost_model``) fitted in the same run.
+the warm-up steps), all-reduced alone, back to back, no computation: what the alpha-beta model
+predicts. Last, ``local`` steps once more, the ranks meeting at a barrier before each, as a DDP
+step's collectives make them meet: each rank's duration of each step, from which
+``slower_rank_wait`` gives what waiting for the slower rank costs per step. Buffers are not
+broadcast (``broadcast_buffers=False``), so the only communication of a step is its gradients'.
 PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on a timeline).
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import random
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -32,28 +33,24 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..devices import cpu_cores
+from ..devices import cpu_cores, synchronize
 from ..distributed import current_device, launch
 from ..distributed.env import _pin_to_cores, _slowest
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
-from ..parallel._ddp_comm_hooks import divide_only_hook  # noqa: F401 - re-exported
+from ..parallel._ddp_comm_hooks import divide_only_hook
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import compare
 
 __all__ = ["STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm",
            "divide_only_hook", "slower_rank_wait"]
 
-#: The control of the all-reduces alone (its key in the result): one 4 KB tensor, all-reduced
-#: again and again.
-_REPEAT_4K = "repeat_4k"
-
 #: model -> (builder, bucket cap in MiB, global batch, global batch in quick mode). LeNet's
 #: buckets are capped at 0.1 MiB so that its 0.49 MiB of gradients make several; ResNet-18 runs
 #: a small batch: its 43 MiB of gradients cost the same whatever the batch.
 STEP_MODELS: dict[str, tuple[Callable[[], nn.Module], float, int, int]] = {
     "lenet": (LeNet, 0.1, 256, 64), "resnet18": (resnet18, 25.0, 16, 4)}
-#: The course's DDP strategies timed, beside ``local``.
+#: The course's DDP strategies timed, beside ``local`` (each also as ``<name>_nosend``).
 STRATEGIES_TIMED = ["naive", "bucketed"]
 
 
@@ -94,6 +91,20 @@ def slower_rank_wait(durations: list[list[float]]) -> float:
     return per_step - max(statistics.fmean(d) for d in durations)
 
 
+def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> list[list[float]]:
+    """Every rank's duration of each of ``steps`` calls of ``step``, after a barrier each."""
+    mine = []
+    for _ in range(steps):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        mine.append(time.perf_counter() - start)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
 def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,
                       min_sample_s: float) -> dict | None:
     """Runs in both ranks: for each model, the steps, then their messages alone."""
@@ -112,8 +123,11 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
         y = torch.randint(0, 10, (n,), generator=g).to(device)  # (B/k,)
         nets = {"local": copy.deepcopy(base)}
         for name in STRATEGIES_TIMED:
-            nets[name] = DistributedDataParallel(copy.deepcopy(base), strategy=name,
-                                                 bucket_cap_mb=cap_mb, broadcast_buffers=False)
+            for variant in (name, name + "_nosend"):
+                nets[variant] = DistributedDataParallel(copy.deepcopy(base), strategy=name,
+                                                        bucket_cap_mb=cap_mb,
+                                                        broadcast_buffers=False)
+            nets[name + "_nosend"].register_comm_hook(None, divide_only_hook)   # all but sending
 
         steps = compare({name: _stepper(net, X, y) for name, net in nets.items()}, samples=samples,
                         min_sample_seconds=min_sample_s, warmup=2, calibration_calls=2,
@@ -129,31 +143,29 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                 for t in tensors:
                     dist.all_reduce(t)
             return one_round
-        # a control, interleaved with them: section 1's loop (one 4 KB tensor, all-reduced
-        # again and again), as many calls a round as naive's, in these same processes
-        calls = len(flats["naive"])
-        flats[_REPEAT_4K] = [torch.zeros(1024, device=device)] * calls
         alone = compare({name: rounds(t) for name, t in flats.items()}, samples=samples,
                         min_sample_seconds=min_sample_s / 2, warmup=1, calibration_calls=2,
                         device=device, before=dist.barrier, reduce=_slowest)
-        variants = alone.to_json()["variants"]
-        repeat = [t / calls for t in variants.pop(_REPEAT_4K)["seconds"]]
+        met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
                       "step": {name: v["seconds"]
                                for name, v in steps.to_json()["variants"].items()},
-                      "alone": {name: v["seconds"] for name, v in variants.items()},
-                      "repeat_4k": repeat}
+                      "alone": {name: v["seconds"]
+                                for name, v in alone.to_json()["variants"].items()},
+                      "local_met": met}
     return out if rank == 0 else None
 
 
 def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 7,
                       min_sample_s: float = 0.2, timeout: float = 600.0) -> dict:
-    """Time ``local``, ``naive`` and ``bucketed`` steps and their all-reduces alone, 2 ranks.
+    """Time ``local``, ``naive`` and ``bucketed`` steps (each strategy also with nothing sent) and
+    their all-reduces alone, 2 ranks.
 
     Args:
         models: names from ``STEP_MODELS``.
         quick: the small batches of ``STEP_MODELS``.
-        samples: rounds of each comparison (each variant one sample per round).
+        samples: rounds of each comparison (each variant one sample per round); the met local
+            steps are 3 times as many.
         min_sample_s: each step sample loops for at least about this long (the all-reduces
             alone, half of it).
         timeout: seconds for the launch.
@@ -161,8 +173,8 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
     Returns:
         ``{model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes, ...]},
         "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
-        its all-reduces, ...]}, "repeat_4k": [seconds per call of one 4 KB tensor all-reduced
-        again and again, timed in the same rounds as ``alone``]}}``, samples paired by round
+        its all-reduces, ...]}, "local_met": [[seconds of each local step, the ranks meeting
+        before each] per rank]}}``, samples paired by round
         within ``step`` and within ``alone``; ``"threads_per_worker"`` beside the models.
     """
     unknown = sorted(set(models) - set(STEP_MODELS))
