@@ -170,9 +170,6 @@ class BenchResult:
     iqr: float  # interquartile range: the spread, robust to one noisy run
     times: list[float] = field(repr=False)
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def benchmark(fn: Callable[[], object], *, warmup: int = 2, repeat: int = 5,
               device: torch.device | str | WorkQueue | None = None) -> BenchResult:
