@@ -91,10 +91,6 @@ class ActivationMeter:
         """``t``, counted by ``hold``, is let go."""
         self._release(_key(t), saved=False)
 
-    def reset_peak(self) -> None:
-        """Start new peaks from what is alive now."""
-        self.peak, self.saved_peak = self.alive, self.saved_alive
-
     def __enter__(self) -> ActivationMeter:
         self._hooks.__enter__()
         return self
