@@ -194,7 +194,8 @@ def compare(variants: dict[str, Callable[[], object]], *, samples: int = 15,
        (``bootstrap_ratio``); ``Comparison.verdict`` names a winner only when it excludes 1.
 
     Args:
-        variants: name -> the work to time, called with no arguments (at least two).
+        variants: name -> the work to time, called with no arguments (one alone is
+            timed, its ratio to itself 1).
         samples: rounds (samples per variant); 10 or more for a useful interval.
         min_sample_seconds: the least a sample should last.
         warmup: untimed calls of each variant first.
@@ -213,8 +214,8 @@ def compare(variants: dict[str, Callable[[], object]], *, samples: int = 15,
         A ``Comparison``.
     """
     names = list(variants)
-    if len(names) < 2:
-        raise ValueError(f"compare needs at least two variants to compare, got {names}.")
+    if not names:
+        raise ValueError("compare needs at least one variant to time, got none.")
     baseline = names[0] if baseline is None else baseline
     if baseline not in variants:
         raise ValueError(f"compare: baseline {baseline!r} is not one of the variants {names}.")

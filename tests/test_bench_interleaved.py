@@ -147,3 +147,18 @@ def test_old_measure_keeps_its_row_keys():
     assert row["bytes"] == 4096 and row["ring_s"] > 0 and row["all_reduce_s"] > 0
     lo, hi = row["speed_ratio_interval"]
     assert 0 < lo <= row["speed_ratio"] <= hi
+
+
+def test_collectives_one_op_alone_is_timed_at_each_size():
+    """Lesson 10 times ``dist.all_reduce`` alone: one row per size, its ratio to itself 1."""
+    from course_lib.bench.collectives import measure_collectives
+
+    rows = measure_collectives(2, [4096, 65536], names=["all_reduce"], samples=2,
+                               min_sample_s=0.001, timeout=120)
+    assert [(r["op"], r["bytes"]) for r in rows] == [("all_reduce", 4096), ("all_reduce", 65536)]
+    assert all(len(r["seconds"]) == 2 and r["median_s"] > 0 and r["ratio_to_baseline"] == 1
+               for r in rows)
+    with pytest.raises(ValueError, match="distinct operations"):
+        measure_collectives(2, [4096], names=["all_reduce", "all_reduce"])
+    with pytest.raises(ValueError, match="distinct operations"):
+        measure_collectives(2, [4096], names=[])

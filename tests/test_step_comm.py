@@ -40,7 +40,8 @@ def test_lenet_steps_and_their_messages_at_two_ranks():
     assert sum(bucketed) == sum(grads) and 1 < len(bucketed) < len(naive)   # 0.1 MiB buckets
     assert max(bucketed) <= max(0.1 * 2**20, max(grads))
     assert set(e["step"]) == {"local", *STRATEGIES_TIMED,
-                              *(s + "_nosend" for s in STRATEGIES_TIMED)}
+                              *(s + "_nosend" for s in STRATEGIES_TIMED),
+                              *("local_then_" + s for s in STRATEGIES_TIMED)}
     assert set(e["alone"]) == set(STRATEGIES_TIMED)
     for samples in (*e["step"].values(), *e["alone"].values()):
         assert len(samples) == 2 and all(s > 0 for s in samples)

@@ -121,9 +121,18 @@ def test_to_json_records_everything():
     assert isinstance(c, Comparison) and "ratio to a" in str(c)
 
 
+def test_one_variant_is_timed_alone():
+    ticks = iter(range(100))
+    c = compare({"a": lambda: None}, samples=3, min_sample_seconds=0.0, calibration_calls=1,
+                warmup=0, clock=lambda: float(next(ticks)))
+    v = c.to_json()["variants"]["a"]
+    assert v["seconds"] == [1.0, 1.0, 1.0] and v["ratio_to_baseline"] == 1.0
+    assert c.to_json()["winner"] is None
+
+
 def test_bad_input_is_refused():
-    with pytest.raises(ValueError, match="at least two"):
-        compare({"a": lambda: None})
+    with pytest.raises(ValueError, match="at least one"):
+        compare({})
     with pytest.raises(ValueError, match="baseline"):
         compare({"a": lambda: None, "b": lambda: None}, baseline="c")
     with pytest.raises(ValueError, match="samples >= 2"):

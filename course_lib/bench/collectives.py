@@ -143,8 +143,8 @@ def measure_collectives(world_size: int, sizes: list[int], *, names: list[str] |
     Args:
         world_size: ranks (one per core on a CPU, one per GPU with NCCL).
         sizes: message sizes in bytes (float32 tensors of ``size // 4`` elements).
-        names: which of ``OPS`` (default all; at least two, ``all_reduce`` is the baseline
-            when among them, else the last).
+        names: which of ``OPS`` (default all; ``all_reduce`` is the baseline when among them,
+            else the last; one alone is timed, its ratio 1).
         samples: timed samples per operation and size (at least 2; 10 or more for a useful
             interval). Small messages on a shared CPU are bimodal (a rank descheduled for a
             moment slows a whole sample many times over): 15 samples left the 4 KB ratios at
@@ -168,9 +168,9 @@ def measure_collectives(world_size: int, sizes: list[int], *, names: list[str] |
                          f"interval need several), got {samples!r}.")
     names = list(OPS) if names is None else list(names)
     unknown = sorted(set(names) - set(OPS))
-    if unknown or len(set(names)) < 2:
-        raise ValueError(f"measure_collectives: names must be at least two distinct operations "
-                         f"of {list(OPS)}, got {names}.")
+    if unknown or not names or len(set(names)) < len(names):
+        raise ValueError(f"measure_collectives: names must be distinct operations of "
+                         f"{list(OPS)}, got {names}.")
     timed = launch(_collectives_worker, world_size, sizes, names, samples, min_sample_s,
                    max_ops, calibration_calls, timeout=timeout)[0]
     rows = []

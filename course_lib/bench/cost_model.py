@@ -298,12 +298,6 @@ class AlphaBeta:
         """The worst ``|model - measured| / measured`` of the fit."""
         return max((abs(e) for e in self.rel_errors), default=float("nan"))
 
-    @property
-    def median_rel_error(self) -> float:
-        """The median ``|model - measured| / measured`` of the fit."""
-        return statistics.median(abs(e) for e in self.rel_errors) if self.rel_errors else \
-            float("nan")
-
 
 def fit_ring(sizes: list[float], times: list[float], p: int, source: str = "") -> AlphaBeta:
     """Fit ``ring_time`` to measured (bytes, seconds) of one all-reduce over p ranks.

@@ -10,7 +10,10 @@ and, for each model, times interleaved in the same processes (``course_lib.timin
 - ``naive_nosend`` and ``bucketed_nosend``: the same wrappers with ``divide_only_hook``, a
   communication hook that does what the default one does but send. ``naive_nosend - local`` is
   what the wrapper's own work costs (copies into buckets, hooks, copies back);
-  ``naive - naive_nosend`` what the all-reduces cost inside the step.
+  ``naive - naive_nosend`` what the all-reduces cost inside the step;
+- ``local_then_naive`` and ``local_then_bucketed``: the ``local`` step, then the messages the
+  strategy sends, all-reduced by a plain loop of blocking calls: the same calls made right
+  after the compute, with none of DDP's machinery.
 
 Then, in a second comparison, the very messages each strategy sent (read from its buckets after
 the warm-up steps), all-reduced alone, back to back, no computation: what the alpha-beta model
@@ -91,6 +94,22 @@ def slower_rank_wait(durations: list[list[float]]) -> float:
     return per_step - max(statistics.fmean(d) for d in durations)
 
 
+def _all_reduce_each(tensors: list[torch.Tensor]) -> Callable[[], None]:
+    """One blocking all-reduce of each tensor, one after another."""
+    def one_round() -> None:
+        for t in tensors:
+            dist.all_reduce(t)
+    return one_round
+
+
+def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    """``first()``, then ``second()``."""
+    def both() -> None:
+        first()
+        second()
+    return both
+
+
 def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> list[list[float]]:
     """Every rank's duration of each of ``steps`` calls of ``step``, after a barrier each."""
     mine = []
@@ -129,23 +148,24 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                                                         broadcast_buffers=False)
             nets[name + "_nosend"].register_comm_hook(None, divide_only_hook)   # all but sending
 
-        steps = compare({name: _stepper(net, X, y) for name, net in nets.items()}, samples=samples,
-                        min_sample_seconds=min_sample_s, warmup=2, calibration_calls=2,
-                        baseline="local", device=device, before=dist.barrier, reduce=_slowest)
-        # the messages each strategy really sent: its buckets after the warm-up's rebuild
+        steppers = {name: _stepper(net, X, y) for name, net in nets.items()}
+        for name in STRATEGIES_TIMED:   # two steps: the buckets rebuilt in arrival order
+            steppers[name]()
+            steppers[name]()
+        # the messages each strategy really sends: its buckets after the rebuild
         messages = {name: [sum(b.numels) * b.parameters()[0].element_size()
                            for b in nets[name].reducer.buckets] for name in STRATEGIES_TIMED}
         flats = {name: [torch.zeros(max(1, m // 4), device=device) for m in sizes]
                  for name, sizes in messages.items()}
-
-        def rounds(tensors: list[torch.Tensor]) -> Callable[[], None]:
-            def one_round() -> None:
-                for t in tensors:
-                    dist.all_reduce(t)
-            return one_round
-        alone = compare({name: rounds(t) for name, t in flats.items()}, samples=samples,
-                        min_sample_seconds=min_sample_s / 2, warmup=1, calibration_calls=2,
-                        device=device, before=dist.barrier, reduce=_slowest)
+        compute = _stepper(copy.deepcopy(base), X, y)
+        for name in STRATEGIES_TIMED:   # the compute, then the same messages by a plain loop
+            steppers["local_then_" + name] = _then(compute, _all_reduce_each(flats[name]))
+        steps = compare(steppers, samples=samples, min_sample_seconds=min_sample_s, warmup=2,
+                        calibration_calls=2, baseline="local", device=device,
+                        before=dist.barrier, reduce=_slowest)
+        alone = compare({name: _all_reduce_each(t) for name, t in flats.items()},
+                        samples=samples, min_sample_seconds=min_sample_s, warmup=1,
+                        calibration_calls=2, device=device, before=dist.barrier, reduce=_slowest)
         met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
                       "step": {name: v["seconds"]
@@ -158,16 +178,16 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
 
 def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 7,
                       min_sample_s: float = 0.2, timeout: float = 600.0) -> dict:
-    """Time ``local``, ``naive`` and ``bucketed`` steps (each strategy also with nothing sent) and
-    their all-reduces alone, 2 ranks.
+    """Time ``local``, ``naive`` and ``bucketed`` steps (each strategy also with nothing sent, and
+    its messages sent by a plain loop after the local step) and their all-reduces alone, 2 ranks.
 
     Args:
         models: names from ``STEP_MODELS``.
         quick: the small batches of ``STEP_MODELS``.
         samples: rounds of each comparison (each variant one sample per round); the met local
             steps are 3 times as many.
-        min_sample_s: each step sample loops for at least about this long (the all-reduces
-            alone, half of it).
+        min_sample_s: each sample (of steps, and of all-reduces alone) loops for at least
+            about this long.
         timeout: seconds for the launch.
 
     Returns:
