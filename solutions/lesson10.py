@@ -1,10 +1,11 @@
 """Lesson 10, exercises: the benchmark loop of a collective; the alpha-beta fit of a ring
-all-reduce. No longer asked by the notebook, their checkers kept: the predicted all-reduce time
-of a step, the alpha-beta time of a ring all-reduce (lesson 02 derives it), the bus bandwidth of
-one raw row of a collectives results file.
+all-reduce; the wait for the slower rank. No longer asked by the notebook, their checkers kept:
+the predicted all-reduce time of a step, the alpha-beta time of a ring all-reduce (lesson 02
+derives it), the bus bandwidth of one raw row of a collectives results file.
 
 Checked by ``course_lib.checks.lesson10.check_time_collective``, ``check_alpha_beta_fit``,
-``check_predicted_comm``, ``check_ring_time`` and ``check_bus_bandwidth``.
+``check_slower_rank_wait``, ``check_predicted_comm``, ``check_ring_time`` and
+``check_bus_bandwidth``.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import torch.distributed as dist
 from course_lib.devices import synchronize
 from course_lib.distributed import current_device
 
-__all__ = ["alpha_beta_fit", "bus_bandwidth", "predicted_comm", "ring_time", "time_collective"]
+__all__ = ["alpha_beta_fit", "bus_bandwidth", "predicted_comm", "ring_time", "slower_rank_wait",
+           "time_collective"]
 
 
 def time_collective(op, warmup: int, samples: int, loops: int) -> float:
@@ -54,6 +56,17 @@ def alpha_beta_fit(sizes: list[float], times: list[float], p: int) -> tuple[floa
     n, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
     b, a = np.polyfit(n, t, 1, w=1 / t)      # residuals weighted by 1 / t: relative errors
     return float(a / (2 * (p - 1))), float(b * p / (2 * (p - 1)))
+
+
+def slower_rank_wait(durations: list[list[float]]) -> float:
+    """Seconds per step that meeting at every step costs over meeting once at the end, from
+    ``durations[rank][step]``. Meeting every step, each step lasts as long as its slowest rank:
+    the loop takes the sum over the steps of the largest duration. Meeting once, each rank runs
+    its own steps and the loop ends with the rank whose sum is largest."""
+    steps = len(durations[0])
+    every_step = sum(max(step) for step in zip(*durations))   # zip: one tuple per step
+    once = max(sum(d) for d in durations)
+    return (every_step - once) / steps
 
 
 def predicted_comm(message_bytes: list[float], p: int, alpha: float, beta: float) -> float:

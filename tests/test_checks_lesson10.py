@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib.bench import cost_model
+from course_lib.bench import cost_model, step_comm
 from course_lib.checks import check_time_collective
 from course_lib.checks.harness import first_failure_in_ranks, verdicts_as_expected
 from course_lib.checks.lesson10 import (
@@ -26,10 +26,12 @@ from course_lib.checks.lesson10 import (
     _fit_cases,
     _ring_cases,
     _time_collective_cases,
+    _wait_cases,
     check_alpha_beta_fit,
     check_bus_bandwidth,
     check_predicted_comm,
     check_ring_time,
+    check_slower_rank_wait,
     comm_by_schedule,
     fit_line,
     link_bytes_by_schedule,
@@ -37,12 +39,14 @@ from course_lib.checks.lesson10 import (
     median_by_sorting,
     planned_sleep,
     ring_time_by_schedule,
+    wait_by_clocks,
 )
 from solutions.lesson10 import (
     alpha_beta_fit,
     bus_bandwidth,
     predicted_comm,
     ring_time,
+    slower_rank_wait,
     time_collective,
 )
 
@@ -492,3 +496,47 @@ def test_time_all_reduce_refuses_bad_input_and_says_what_to_do():
         time_all_reduce("solutions.lesson10:time_collective", [4096, 8192], [1])
     with pytest.raises(RuntimeError, match="could not import your function"):
         time_all_reduce("no_such_module_here:time_collective", [4096], [1], samples=1)
+
+
+# --- the wait for the slower rank ---------------------------------------------------------------
+
+def _wait_open(durations):
+    raise NotImplementedError
+
+
+WAIT_WRONG = {
+    "with nothing taken away": lambda d: statistics.fmean(max(s) for s in zip(*d)),
+    "the average rank's mean time": lambda d: statistics.fmean(max(s) for s in zip(*d))
+    - statistics.fmean(statistics.fmean(x) for x in d),
+    "divide by the number of steps": lambda d: sum(max(s) for s in zip(*d))
+    - max(sum(x) for x in d),
+    "ranks and steps swapped": lambda d: step_comm.slower_rank_wait([list(c) for c in zip(*d)]),
+}
+
+
+def test_slower_rank_wait_checker_accepts_the_reference_and_the_library(capsys):
+    assert check_slower_rank_wait(slower_rank_wait, strict=True)
+    assert check_slower_rank_wait(step_comm.slower_rank_wait)
+    assert check_slower_rank_wait(None).ok is None
+    assert check_slower_rank_wait(_wait_open).ok is None
+    assert "not answered" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("why", list(WAIT_WRONG))
+def test_slower_rank_wait_checker_names_the_usual_mistakes(why):
+    result = check_slower_rank_wait(WAIT_WRONG[why])
+    assert result.ok is False and "expected" in result.message
+    assert why in result.message, result.message
+
+
+def test_slower_rank_wait_oracle_matches_the_library_on_every_case_and_at_random():
+    cases = _wait_cases()
+    assert {len(c) for c in cases} >= {2, 3, 4} and any(len(c[0]) > len(c) for c in cases)
+    gen = torch.Generator().manual_seed(0)
+    for ranks, steps in ((2, 9), (3, 4), (5, 6)):
+        cases.append((torch.rand(ranks, steps, generator=gen, dtype=torch.float64) + 0.5).tolist())
+    for c in cases:
+        assert math.isclose(wait_by_clocks(c), step_comm.slower_rank_wait(c), rel_tol=1e-12,
+                            abs_tol=1e-15)
+        assert wait_by_clocks(c) >= -1e-15   # meeting often never saves time
+    assert wait_by_clocks([[1.0, 1.0], [2.0, 3.0]]) == 0.0   # one rank slower at every step

@@ -30,6 +30,11 @@ least-squares problem with ``numpy.linalg.lstsq`` (rows scaled by ``1 / t_i``; n
 per message (a bucket, or a parameter), one after another, each paying its own latency. Its
 oracle walks every message's ring schedule (``ring_time_by_schedule``), not the library's
 ``course_lib.bench.cost_model.predicted_comm``; the tests check that both agree.
+
+``check_slower_rank_wait`` asks for what meeting at every step costs, per step, over a loop
+whose ranks meet once at its end, from each rank's duration of each step. Its oracle runs the
+two loops on a clock (``wait_by_clocks``), not the library's
+``course_lib.bench.step_comm.slower_rank_wait``; the tests check that both agree.
 """
 from __future__ import annotations
 
@@ -48,7 +53,8 @@ from .harness import UNANSWERED, agree, check_in_ranks, load_answer, worker_spec
 __all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",
            "check_ring_time", "check_time_collective", "comm_by_schedule", "fit_line",
            "link_bytes_by_schedule", "lstsq_relative_fit", "median_by_sorting", "planned_sleep",
-           "ring_time_by_schedule", "time_all_reduce"]
+           "ring_time_by_schedule", "time_all_reduce", "check_slower_rank_wait",
+           "wait_by_clocks"]
 
 _NAME = "bus_bandwidth"
 _HINT = ("the bus bandwidth is the bytes one rank's link carries in a ring, per second of the "
@@ -431,6 +437,86 @@ def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> Exerci
         _COMM_HINT, _comm_diagnose,
         f"matches every message's ring schedule on {len(cases)} steps (0 to 11 messages, 1 to "
         "8 ranks).")
+
+
+# ------------------------------------------------------------------------------------------------
+# the wait for the slower rank
+# ------------------------------------------------------------------------------------------------
+
+_WAIT = "slower_rank_wait"
+_WAIT_HINT = ("run both loops in your head: meeting at every step, each step ends when its "
+              "slowest rank does; meeting once, the loop ends when the rank slowest over all "
+              "the steps does. The wait is the difference between the two loops' times, per step.")
+
+
+def wait_by_clocks(durations: list[list[float]]) -> float:
+    """The oracle of ``check_slower_rank_wait``: one clock per rank, run through the steps
+    twice. Meeting at every step, all clocks jump to the latest after each step; meeting once,
+    each clock runs alone and the loop ends at the latest. Seconds per step between the two."""
+    steps = len(durations[0])
+    met = [0.0] * len(durations)
+    for step in range(steps):
+        met = [t + d[step] for t, d in zip(met, durations)]
+        met = [max(met)] * len(met)             # everyone waits for the latest
+    alone = [sum(d) for d in durations]         # nobody waits until the end
+    return (met[0] - max(alone)) / steps
+
+
+def _wait_cases() -> list[list[list[float]]]:
+    """durations[rank][step]: one rank slower at every step (no wait), the slower rank
+    alternating, 3 ranks taking turns, and 3 and 4 ranks of uneven steps (5 and 7 steps, so
+    that ranks and steps cannot be swapped unnoticed)."""
+    return [[[1.0, 1.0], [2.0, 3.0]],
+            [[1.0, 3.0], [3.0, 1.0]],
+            [[3.0, 1.0, 1.0], [1.0, 3.0, 1.0], [1.0, 1.0, 3.0]],
+            [[0.10, 0.12, 0.09, 0.15, 0.11], [0.13, 0.10, 0.10, 0.11, 0.14],
+             [0.11, 0.11, 0.16, 0.10, 0.10]],
+            [[0.21, 0.20, 0.24, 0.19, 0.22, 0.20, 0.25],
+             [0.20, 0.26, 0.20, 0.21, 0.20, 0.23, 0.20],
+             [0.22, 0.21, 0.21, 0.27, 0.20, 0.20, 0.21],
+             [0.20, 0.20, 0.22, 0.20, 0.28, 0.21, 0.20]]]
+
+
+def _wait_diagnose(durations: list[list[float]], got: float) -> str:
+    """The usual mistakes, each computed on the case."""
+    steps, ranks = len(durations[0]), len(durations)
+    per_step = statistics.fmean(max(step) for step in zip(*durations))
+    average_rank = statistics.fmean(statistics.fmean(d) for d in durations)
+    usual = {
+        "the mean over the steps of the slowest rank's time, with nothing taken away: the "
+        "step's time, not what meeting adds to it": per_step,
+        "the steps' slowest time less the average rank's mean time: meeting once, the loop "
+        "still waits at its end for the rank slowest over the whole loop": per_step - average_rank,
+        "the wait over the whole loop: divide by the number of steps": (
+            per_step - max(statistics.fmean(d) for d in durations)) * steps,
+        "computed with ranks and steps swapped: durations[rank][step] lists each rank's steps":
+            wait_by_clocks([list(c) for c in zip(*durations)]) if steps > 1 and ranks > 1
+            else math.nan,
+    }
+    for why, value in usual.items():
+        if math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-12):
+            return f"That is {why}."
+    return _WAIT_HINT
+
+
+def check_slower_rank_wait(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise: ``fn(durations)``, with ``durations[rank][step]`` each rank's seconds for each
+    step (the ranks starting the loop together), is the seconds per step that meeting at every
+    step costs over meeting once at the end of the loop.
+
+    Run on 2 to 4 ranks and 2 to 7 steps; each call gets its own copy of the lists. Tolerance
+    1e-9 relative against two loops run on a clock (``wait_by_clocks``); the first failing case
+    is printed with the usual mistake that explains it, if one does.
+    """
+    if fn is None:
+        return verdict(_WAIT, None, "define your function and pass it here.", strict)
+    cases = _wait_cases()
+    return _check_seconds(
+        _WAIT, fn, strict,
+        [((copy.deepcopy(c),), f"durations={c}" if len(c[0]) < 4 else
+          f"{len(c)} ranks x {len(c[0])} steps, durations={c}") for c in cases],
+        wait_by_clocks, _WAIT_HINT, _wait_diagnose,
+        f"matches two loops run on a clock on {len(cases)} cases (2 to 4 ranks, 2 to 7 steps).")
 
 
 # ------------------------------------------------------------------------------------------------
