@@ -3,9 +3,9 @@
 ``check_time_collective`` asks for the benchmark loop of a collective, run on every rank of 2
 and 3 gloo processes: warm-up calls, then samples of timed loops behind a barrier, the slowest
 rank's time per call, the median over the samples. Its oracle is the stand-in collective's own
-record of how long each of its calls slept (``planned_sleep``), reduced over the ranks by the
-checker, not the library's ``course_lib.timing.time_sample`` (the tests pass that through the
-checker too).
+record of when each sample's calls started and ended (each sleeps as ``planned_sleep`` says),
+reduced over the ranks by the checker, not the library's ``course_lib.timing.time_sample`` (the
+tests pass that through the checker too).
 
 ``check_bus_bandwidth`` asks for the bus bandwidth of one raw row of a collectives results file
 (``world_size``, ``bytes``, ``seconds``: one time per operation for each sample), in GB/s, as
@@ -535,8 +535,8 @@ _COLD_S, _FAST_S, _SLOW_S, _STALL_S = 0.010, 0.004, 0.008, 0.150
 #: sample -> the rank that is slow in it (at most one sample per rank, so that each rank's own
 #: median is a fast time while the slowest rank's median is a slow one), and the stalled sample
 _SLOW_RANK, _STALLED = {0: 0, 2: 1}, 1
-#: The answer is timed around the stand-in's sleeps, so it may only exceed the time they took
-#: (the loop and the clock add microseconds); these bound it around that exact time.
+#: The answer is timed around each sample's calls, so it may only exceed their span (the clock
+#: and the reduction add microseconds); these bound it around that span.
 _TIME_LOW, _TIME_HIGH = 0.97, 1.2
 
 
@@ -554,16 +554,16 @@ def planned_sleep(call: int, rank: int) -> float:
 class _StandIn:
     """What the learner's function times: a call sleeps as ``planned_sleep`` says (no
     collective inside, so a fast rank does not wait for the slow one), counts itself and
-    measures how long it really took."""
+    notes when it started and ended."""
 
     def __init__(self, rank: int):
-        self.rank, self.calls, self.seconds = rank, 0, []
+        self.rank, self.calls, self.starts, self.ends = rank, 0, [], []
 
     def __call__(self) -> None:
-        start = time.perf_counter()
+        self.starts.append(time.perf_counter())
         time.sleep(planned_sleep(self.calls, self.rank))
         self.calls += 1
-        self.seconds.append(time.perf_counter() - start)
+        self.ends.append(time.perf_counter())
 
 
 def _calls_problem(calls: int) -> str | None:
@@ -610,10 +610,12 @@ def _order_problem(records: list) -> str | None:
     return None
 
 
-def _per_call(seconds: list[float]) -> list[float]:
-    """Seconds per call of each sample, from the stand-in's own times of its calls."""
-    timed = seconds[_WARMUP:]
-    return [sum(timed[s * _LOOPS:(s + 1) * _LOOPS]) / _LOOPS for s in range(_SAMPLES)]
+def _per_call(starts: list[float], ends: list[float]) -> list[float]:
+    """Seconds per call of each sample: from the start of its first call to the end of its
+    last, over the calls. A right loop's clock brackets that span and adds microseconds; a
+    moment the machine took the core between two calls is in both."""
+    first = [_WARMUP + s * _LOOPS for s in range(_SAMPLES)]
+    return [(ends[i + _LOOPS - 1] - starts[i]) / _LOOPS for i in first]
 
 
 def _slowest_median(per_rank: list[list[float]]) -> float:
@@ -654,8 +656,8 @@ def _value_problem(got: float, rank: int, per_rank: list[list[float]]) -> str | 
         if _TIME_LOW <= got / want <= _TIME_HIGH:
             return None
     return (f"rank {rank} returned {got:.6g} s per call; the slowest rank's median was "
-            f"{want:.6g} s (the calls' own times; yours may exceed them by the loop's "
-            f"microseconds).")
+            f"{want:.6g} s (from the start of each sample's first call to the end of its last; "
+            f"yours may exceed that by the clock's microseconds).")
 
 
 def _time_collective_cases(spec) -> str | None:
@@ -690,7 +692,7 @@ def _time_collective_cases(spec) -> str | None:
     if problem is not None:
         return problem
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, (got, _per_call(op.seconds)))
+    dist.all_gather_object(gathered, (got, _per_call(op.starts, op.ends)))
     gots, per_rank = [g for g, _ in gathered], [ts for _, ts in gathered]
     if not all(math.isclose(g, gots[0], rel_tol=1e-9) for g in gots):
         returned = ", ".join(f"rank {r} {g * 1e3:.2f} ms" for r, g in enumerate(gots))
@@ -717,7 +719,8 @@ def check_time_collective(fn: Callable | str | None, *, world_sizes: tuple[int, 
     itself: the first ``warmup`` calls are slow, one rank is slower than the others in some
     samples (with no collective inside, the others do not wait for it), and one sample stalls
     on every rank. Judged, in one launch of 2 and 3 ranks (gloo), against the slowest rank's
-    median of the calls' own times: the number of calls (no warm-up, one call per sample, ...),
+    median of the samples' spans (the first call's start to the last call's end, as the calls
+    themselves noted them): the number of calls (no warm-up, one call per sample, ...),
     a ``dist.barrier`` before each sample and no collective between two timed calls (the
     barrier is judged by where it is called, not by the times: the all-reduce of each sample
     lines the ranks up again, and a missing barrier changes the times too little to tell), the
