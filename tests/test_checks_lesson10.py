@@ -230,23 +230,6 @@ RING_WRONG = {
 }
 
 
-def test_ring_time_checker_accepts_the_reference_and_the_library(capsys):
-    assert check_ring_time(ring_time, strict=True)
-    assert check_ring_time(cost_model.ring_time)
-    assert check_ring_time(None).ok is None
-    assert check_ring_time(_ring_open).ok is None
-    assert "not answered" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("why", list(RING_WRONG))
-def test_ring_time_checker_names_the_usual_mistakes(why):
-    result = check_ring_time(RING_WRONG[why])
-    assert result.ok is False and "expected" in result.message
-    assert why in result.message, result.message
-    with pytest.raises(AssertionError):
-        check_ring_time(RING_WRONG[why], strict=True)
-
-
 def test_ring_time_checker_a_failure_or_a_non_number_is_a_verdict():
     assert "ZeroDivisionError" in check_ring_time(lambda n, p, a, b: 1 / 0).message
     assert "one number" in check_ring_time(lambda n, p, a, b: "fast").message
@@ -291,23 +274,6 @@ COMM_WRONG = {
     "whole messages in every ring step": lambda m, p, a, b: sum(2 * (p - 1) * (a + n * b)
                                                                for n in m),
 }
-
-
-def test_predicted_comm_checker_accepts_the_reference_and_the_library(capsys):
-    assert check_predicted_comm(predicted_comm, strict=True)
-    assert check_predicted_comm(cost_model.predicted_comm)
-    assert check_predicted_comm(None).ok is None
-    assert check_predicted_comm(_comm_open).ok is None
-    assert "not answered" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("why", list(COMM_WRONG))
-def test_predicted_comm_checker_names_the_usual_mistakes(why):
-    result = check_predicted_comm(COMM_WRONG[why])
-    assert result.ok is False and "expected" in result.message
-    assert why in result.message, result.message
-    with pytest.raises(AssertionError):
-        check_predicted_comm(COMM_WRONG[why], strict=True)
 
 
 def test_predicted_comm_checker_a_failure_a_non_number_or_a_mutated_list_is_a_verdict():
@@ -514,21 +480,6 @@ WAIT_WRONG = {
 }
 
 
-def test_slower_rank_wait_checker_accepts_the_reference_and_the_library(capsys):
-    assert check_slower_rank_wait(slower_rank_wait, strict=True)
-    assert check_slower_rank_wait(step_comm.slower_rank_wait)
-    assert check_slower_rank_wait(None).ok is None
-    assert check_slower_rank_wait(_wait_open).ok is None
-    assert "not answered" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("why", list(WAIT_WRONG))
-def test_slower_rank_wait_checker_names_the_usual_mistakes(why):
-    result = check_slower_rank_wait(WAIT_WRONG[why])
-    assert result.ok is False and "expected" in result.message
-    assert why in result.message, result.message
-
-
 def test_slower_rank_wait_oracle_matches_the_library_on_every_case_and_at_random():
     cases = _wait_cases()
     assert {len(c) for c in cases} >= {2, 3, 4} and any(len(c[0]) > len(c) for c in cases)
@@ -540,3 +491,35 @@ def test_slower_rank_wait_oracle_matches_the_library_on_every_case_and_at_random
                             abs_tol=1e-15)
         assert wait_by_clocks(c) >= -1e-15   # meeting often never saves time
     assert wait_by_clocks([[1.0, 1.0], [2.0, 3.0]]) == 0.0   # one rank slower at every step
+
+
+# --- the three one-number checkers: the reference and the library pass, the mistakes are named ---
+
+NUMBER_CHECKERS = {   # name: (checker, reference, the library's, a scaffold, the usual mistakes)
+    "ring_time": (check_ring_time, ring_time, cost_model.ring_time, _ring_open, RING_WRONG),
+    "predicted_comm": (check_predicted_comm, predicted_comm, cost_model.predicted_comm,
+                       _comm_open, COMM_WRONG),
+    "slower_rank_wait": (check_slower_rank_wait, slower_rank_wait, step_comm.slower_rank_wait,
+                         _wait_open, WAIT_WRONG),
+}
+
+
+@pytest.mark.parametrize("name", list(NUMBER_CHECKERS))
+def test_checker_accepts_the_reference_and_the_library(name, capsys):
+    check, reference, library, scaffold, _ = NUMBER_CHECKERS[name]
+    assert check(reference, strict=True)
+    assert check(library)
+    assert check(None).ok is None
+    assert check(scaffold).ok is None
+    assert "not answered" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, why", [(name, why) for name, c in NUMBER_CHECKERS.items()
+                                       for why in c[-1]])
+def test_checker_names_the_usual_mistakes(name, why):
+    check, *_, wrong = NUMBER_CHECKERS[name]
+    result = check(wrong[why])
+    assert result.ok is False and "expected" in result.message
+    assert why in result.message, result.message
+    with pytest.raises(AssertionError):
+        check(wrong[why], strict=True)
