@@ -59,10 +59,12 @@ def main(steps: int = 20, per_rank: int = 64, lr: float = 0.1) -> None:
               f"rank 0's loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
               f"weights equal on every rank: {same}", flush=True)
     # Drop the wrapper (and the communication work it still references) while the interpreter
-    # is whole, then tear the group down: gloo work objects destroyed during interpreter
-    # shutdown can abort the process after a successful run.
+    # is whole; wait until every rank is done communicating; then tear the group down. Gloo
+    # work destroyed during interpreter shutdown, or a peer that closes its connections while
+    # another rank still talks to it, can abort a process after a successful run.
     del model, opt
     gc.collect()
+    dist.barrier()
     cleanup()
     if not same:
         sys.exit("the ranks' weights differ")
