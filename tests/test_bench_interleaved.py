@@ -162,3 +162,6 @@ def test_collectives_one_op_alone_is_timed_at_each_size():
         measure_collectives(2, [4096], names=["all_reduce", "all_reduce"])
     with pytest.raises(ValueError, match="distinct operations"):
         measure_collectives(2, [4096], names=[])
+    with pytest.raises(SystemExit) as exit_info:   # the command line: the same rule
+        collectives.main(["--quick", "--ops", "all_reduce,all_reduce", "--out", "-"])
+    assert exit_info.value.code == 2

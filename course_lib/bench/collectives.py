@@ -248,9 +248,9 @@ def main(argv: list[str], *, name: str = "collectives",
         parser.error(f"--samples must be an integer >= 2 (a spread and an interval need "
                      f"several), got {args.samples}.")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    if sorted(set(ops) - set(OPS)) or len(set(ops)) < 2:
-        parser.error(f"--ops must name at least two distinct operations of {list(OPS)}, got "
-                     f"{args.ops!r}.")
+    if sorted(set(ops) - set(OPS)) or not ops or len(set(ops)) < len(ops):
+        parser.error(f"--ops must name distinct operations of {list(OPS)} (one is timed alone), "
+                     f"got {args.ops!r}.")
     if args.sizes:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
     else:
