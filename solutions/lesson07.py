@@ -70,10 +70,11 @@ class OverlapDDP(nn.Module):
 
 
 class BucketedDDP(nn.Module):
-    """Exercise 3: the overlap with gradients packed into flat buckets of at most a cap.
+    """Exercise 3: the overlap with gradients packed into flat buckets of about a cap.
 
-    Buckets are filled last registered parameter first; bucket i is launched once it is full
-    and buckets 0 .. i-1 have been launched (index order, the same on every rank).
+    Buckets are filled last registered parameter first, each closed once it holds the cap or
+    more; bucket i is launched once it is full and buckets 0 .. i-1 have been launched (index
+    order, the same on every rank).
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25):
@@ -85,12 +86,11 @@ class BucketedDDP(nn.Module):
         for p in reversed(list(module.parameters())):
             if not p.requires_grad:
                 continue
-            size = p.numel() * p.element_size()
-            if self.buckets[-1] and used + size > cap:   # full: start the next bucket
+            if used >= cap:                               # full: start the next bucket
                 self.buckets.append([])
                 used = 0
             self.buckets[-1].append(p)
-            used += size
+            used += p.numel() * p.element_size()
         self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self.pending = [len(b) for b in self.buckets]   # gradients still to come, per bucket
         self.flat: list[torch.Tensor | None] = [None] * len(self.buckets)

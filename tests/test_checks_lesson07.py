@@ -147,7 +147,7 @@ from course_lib.checks.lesson07 import check_ddp  # noqa: E402
 from course_lib.parallel.ddp import DistributedDataParallel  # noqa: E402
 from solutions.lesson07 import BucketedDDP, OverlapDDP  # noqa: E402
 
-CAP_MB = 160 / 2 ** 20   # 40 float32 values: MLP buckets [fc2, fc1.bias], [fc1.weight]
+CAP_MB = 64 / 2 ** 20    # 16 float32 values: MLP buckets [fc2.bias, fc2.weight], [fc1]
 
 
 class SumsInsteadOfAveraging(OverlapDDP):
@@ -218,6 +218,31 @@ class BucketsInRegistrationOrder(BucketedDDP):  # fills bucket 0 with the first 
         self.module = module
 
 
+class ClosesBeforeTheCap(BucketedDDP):  # a bucket never passes the cap: not torch's rule
+    def __init__(self, module, bucket_cap_mb=25):
+        super().__init__(module, bucket_cap_mb)
+        cap, used, self.buckets = int(bucket_cap_mb * 2 ** 20), 0, [[]]
+        for p in reversed([p for p in module.parameters() if p.requires_grad]):
+            size = p.numel() * p.element_size()
+            if self.buckets[-1] and used + size > cap:
+                self.buckets.append([])
+                used = 0
+            self.buckets[-1].append(p)
+            used += size
+        self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self.pending = [len(b) for b in self.buckets]
+        self.flat = [None] * len(self.buckets)
+
+
+def test_the_check_cap_gives_several_buckets_and_tells_the_rules_apart():
+    from course_lib.checks._ddp_cases import CASES
+    from course_lib.checks.lesson07 import _expected_buckets
+    cap = int(CAP_MB * 2 ** 20)
+    sizes = {name: _expected_buckets(model(), cap) for name, model in CASES.items()}
+    assert sizes["mlp"] == [18, 40] and sizes["frozen fc1"] == [18]
+    assert all(len(s) > 1 for name, s in sizes.items() if name != "frozen fc1")
+
+
 def test_ddp_unanswered():
     assert check_ddp(None).ok is None
     assert check_ddp(None, bucket_cap_mb=CAP_MB).ok is None
@@ -243,6 +268,7 @@ def test_ddp_the_course_version_passes():
     (NothingOverlaps, None, "nothing overlaps"),
     (partial(DistributedDataParallel, strategy="naive"), None, "nothing overlaps"),
     (BucketsInRegistrationOrder, CAP_MB, "filled last parameter first"),
+    (ClosesBeforeTheCap, CAP_MB, "the parameter that reaches the cap stays in it"),
 ])
 def test_ddp_wrong_answers_fail_and_are_named(wrong, cap, says):
     result = check_ddp(wrong, bucket_cap_mb=cap, world_sizes=(2,), timeout=60)

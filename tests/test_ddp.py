@@ -115,9 +115,10 @@ def bucket_problems(ddp: DDP, cap_bytes: int) -> list[str]:
     seen = []
     for b in ddp.reducer.buckets:
         params = b.parameters()
-        nbytes = sum(p.numel() * p.element_size() for p in params)
-        if len(params) > 1 and nbytes > cap_bytes:
-            problems.append(f"bucket {b.index()} holds {nbytes} bytes > cap {cap_bytes}")
+        nbytes = [p.numel() * p.element_size() for p in params]
+        if sum(nbytes[:-1]) >= cap_bytes:  # torch's rule: closed by the parameter reaching it
+            problems.append(f"bucket {b.index()} held {sum(nbytes[:-1])} bytes >= cap "
+                            f"{cap_bytes} before its last parameter")
         if len({(p.dtype, p.device) for p in params}) != 1:
             problems.append(f"bucket {b.index()} mixes dtypes or devices")
         if b.buffer().numel() != sum(p.numel() for p in params):
@@ -436,23 +437,50 @@ def test_process_group_of_three_ranks_out_of_four():
 _DTYPES = [torch.float32, torch.float64, torch.float16]
 
 
+def torch_buckets(params, limits, order=None):
+    """torch's own assignment (``DistributedDataParallel`` and its reducer call it): the
+    buckets, each a list of indices into ``params``."""
+    if order is None:  # DDP's first buckets: registration order, the list reversed
+        buckets, _ = dist._compute_bucket_assignment_by_size(params, limits, [False] * len(params))
+        return buckets[::-1]
+    buckets, _ = dist._compute_bucket_assignment_by_size(
+        [params[i] for i in order], limits, [False] * len(params), list(order))
+    return buckets
+
+
 @settings(max_examples=60, deadline=None)
 @given(shapes=st.lists(st.tuples(st.lists(st.integers(1, 40), min_size=1, max_size=3),
                                  st.sampled_from(_DTYPES)), min_size=1, max_size=12),
        cap=st.integers(1, 20_000))
-def test_assign_buckets_respects_cap_dtype_and_order(shapes, cap):
+def test_assign_buckets_is_torchs_assignment(shapes, cap):
     params = [torch.empty(shape, dtype=dtype) for shape, dtype in shapes]
     buckets = D.assign_buckets(params, cap)
+    order = list(reversed(range(len(params))))                # the default: last parameter first
+    assert sorted(buckets) == sorted(torch_buckets(params, [cap], order))
     flat = [i for b in buckets for i in b]
     assert sorted(flat) == list(range(len(params)))           # each parameter once
+    nbytes = {}
     for b in buckets:
         assert len({params[i].dtype for i in b}) == 1         # one dtype per bucket
-        nbytes = sum(params[i].numel() * params[i].element_size() for i in b)
-        assert nbytes <= cap or len(b) == 1                   # at most cap, unless alone
+        size = [params[i].numel() * params[i].element_size() for i in b]
+        assert sum(size[:-1]) < cap                           # closed by its last parameter...
+        nbytes.setdefault(params[b[0]].dtype, []).append(sum(size))
         assert b == sorted(b, reverse=True)                   # last parameter first
+    for sizes in nbytes.values():
+        assert all(n >= cap for n in sizes[:-1])              # ...once it held the cap or more
     assert [b[0] for b in buckets] == sorted((b[0] for b in buckets), reverse=True)
     if len(set(_DTYPES) & {dtype for _, dtype in shapes}) == 1:
         assert flat == list(reversed(range(len(params))))     # one dtype: plain reverse order
+        assert buckets == torch_buckets(params, [cap], order)
+
+
+def test_lenets_buckets_at_a_tenth_of_a_mib_are_torchs():
+    """torch's DDP puts fc1.weight with the layers after it (the bucket passes the cap by it);
+    closing a bucket before the cap would be passed makes three buckets instead of two."""
+    params = list(LeNet().parameters())
+    cap = int(0.1 * D.MB)
+    assert D.assign_buckets(params, cap) == [[7, 6, 5, 4], [3, 2, 1, 0]]
+    assert D.assign_buckets(params, cap) == torch_buckets(params, [cap], [7, 6, 5, 4, 3, 2, 1, 0])
 
 
 def test_clear_errors_for_bad_arguments(monkeypatch):

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
+from course_lib.models.lenet import LeNet
 from course_lib.parallel import ddp as D
 from course_lib.parallel.ddp import DistributedDataParallel as DDP
 
@@ -326,9 +327,9 @@ def rebuilt_buckets() -> list[str]:
                                 f"order {arrived}")
             first = ours.reducer.buckets[0].parameters()
             if strategy == "bucketed" and cap_mb is None:
-                nbytes = sum(p.numel() * p.element_size() for p in first)
-                if nbytes > D.FIRST_BUCKET_BYTES or len(ours.reducer.buckets) < 2:
-                    failures.append(f"{label}: first bucket {nbytes} bytes, "
+                nbytes = [p.numel() * p.element_size() for p in first]  # closed by the last
+                if sum(nbytes[:-1]) >= D.FIRST_BUCKET_BYTES or len(ours.reducer.buckets) < 2:
+                    failures.append(f"{label}: first bucket {sum(nbytes)} bytes, "
                                     f"{len(ours.reducer.buckets)} buckets")
             launches = [i for i, e in enumerate(events) if e[0] == "launch"]
             grad_times = {e[1]: i for i, e in enumerate(events) if e[0] == "grad"}
@@ -338,6 +339,32 @@ def rebuilt_buckets() -> list[str]:
                                 f"gradients to arrive {arrived[:len(first)]} and come before "
                                 f"the last one arrives; events {events}")
         check(failures, f"{label} vs torch", ours.state_dict(), theirs.state_dict())
+    return failures
+
+
+def buckets_as_torchs_reducer_makes_them() -> list[str]:
+    """The bucketed strategy's buckets, in bytes and launch order, are those torch's DDP
+    rebuilds (its logging data reports them at its tenth iteration), for LeNet and three caps:
+    at 0.1 MiB torch lets the bucket holding fc1.weight pass the cap (two buckets, not three)."""
+    failures = []
+    for cap_mb in (None, 0.1, 0.05):
+        kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+        torch.manual_seed(0)
+        net = LeNet()
+        ours = DDP(copy.deepcopy(net), strategy="bucketed", **kwargs)
+        theirs = torch_ddp(net, **kwargs)
+        g = torch.Generator().manual_seed(dist.get_rank())
+        for _ in range(10):
+            X, y = torch.randn(2, 1, 28, 28, generator=g), torch.randint(0, 10, (2,), generator=g)
+            for model in (ours, theirs):
+                F.cross_entropy(model(X), y).backward()
+        logged = theirs._get_ddp_logging_data()
+        want = [int(n) for n in str(logged.get("rebuilt_bucket_sizes", "")).split(",") if n]
+        got = [sum(p.numel() * p.element_size() for p in b.parameters())
+               for b in ours.reducer.buckets]
+        if got != want or not want:
+            failures.append(f"bucket_cap_mb={cap_mb}: bucket bytes {got}, torch's rebuilt "
+                            f"buckets {want} ({logged.get('has_rebuilt_buckets')!r} rebuilt)")
     return failures
 
 
@@ -442,6 +469,7 @@ def clear_errors() -> list[str]:
 
 CHECKS = {"unused_with_no_sync": unused_with_no_sync, "constructor": constructor_arguments,
           "different_models": different_models, "rebuild": rebuilt_buckets,
+          "torch_buckets": buckets_as_torchs_reducer_makes_them,
           "bucket_views": bucket_views, "errors": clear_errors}
 
 
@@ -469,6 +497,11 @@ def test_different_models_refused_on_every_rank(world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_buckets_rebuilt_in_arrival_order_keep_overlap(world_size):
     assert not failures(world_size)["rebuild"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bucket_sizes_are_those_torchs_ddp_rebuilds(world_size):
+    assert not failures(world_size)["torch_buckets"]
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -502,10 +535,10 @@ def test_signature_is_torchs_order_then_course_keywords():
 
 def test_assign_buckets_first_bucket_and_order():
     params = [torch.empty(100) for _ in range(6)]            # 400 bytes each
-    assert D.assign_buckets(params, 1000) == [[5, 4], [3, 2], [1, 0]]   # unchanged default
+    assert D.assign_buckets(params, 1000) == [[5, 4, 3], [2, 1, 0]]   # closed at 1000 or more
     order = [0, 1, 2, 3, 4, 5]
     assert D.assign_buckets(params, 1000, order=order, first_bucket_bytes=400) == [
-        [0], [1, 2], [3, 4], [5]]
+        [0], [1, 2, 3], [4, 5]]
     assert D.assign_buckets(params, 10**9, order=[2, 0, 1, 5, 3, 4]) == [[2, 0, 1, 5, 3, 4]]
 
 
@@ -515,17 +548,24 @@ def test_assign_buckets_first_bucket_and_order():
                        min_size=1, max_size=10),
        cap=st.integers(1, 2000), first=st.integers(1, 2000), data_=st.data())
 def test_assign_buckets_in_any_order_with_a_first_cap(shapes, cap, first, data_):
+    """torch's assignment (the rebuild in arrival order, a smaller first bucket), and the
+    buckets a ``find_unused_parameters`` DDP starts with (registration order, reversed)."""
     params = [torch.empty(n, dtype=dtype) for n, dtype in shapes]
     order = data_.draw(st.permutations(range(len(params))))
     buckets = D.assign_buckets(params, cap, order=order, first_bucket_bytes=first)
+    theirs, _ = dist._compute_bucket_assignment_by_size(
+        [params[i] for i in order], [first, cap], [False] * len(params), order)
+    assert sorted(buckets) == sorted(theirs)
+    if len({dtype for _, dtype in shapes}) == 1:
+        assert buckets == theirs
     position = {i: k for k, i in enumerate(order)}
     assert sorted(i for b in buckets for i in b) == list(range(len(params)))
-    firsts: set = set()
     for b in buckets:                                         # in launch order
-        kind = params[b[0]].dtype
-        assert {params[i].dtype for i in b} == {kind}
-        nbytes = sum(params[i].numel() * params[i].element_size() for i in b)
-        assert nbytes <= (cap if kind in firsts else first) or len(b) == 1
-        firsts.add(kind)
+        assert len({params[i].dtype for i in b}) == 1
         assert [position[i] for i in b] == sorted(position[i] for i in b)
     assert [position[b[0]] for b in buckets] == sorted(position[b[0]] for b in buckets)
+    first_ones = D.assign_buckets(params, cap, order=range(len(params)),
+                                  first_bucket_bytes=first)[::-1]
+    theirs, _ = dist._compute_bucket_assignment_by_size(params, [first, cap],
+                                                        [False] * len(params))
+    assert first_ones == theirs[::-1]

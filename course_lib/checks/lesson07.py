@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.recording import record_collectives
+from ..parallel.ddp import assign_buckets
 from ._ddp_cases import CASES, MLP, Frozen
 from .harness import UNANSWERED, ExerciseResult, check_in_ranks, describe, load_answer, verdict
 
@@ -249,15 +250,10 @@ class _TrackedWork:
 
 
 def _expected_buckets(module: nn.Module, cap_bytes: int) -> list[int]:
-    """Sizes (elements) of the buckets in launch order: last parameter first, under the cap."""
-    sizes, numel, used = [], 0, 0
-    for p in reversed([p for p in module.parameters() if p.requires_grad]):
-        size = p.numel() * p.element_size()
-        if numel and used + size > cap_bytes:
-            sizes.append(numel)
-            numel, used = 0, 0
-        numel, used = numel + p.numel(), used + size
-    return sizes + ([numel] if numel else [])
+    """Sizes (elements) of the buckets in launch order: torch's assignment, last trainable
+    parameter first."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    return [sum(params[i].numel() for i in b) for b in assign_buckets(params, cap_bytes)]
 
 
 def _ddp_diagnose(got: torch.Tensor, want: torch.Tensor, local: torch.Tensor,
@@ -389,9 +385,11 @@ def _ddp_one_step(mine, net, plain, theirs, theirs_net, recorder: _AllReduceReco
         want_sizes = _expected_buckets(net, int(cap_mb * 1024 * 1024))
         if recorder.sizes != want_sizes:
             return (f"{at}: right values, but the all-reduces sent {recorder.sizes} elements, "
-                    f"one bucket each, where buckets of at most {int(cap_mb * 1024 * 1024)} "
-                    f"bytes filled last parameter first (reverse registration order, frozen "
-                    f"ones left out) and launched bucket 0 first send {want_sizes}.")
+                    f"one bucket each, where buckets filled last parameter first (reverse "
+                    f"registration order, frozen ones left out), each closed once it holds "
+                    f"{int(cap_mb * 1024 * 1024)} bytes or more (the parameter that reaches "
+                    f"the cap stays in it, as in torch's DDP), and launched bucket 0 first "
+                    f"send {want_sizes}.")
     with torch.no_grad():                                            # SGD, both wrappers
         for p, q in zip(net.parameters(), theirs_net.parameters()):
             if p.grad is not None:
@@ -418,7 +416,8 @@ def check_ddp(cls: type | str | None, *, bucket_cap_mb: float | None = None,
     requires: no all-reduce still running when backward returns, parameters untouched by
     backward, the same all-reduce sizes in the same order on every rank, at least one
     all-reduce started before the last gradient (overlap), and, with ``bucket_cap_mb``, one
-    all-reduce per bucket, buckets filled last parameter first under the cap.
+    all-reduce per bucket, buckets filled last parameter first, each closed once it reaches
+    the cap.
 
     Args:
         cls: the learner's class, importable by worker processes, or ``"module:Class"``

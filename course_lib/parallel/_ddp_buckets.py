@@ -53,14 +53,18 @@ def strategy_options(bucket_cap_mb: float | None, find_unused_parameters: bool,
 def assign_buckets(params: Sequence[torch.Tensor], bucket_cap_bytes: int, *,
                    order: Sequence[int] | None = None,
                    first_bucket_bytes: int | None = None) -> list[list[int]]:
-    """Group parameters into buckets of at most ``bucket_cap_bytes``, in the order given.
+    """Group parameters into buckets of about ``bucket_cap_bytes``, in the order given.
+
+    Each parameter joins the open bucket of its dtype and device (a bucket is one flat tensor),
+    and the bucket is closed once it holds ``bucket_cap_bytes`` or more: the parameter that
+    fills it stays in it, so a bucket can pass the cap by one parameter (torch's rule).
+    ``first_bucket_bytes`` caps the first bucket of each dtype and device instead (default
+    ``bucket_cap_bytes``; torch's DDP makes it 1 MiB so communication starts early).
 
     By default the order is the last parameter first: backward produces gradients roughly in
     reverse registration order (last layer first), so bucket 0 fills first. After the first
     iteration DDP passes the order the gradients really arrived in (``order``: indices into
-    ``params``). A parameter larger than the cap gets a bucket of its own; a bucket holds one
-    dtype and one device. ``first_bucket_bytes`` caps the first bucket of each dtype and device
-    (default ``bucket_cap_bytes``; torch's DDP makes it 1 MiB so communication starts early).
+    ``params``).
 
     Returns:
         For each bucket, in launch order, the indices of its parameters in ``params``.
@@ -73,12 +77,12 @@ def assign_buckets(params: Sequence[torch.Tensor], bucket_cap_bytes: int, *,
         p = params[i]
         key, size = (p.dtype, p.device), p.numel() * p.element_size()
         indices, used, done = open_.get(key, ([], 0, 0))
-        cap = first if done == 0 else bucket_cap_bytes
-        if indices and used + size > cap:  # full: close it, start the next one
+        indices, used = indices + [i], used + size
+        if used >= (first if done == 0 else bucket_cap_bytes):  # full: close it
             closed.append(indices)
             indices, used, done = [], 0, done + 1
-        open_[key] = (indices + [i], used + size, done)
-    buckets = closed + [indices for indices, _, _ in open_.values()]
+        open_[key] = (indices, used, done)
+    buckets = closed + [indices for indices, _, _ in open_.values() if indices]
     position = {i: k for k, i in enumerate(order)}
     return sorted(buckets, key=lambda b: position[b[0]])  # by the first gradient to arrive
 
@@ -172,7 +176,10 @@ class Buckets:
         self.state = process_group  # the hook's state (register_comm_hook replaces it)
         self.arrivals: dict[int, None] | None = {} if rebuild else None  # first step's order
         self.used_since_sync: set[int] = set()  # ids of parameters used under no_sync()
-        self.build(self.assign(self.params, initial_cap_bytes))
+        # torch's first buckets: filled in registration order, launched last bucket first
+        first = initial_cap_bytes if rebuild else first_bucket_bytes
+        self.build(self.assign(self.params, initial_cap_bytes, order=range(len(self.params)),
+                               first_bucket_bytes=first)[::-1])
 
     def reset(self) -> None:
         """Ready for the next backward."""

@@ -241,8 +241,8 @@ class BucketedStrategy(OverlapStrategy):
 
     Every all-reduce pays a fixed latency (about 1 ms on gloo over loopback), so a few large
     messages beat many small ones. Buckets are filled in the order gradients arrive
-    (``assign_buckets``; before the first iteration, last layer first) and each is launched when
-    its last gradient arrives: the first buckets travel while backward is still computing the
+    (``assign_buckets``; before the first iteration, in registration order, launched last
+    bucket first, as torch does) and each is launched when its last gradient arrives: the first buckets travel while backward is still computing the
     rest. The first step waits for the buckets rebuilt in arrival order (``delay_first_step``).
     """
 
