@@ -21,8 +21,8 @@ def bf16_compress_hook(process_group: dist.ProcessGroup | None,
                        bucket: Bucket) -> torch.futures.Future[torch.Tensor]:
     """Average a bucket sending half the bytes: cast to bfloat16, all-reduce, cast back, divide.
 
-    bfloat16 keeps float32's range with 8 bits of mantissa: each value travels with about 3
-    significant digits. PyTorch counterpart:
+    bfloat16 keeps float32's range with 8 significant bits (7 stored, 1 implicit): each value
+    travels with 2 to 3 significant decimal digits. PyTorch counterpart:
     ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook`` (which
     divides before the all-reduce, in bfloat16; here the division happens after, in the
     buffer's own precision). Arguments and result as ``allreduce_hook``'s.

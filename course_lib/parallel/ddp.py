@@ -239,10 +239,11 @@ class OverlapStrategy(_Strategy):
 class BucketedStrategy(OverlapStrategy):
     """3. ``"bucketed"``: the overlap strategy with many gradients per all-reduce.
 
-    Every all-reduce pays a fixed latency (about 1 ms on gloo over loopback), so a few large
-    messages beat many small ones. Buckets are filled in the order gradients arrive
-    (``assign_buckets``; before the first iteration, in registration order, launched last
-    bucket first, as torch does) and each is launched when its last gradient arrives: the first buckets travel while backward is still computing the
+    Every all-reduce pays a fixed latency (notebook 06 measures gloo's over loopback), so a few
+    large messages beat many small ones. Buckets are filled in the order gradients arrive
+    (``assign_buckets``; the first iteration sends one bucket per dtype and device, as torch's,
+    or, where the buckets are never rebuilt, torch's first buckets: filled in registration
+    order, launched last bucket first) and each is launched when its last gradient arrives: the first buckets travel while backward is still computing the
     rest. The first step waits for the buckets rebuilt in arrival order (``delay_first_step``).
     """
 
