@@ -1,7 +1,8 @@
 """Comparing variants of one piece of work, beside ``course_lib.timing`` (which re-exports it):
 ``compare`` interleaves their samples in one process (each sample timed by ``time_sample``),
-``bootstrap_ratio`` gives each ratio an interval, ``Comparison`` holds the result and names a
-winner only when the interval excludes 1.
+``bootstrap_ratio`` gives each ratio an interval (``bootstrap_difference`` and
+``bootstrap_median`` the same for a difference and one median), ``Comparison`` holds the
+result and names a winner only when the interval excludes 1.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from .devices import synchronize
 if TYPE_CHECKING:  # annotations only: timing imports this module
     from .timing import LoadStamp
 
-__all__ = ["Comparison", "bootstrap_ratio", "compare", "time_sample"]
+__all__ = ["Comparison", "bootstrap_difference", "bootstrap_median", "bootstrap_ratio", "compare",
+           "time_sample"]
 
 
 def _quantile(sorted_xs: list[float], q: float) -> float:
@@ -31,29 +33,76 @@ def _quantile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
-def bootstrap_ratio(a: list[float], b: list[float], *, confidence: float = 0.95,
-                    resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+def _percentile_interval(resample: Callable[[random.Random], float], confidence: float,
+                         resamples: int, seed: int) -> tuple[float, float]:
+    """The percentile bootstrap interval of a statistic: ``resample(rng)`` computes it once on
+    a resampled data set; the interval holds the middle ``confidence`` of ``resamples`` draws."""
+    rng = random.Random(seed)
+    values = sorted(resample(rng) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return _quantile(values, tail), _quantile(values, 1 - tail)
+
+
+def _rounds(a: list[float], b: list[float], what: str) -> Callable[[random.Random], list[int]]:
+    """Resampled rounds for two lists taken round by round: the same indices for both."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"{what} needs two equally long, non-empty lists of samples (one per "
+                         f"round), got {len(a)} and {len(b)}.")
+    return lambda rng: [rng.randrange(len(a)) for _ in range(len(a))]
+
+
+def bootstrap_ratio(a: list[float], b: list[float], *, paired: bool = True,
+                    confidence: float = 0.95, resamples: int = 2000,
+                    seed: int = 0) -> tuple[float, float, float]:
     """``median(a) / median(b)`` and its percentile bootstrap interval, paired by round.
 
     ``a[i]`` and ``b[i]`` were taken in the same round (seconds apart), so rounds are resampled
     whole: a load that slows one round slows both of its samples, and the pairing cancels it.
+    ``paired=False``: samples of two launches, no rounds in common; each list is resampled on
+    its own.
 
     Returns:
         ``(ratio, low, high)``.
     """
-    if len(a) != len(b) or not a:
-        raise ValueError(f"bootstrap_ratio needs two equally long, non-empty lists of samples "
-                         f"(one per round), got {len(a)} and {len(b)}.")
-    ratio = statistics.median(a) / statistics.median(b)
-    rng = random.Random(seed)
-    n = len(a)
-    ratios = []
-    for _ in range(resamples):
-        idx = [rng.randrange(n) for _ in range(n)]
-        ratios.append(statistics.median(a[i] for i in idx) / statistics.median(b[i] for i in idx))
-    ratios.sort()
-    tail = (1 - confidence) / 2
-    return ratio, _quantile(ratios, tail), _quantile(ratios, 1 - tail)
+    if paired:
+        rounds = _rounds(a, b, "bootstrap_ratio")
+
+        def resample(rng: random.Random) -> float:
+            idx = rounds(rng)
+            return (statistics.median(a[i] for i in idx)
+                    / statistics.median(b[i] for i in idx))
+    else:
+        if not a or not b:
+            raise ValueError(f"bootstrap_ratio needs two non-empty lists of samples, got "
+                             f"{len(a)} and {len(b)}.")
+
+        def resample(rng: random.Random) -> float:
+            return (statistics.median(rng.choices(a, k=len(a)))
+                    / statistics.median(rng.choices(b, k=len(b))))
+    return (statistics.median(a) / statistics.median(b),
+            *_percentile_interval(resample, confidence, resamples, seed))
+
+
+def bootstrap_difference(a: list[float], b: list[float], *, confidence: float = 0.95,
+                         resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """``median(a) - median(b)`` and its percentile bootstrap interval, rounds paired (as
+    ``bootstrap_ratio``): ``(difference, low, high)``."""
+    rounds = _rounds(a, b, "bootstrap_difference")
+
+    def resample(rng: random.Random) -> float:
+        idx = rounds(rng)
+        return statistics.median(a[i] for i in idx) - statistics.median(b[i] for i in idx)
+    return (statistics.median(a) - statistics.median(b),
+            *_percentile_interval(resample, confidence, resamples, seed))
+
+
+def bootstrap_median(xs: list[float], *, confidence: float = 0.95, resamples: int = 2000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """``median(xs)`` and its percentile bootstrap interval: ``(median, low, high)``."""
+    if not xs:
+        raise ValueError("bootstrap_median needs at least one value, got an empty list.")
+    return (statistics.median(xs), *_percentile_interval(
+        lambda rng: statistics.median(rng.choices(xs, k=len(xs))), confidence, resamples, seed))
 
 
 def time_sample(fn: Callable[[], object], loops: int, *,

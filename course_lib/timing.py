@@ -38,12 +38,20 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ._allocator import keep_freed_memory, page_faults  # noqa: F401 - public here
-from ._compare import Comparison, bootstrap_ratio, compare, time_sample  # noqa: F401 - public
+from ._compare import (  # noqa: F401 - public here
+    Comparison,
+    bootstrap_difference,
+    bootstrap_median,
+    bootstrap_ratio,
+    compare,
+    time_sample,
+)
 from .devices import cpu_cores, synchronize
 
 __all__ = ["BenchResult", "Comparison", "LoadStamp", "Timer", "WorkQueue", "benchmark",
-           "bootstrap_ratio", "compare", "keep_freed_memory", "load_average", "matmul_flops",
-           "page_faults", "time_sample", "wait_for_quiet"]
+           "bootstrap_difference", "bootstrap_median", "bootstrap_ratio", "compare",
+           "keep_freed_memory", "load_average", "matmul_flops", "page_faults", "time_sample",
+           "wait_for_quiet"]
 
 
 def matmul_flops(n: int, k: int, m: int) -> int:

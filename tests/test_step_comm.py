@@ -4,6 +4,7 @@ import statistics
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from course_lib.bench.step_comm import (
     STRATEGIES_TIMED,
@@ -38,7 +39,9 @@ def test_lenet_steps_and_their_messages_at_two_ranks():
     naive, bucketed = e["messages"]["naive"], e["messages"]["bucketed"]
     assert sorted(naive) == sorted(grads)              # one all-reduce per parameter
     assert sum(bucketed) == sum(grads) and 1 < len(bucketed) < len(naive)   # 0.1 MiB buckets
-    assert max(bucketed) <= max(0.1 * 2**20, max(grads))
+    params = list(LeNet().parameters())[::-1]          # torch's buckets, last layer first
+    theirs, _ = dist._compute_bucket_assignment_by_size(params, [int(0.1 * 2**20)])
+    assert sorted(bucketed) == sorted(sum(grads[len(grads) - 1 - i] for i in b) for b in theirs)
     assert set(e["step"]) == {"local", *STRATEGIES_TIMED,
                               *(s + "_nosend" for s in STRATEGIES_TIMED),
                               *("local_then_" + s for s in STRATEGIES_TIMED)}
@@ -65,8 +68,6 @@ def test_slower_rank_wait():
 
 
 def test_divide_only_hook_divides_and_sends_nothing(monkeypatch):
-    import torch.distributed as dist
-
     from course_lib.bench.step_comm import divide_only_hook
 
     class OneBucket:

@@ -177,3 +177,23 @@ def test_compare_times_each_sample_with_time_sample(monkeypatch):
     assert len(calls) == 2 * 2 + 2 * 3                      # calibration calls, then samples
     assert all(kw == ["before", "clock", "device", "reduce"] for _, kw in calls)
     assert [n for n, _ in calls[:2]] == [1, 1] and {n for n, _ in calls[-6:]} == {5, 3}
+
+
+def test_bootstrap_difference_and_unpaired_ratio():
+    """The paired difference sees a shift that drifting load hides from unpaired resampling;
+    every interval holds its point estimate; bad input names what was expected."""
+    from course_lib.timing import bootstrap_difference, bootstrap_median
+    drift = [1.0 + 0.1 * i for i in range(20)]           # load that grows round after round
+    a, b = [x + 0.05 for x in drift], drift               # a: always 0.05 s dearer, same round
+    d, lo, hi = bootstrap_difference(a, b)
+    assert d == pytest.approx(0.05) and lo == pytest.approx(0.05) and hi == pytest.approx(0.05)
+    r, lo, hi = bootstrap_ratio(a, b, paired=False)      # rounds ignored: the drift dominates
+    assert lo < 1 < hi and lo <= r <= hi
+    r, lo, hi = bootstrap_ratio(a, b)                     # paired: clearly above 1
+    assert 1 < lo <= r <= hi
+    m, lo, hi = bootstrap_median(drift)
+    assert lo < m < hi and m == pytest.approx(1.95)
+    with pytest.raises(ValueError, match="equally long, non-empty lists"):
+        bootstrap_difference([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="non-empty lists"):
+        bootstrap_ratio([], [1.0], paired=False)

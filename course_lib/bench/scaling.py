@@ -60,7 +60,13 @@ from ..models.lenet import LeNet, init_lenet_params, lenet
 from ..models.resnet import resnet18
 from ..parallel.comm import replicate_params
 from ..parallel.ddp import MB, DistributedDataParallel, assign_buckets
-from ..timing import bootstrap_ratio, compare, load_average, wait_for_quiet
+from ..timing import (  # bootstrap_difference: public here too (lesson 10 imports it)
+    bootstrap_difference,
+    bootstrap_ratio,
+    compare,
+    load_average,
+    wait_for_quiet,
+)
 from ..train import train_batch
 
 __all__ = ["BASELINE", "DDP_IMPLS", "MODELS", "SINGLE_IMPLS", "bootstrap_difference",
@@ -337,25 +343,6 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
 # the whole run, and what is derived from it
 # ------------------------------------------------------------------------------------------------
 
-def bootstrap_difference(a: list[float], b: list[float], *, confidence: float = 0.95,
-                         resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """``median(a) - median(b)`` and its percentile bootstrap interval, rounds paired."""
-    import random
-
-    if len(a) != len(b) or not a:
-        raise ValueError(f"bootstrap_difference needs two equally long, non-empty lists, got "
-                         f"{len(a)} and {len(b)}.")
-    rng, n = random.Random(seed), len(a)
-    diffs = []
-    for _ in range(resamples):
-        idx = [rng.randrange(n) for _ in range(n)]
-        diffs.append(statistics.median(a[i] for i in idx) - statistics.median(b[i] for i in idx))
-    diffs.sort()
-    tail = (1 - confidence) / 2
-    lo, hi = diffs[int(tail * (resamples - 1))], diffs[int((1 - tail) * (resamples - 1))]
-    return statistics.median(a) - statistics.median(b), lo, hi
-
-
 def _summary(v: dict) -> dict:
     q1, q3 = v["q1_s"], v["q3_s"]
     return {"median_s": v["median_s"], "min_s": v["min_s"], "q1_s": q1, "q3_s": q3,
@@ -470,7 +457,7 @@ def derive(entry: dict) -> dict:
             d[key][name] = {}
         for k in ks:
             mine = entry["by_workers"][str(k)]["step"][name]["seconds"]
-            s, lo, hi = bootstrap_ratio(base, mine) if k == 1 else _unpaired_ratio(base, mine)
+            s, lo, hi = bootstrap_ratio(base, mine, paired=k == 1)  # k > 1: another launch
             d["speedup"][name][str(k)] = s
             d["speedup_interval"][name][str(k)] = [lo, hi]
             d["efficiency"][name][str(k)] = s / k
@@ -506,20 +493,6 @@ def derive(entry: dict) -> dict:
                                              entry["by_workers"][str(k)]["backend"])
             d["comm"][name][str(k)] = c
     return d
-
-
-def _unpaired_ratio(a: list[float], b: list[float], *, confidence: float = 0.95,
-                    resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """``median(a) / median(b)`` and its percentile bootstrap interval, for samples of two
-    launches (no rounds in common: each list resampled on its own)."""
-    import random
-
-    rng = random.Random(seed)
-    ratios = sorted(statistics.median(rng.choices(a, k=len(a)))
-                    / statistics.median(rng.choices(b, k=len(b))) for _ in range(resamples))
-    tail = (1 - confidence) / 2
-    return (statistics.median(a) / statistics.median(b), ratios[int(tail * (resamples - 1))],
-            ratios[int((1 - tail) * (resamples - 1))])
 
 
 def speedup_table(run: dict, model: str, impls: list[str] | None = None) -> str:

@@ -26,7 +26,6 @@ PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on
 from __future__ import annotations
 
 import copy
-import random
 import statistics
 import time
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from ..models.lenet import LeNet
 from ..models.resnet import resnet18
 from ..parallel._ddp_comm_hooks import divide_only_hook
 from ..parallel.ddp import DistributedDataParallel
-from ..timing import compare
+from ..timing import bootstrap_median, compare  # bootstrap_median: public here too
 
 __all__ = ["STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm",
            "divide_only_hook", "slower_rank_wait"]
@@ -55,18 +54,6 @@ STEP_MODELS: dict[str, tuple[Callable[[], nn.Module], float, int, int]] = {
     "lenet": (LeNet, 0.1, 256, 64), "resnet18": (resnet18, 25.0, 16, 4)}
 #: The course's DDP strategies timed, beside ``local`` (each also as ``<name>_nosend``).
 STRATEGIES_TIMED = ["naive", "bucketed"]
-
-
-def bootstrap_median(xs: list[float], *, confidence: float = 0.95, resamples: int = 2000,
-                     seed: int = 0) -> tuple[float, float, float]:
-    """``median(xs)`` and its percentile bootstrap interval: ``(median, low, high)``."""
-    if not xs:
-        raise ValueError("bootstrap_median needs at least one value, got an empty list.")
-    rng, n = random.Random(seed), len(xs)
-    meds = sorted(statistics.median(rng.choices(xs, k=n)) for _ in range(resamples))
-    tail = (1 - confidence) / 2
-    return (statistics.median(xs), meds[int(tail * (resamples - 1))],
-            meds[int((1 - tail) * (resamples - 1))])
 
 
 def _stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:

@@ -241,10 +241,12 @@ class BucketedStrategy(OverlapStrategy):
 
     Every all-reduce pays a fixed latency (notebook 06 measures gloo's over loopback), so a few
     large messages beat many small ones. Buckets are filled in the order gradients arrive
-    (``assign_buckets``; the first iteration sends one bucket per dtype and device, as torch's,
-    or, where the buckets are never rebuilt, torch's first buckets: filled in registration
-    order, launched last bucket first) and each is launched when its last gradient arrives: the first buckets travel while backward is still computing the
-    rest. The first step waits for the buckets rebuilt in arrival order (``delay_first_step``).
+    (``assign_buckets``): the first step notes that order and waits for the buckets rebuilt in
+    it (``delay_first_step``; torch sends its first step in one bucket). Where the buckets are
+    never rebuilt (``find_unused_parameters`` without a static graph) they are torch's first
+    buckets: filled in registration order, launched last bucket first. Each bucket is launched
+    when its last gradient arrives: the first buckets travel while backward is still computing
+    the rest.
     """
 
     delay_first_step = True
