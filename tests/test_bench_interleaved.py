@@ -115,6 +115,25 @@ def test_ddp_interleaved_with_intervals(world_size, capsys, tmp_path):
     _assert_rotated(c["order"], ddp.IMPLEMENTATIONS, 2)
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ddp_over_a_slow_link_pays_a_latency_per_message(world_size, capsys, tmp_path):
+    """LeNet's 8 gradients: naive and overlap send 8 messages a step, bucketed and torch's DDP
+    one bucket; naive sends after backward, so its step is at least 8 latencies above local."""
+    latency_ms = 5
+    report, _ = _run(ddp.main, ["--quick", "--models", "lenet", "--batch", "8", "--rounds", "2",
+                                "--world-size", str(world_size), "--link-latency-ms",
+                                str(latency_ms), "--timeout", "300"], capsys, tmp_path)
+    assert report["link_latency_s"] == latency_ms / 1e3
+    entry = report["models"]["lenet"]
+    assert set(entry["results"]) == set(ddp.IMPLEMENTATIONS) - {"bucketed+bf16"}
+    assert entry["messages_per_step"] == {"naive": 8, "overlap": 8, "bucketed": 1, "torch": 1}
+    seconds = {n: r["seconds"] for n, r in entry["results"].items()}
+    for naive, local in zip(seconds["naive"], seconds["local"]):   # round by round
+        assert naive - local > 0.8 * 8 * latency_ms / 1e3
+    with pytest.raises(ValueError, match=r"link_latency_s must be seconds in \[0, 1\)"):
+        ddp.measure_step_times(["lenet"], rounds=2, link_latency_s=-1)
+
+
 def test_ddp_refuses_one_round(capsys):
     with pytest.raises(SystemExit) as exit_info:
         ddp.main(["--quick", "--rounds", "1", "--out", "-"])

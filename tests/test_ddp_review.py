@@ -168,7 +168,7 @@ class Deep(nn.Module):
 
 
 RESUME_STEPS, STOP = 6, 3
-CAP_MB = 0.02
+CAP_MB = 0.01  # a bucket closes at each 64 x 64 weight: 5 buckets
 
 
 def _train(net: nn.Module, data, strategy: str, checkpoint: tuple | None = None) -> tuple:

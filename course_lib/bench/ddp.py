@@ -13,8 +13,10 @@ communication: the compute floor), ``strategy="naive"``, ``"overlap"``, ``"bucke
 that names the faster one only when the interval excludes 1. All run in the same workers,
 interleaved (``course_lib.timing.compare``: the order rotating every round, each sample a loop
 of steps sized from the median of several steps, the slowest rank's time), so a noisy machine
-hurts them alike. PyTorch counterpart: none (torch's DDP is the yardstick). Notebook 07 shows
-this measurement.
+hurts them alike. ``--link-latency-ms L``: every DDP variant (bf16 left out) sends over a
+``SlowLink`` that adds L ms to each message, one message at a time, using no core (what a
+network's latency adds where the computation does not share the cores with the sums).
+PyTorch counterpart: none (torch's DDP is the yardstick). Notebook 07 shows this measurement.
 """
 from __future__ import annotations
 
@@ -35,7 +37,13 @@ from ..distributed import current_device, launch
 from ..distributed.env import _slowest
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
-from ..parallel.ddp import STRATEGIES, DistributedDataParallel, bf16_compress_hook
+from ..parallel.ddp import (
+    STRATEGIES,
+    DistributedDataParallel,
+    SlowLink,
+    bf16_compress_hook,
+    slow_link_hook,
+)
 from ..timing import compare
 from .scaling import (
     _model_names,
@@ -56,18 +64,25 @@ GOAL = 1.10  # bucketed's median step at most 1.10 x torch's DDP's
 SAMPLES, QUICK_SAMPLES = 15, 3  # timed rounds: full run, --quick
 
 
-def _wrap(name: str, module: nn.Module) -> nn.Module:
+def implementations(link_latency_s: float = 0.0) -> list[str]:
+    """What is timed: ``IMPLEMENTATIONS``, without bf16 over a slow link."""
+    return [n for n in IMPLEMENTATIONS if not (link_latency_s and n == "bucketed+bf16")]
+
+
+def _wrap(name: str, module: nn.Module, link: SlowLink | None = None) -> nn.Module:
     """``module`` in our DDP with strategy ``name``, in torch's for ``"torch"``, alone for
-    ``"local"``; ``"bucketed+bf16"`` sends bfloat16."""
+    ``"local"``; ``"bucketed+bf16"`` sends bfloat16; with a ``link``, the DDP sends over it."""
     if name == "local":
         return module
     if name == "torch":
-        return torch.nn.parallel.DistributedDataParallel(module)
+        ddp = torch.nn.parallel.DistributedDataParallel(module)
+    else:
+        ddp = DistributedDataParallel(module, strategy=name.removesuffix("+bf16"))
     if name == "bucketed+bf16":
-        ddp = DistributedDataParallel(module, strategy="bucketed")
         ddp.register_comm_hook(None, bf16_compress_hook)
-        return ddp
-    return DistributedDataParallel(module, strategy=name)
+    elif link is not None:
+        ddp.register_comm_hook(link, slow_link_hook)
+    return ddp
 
 
 def _steps(net: nn.Module, X: torch.Tensor, y: torch.Tensor, k: int) -> Callable[[], None]:
@@ -83,8 +98,8 @@ def _steps(net: nn.Module, X: torch.Tensor, y: torch.Tensor, k: int) -> Callable
 
 
 def _time_steps(models: list[str], quick: bool, samples: int, steps: int | None,
-                batch: int | None, warmup: int,
-                min_sample_s: float | None = None) -> tuple[str, dict] | None:
+                batch: int | None, warmup: int, min_sample_s: float | None = None,
+                link_latency_s: float = 0.0) -> tuple[str, dict] | None:
     """Runs in every rank of ``launch``; rank 0 returns (backend, {model: comparison JSON})."""
     rank, device = dist.get_rank(), current_device()
     out: dict[str, dict] = {}
@@ -97,8 +112,11 @@ def _time_steps(models: list[str], quick: bool, samples: int, steps: int | None,
         g = torch.Generator().manual_seed(rank)
         X = torch.randn(n, 1, 28, 28, generator=g).to(device)      # (n, 1, 28, 28) this rank's
         y = torch.randint(0, 10, (n,), generator=g).to(device)     # (n,)
-        variants = {name: _steps(_wrap(name, copy.deepcopy(base)), X, y, k)
-                    for name in IMPLEMENTATIONS}
+        names = implementations(link_latency_s)
+        links = {name: SlowLink(link_latency_s) for name in names    # each DDP its own link
+                 if link_latency_s and name != "local"}
+        variants = {name: _steps(_wrap(name, copy.deepcopy(base), links.get(name)), X, y, k)
+                    for name in names}
         least_s = min_sample_s if min_sample_s is not None else 0.01 if quick else least_s
         # every implementation interleaved in these processes; each sample a loop of calls
         # sized from the median of 3 single calls, the slowest rank's time; barrier before each
@@ -107,8 +125,15 @@ def _time_steps(models: list[str], quick: bool, samples: int, steps: int | None,
                         before=dist.barrier, reduce=_slowest)
         # seconds per call of k steps -> seconds per step (ratios do not change)
         per_step = {name: [s / k for s in seconds] for name, seconds in timed.seconds.items()}
+        messages = {}  # over a link: what one step sends, counted in one more call
+        for name, link in links.items():
+            sent = link.messages
+            variants[name]()
+            messages[name] = (link.messages - sent) / k
         out[model] = {**dataclasses.replace(timed, seconds=per_step, _ratios={}).to_json(),
-                      "steps_per_call": k}
+                      "steps_per_call": k, "messages_per_step": messages}
+        for link in links.values():
+            link.close()
         del variants
     return (dist.get_backend(), out) if rank == 0 else None
 
@@ -136,7 +161,8 @@ def summarize(seconds: list[float], reference: list[float]) -> dict[str, float]:
 def measure_step_times(models: list[str], *, world_size: int = 2, quick: bool = False,
                        rounds: int | None = None, steps: int | None = None,
                        batch: int | None = None, warmup: int = 1,
-                       min_sample_s: float | None = None, timeout: float = 1800.0) -> dict:
+                       min_sample_s: float | None = None, link_latency_s: float = 0.0,
+                       timeout: float = 1800.0) -> dict:
     """Time every implementation on each model in one launch, interleaved; a JSON-ready dict.
 
     Args:
@@ -151,12 +177,16 @@ def measure_step_times(models: list[str], *, world_size: int = 2, quick: bool = 
         warmup: untimed calls of each implementation first.
         min_sample_s: the least a sample lasts (default per model: LeNet 0.3 s, ResNet-18
             0.5 s; quick 0.01 s).
+        link_latency_s: > 0: every DDP variant sends over a ``SlowLink`` with this latency
+            per message (``"bucketed+bf16"`` left out).
         timeout: seconds for the whole launch.
 
     Returns:
-        ``{"backend", "world_size", "models": {model: {"batch_per_rank", "steps_per_call",
-        "rounds", "results": {impl: summarize(...) + "loops", "ratio_low", "ratio_high",
-        "verdict"}, "comparison": Comparison.to_json(), "winner"}}}``.
+        ``{"backend", "world_size", "link_latency_s", "models": {model: {"batch_per_rank",
+        "steps_per_call", "rounds", "results": {impl: summarize(...) + "loops", "ratio_low",
+        "ratio_high", "verdict"}, "comparison": Comparison.to_json(), "winner",
+        "messages_per_step": {impl: messages over its link per step} (empty without a
+        link)}}}``.
     """
     rounds = (QUICK_SAMPLES if quick else SAMPLES) if rounds is None else rounds
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 2:
@@ -166,14 +196,17 @@ def measure_step_times(models: list[str], *, world_size: int = 2, quick: bool = 
     if unknown:
         raise ValueError(f"measure_step_times: unknown model(s) {unknown}; expected some of "
                          f"{list(MODELS)}.")
+    if not (isinstance(link_latency_s, (int, float)) and 0 <= link_latency_s < 1):
+        raise ValueError(f"measure_step_times: link_latency_s must be seconds in [0, 1), got "
+                         f"{link_latency_s!r}.")
     backend, timed = launch(_time_steps, world_size, models, quick, rounds, steps, batch,
-                            warmup, min_sample_s, timeout=timeout)[0]
+                            warmup, min_sample_s, link_latency_s, timeout=timeout)[0]
     results = {}
     for model in models:
         c = timed[model]
         v = c["variants"]
         rows = {}
-        for name in IMPLEMENTATIONS:
+        for name in implementations(link_latency_s):
             rows[name] = {**summarize(v[name]["seconds"], v["torch"]["seconds"]),
                           "loops": v[name]["loops"], "ratio_low": v[name]["ratio_low"],
                           "ratio_high": v[name]["ratio_high"], "verdict": v[name]["verdict"]}
@@ -181,8 +214,10 @@ def measure_step_times(models: list[str], *, world_size: int = 2, quick: bool = 
             "batch_per_rank": batch or MODELS[model][3 if quick else 1],
             "steps_per_call": c["steps_per_call"], "rounds": rounds,
             "results": rows, "winner": c["winner"], "comparison": c,
+            "messages_per_step": c["messages_per_step"],
         }
-    return {"backend": backend, "world_size": world_size, "models": results}
+    return {"backend": backend, "world_size": world_size, "link_latency_s": link_latency_s,
+            "models": results}
 
 
 def main(argv: list[str]) -> int:
@@ -206,6 +241,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=None,
                         help="examples per rank (default: LeNet 256, ResNet-18 32; quick 128, 4)")
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--link-latency-ms", type=float, default=0.0,
+                        help="every DDP variant sends over a SlowLink adding this latency to "
+                        "each message, one at a time (default 0: no link; bf16 left out)")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds for the launch before its workers are stopped (default "
                         "1800)")
@@ -222,7 +260,8 @@ def main(argv: list[str]) -> int:
     run = measure_step_times(models, world_size=args.world_size, quick=args.quick,
                              rounds=rounds, steps=args.steps, batch=args.batch,
                              min_sample_s=None if args.min_sample_ms is None
-                             else args.min_sample_ms / 1e3, timeout=args.timeout)
+                             else args.min_sample_ms / 1e3,
+                             link_latency_s=args.link_latency_ms / 1e3, timeout=args.timeout)
     end = load_average()
     header["load"]["load_end"] = end[0] if end else None
     by_model = {m: run["models"][m]["results"] for m in models}

@@ -4,10 +4,16 @@
 A hook is ``hook(state, bucket) -> Future[Tensor]`` (``ddp.allreduce_hook`` is the default);
 lesson 07 registers ``bf16_compress_hook`` with ``register_comm_hook`` to halve the bytes sent
 (re-exported by ``course_lib.parallel.ddp``); lesson 10 times a step with ``divide_only_hook``,
-which sends nothing (re-exported by ``course_lib.bench.step_comm``).
+which sends nothing (re-exported by ``course_lib.bench.step_comm``); lesson 07 times the
+strategies over a slower link with ``slow_link_hook`` and its state, ``SlowLink`` (both
+re-exported by ``course_lib.parallel.ddp``; torch has no counterpart).
 """
 from __future__ import annotations
 
+import math
+import queue
+import threading
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,3 +54,64 @@ def divide_only_hook(process_group: dist.ProcessGroup | None,
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     done.set_result(buffer)
     return done
+
+
+class SlowLink:
+    """A link that adds ``latency_s`` to every message, carrying one message at a time: the
+    state of ``slow_link_hook``.
+
+    On GPUs the all-reduces run on the network and the GPU's copy engines beside the
+    computation; on a 2-core CPU, gloo's sums share the cores that compute. A ``SlowLink``
+    adds the part of a message's cost that uses no core, as a network's latency does: each
+    message is the real all-reduce, started at once, and its result is handed back
+    ``latency_s`` after the link became free for it (the messages queue, in launch order),
+    and not before the all-reduce itself ended. The waiting is a sleep in one thread.
+    """
+
+    def __init__(self, latency_s: float, process_group: dist.ProcessGroup | None = None):
+        if not (isinstance(latency_s, (int, float)) and math.isfinite(latency_s)
+                and latency_s >= 0):
+            raise ValueError(f"SlowLink: latency_s must be a finite number of seconds >= 0, "
+                             f"got {latency_s!r}.")
+        self.latency_s, self.process_group = float(latency_s), process_group
+        self.messages = 0                  # carried so far
+        self._free_at = 0.0                # perf_counter time at which the link is next free
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._carry, name="SlowLink", daemon=True)
+        self._thread.start()
+
+    def send(self, result: torch.futures.Future) -> torch.futures.Future:
+        """A future of ``result``'s value, set once the link has carried the message."""
+        self._free_at = max(time.perf_counter(), self._free_at) + self.latency_s
+        self.messages += 1
+        delivered: torch.futures.Future = torch.futures.Future()
+        self._queue.put((self._free_at, result, delivered))
+        return delivered
+
+    def _carry(self) -> None:
+        while (item := self._queue.get()) is not None:
+            arrives, result, delivered = item
+            time.sleep(max(0.0, arrives - time.perf_counter()))
+            try:
+                delivered.set_result(result.wait())   # bounded by the group's timeout
+            except Exception as e:  # noqa: BLE001 - handed to whoever waits on the message
+                delivered.set_exception(e)
+
+    def close(self) -> None:
+        """Stop the link's thread once the messages queued have been carried."""
+        self._queue.put(None)
+        self._thread.join(timeout=60)
+
+    def __repr__(self) -> str:
+        return f"SlowLink(latency_s={self.latency_s}, messages={self.messages})"
+
+
+def slow_link_hook(link: SlowLink, bucket):  # bucket unannotated: torch's DDP takes it too
+    """``allreduce_hook`` over a ``SlowLink``: the bucket (a ``Bucket`` or torch's
+    ``GradBucket``) averaged by the real all-reduce, handed back in a future once the link has
+    carried it. Register as ``ddp.register_comm_hook(SlowLink(latency_s), slow_link_hook)``,
+    on the course's DDP or torch's."""
+    buffer = bucket.buffer()                                 # (n,) the bucket's gradients
+    buffer.div_(dist.get_world_size(link.process_group))
+    work = dist.all_reduce(buffer, group=link.process_group, async_op=True)
+    return link.send(work.get_future().then(lambda fut: fut.value()[0]))

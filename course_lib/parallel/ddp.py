@@ -48,11 +48,11 @@ from ._ddp_buckets import (  # noqa: F401 - MB and the caps re-exported, as befo
     strategy_options,
     weak_hook,
 )
-from ._ddp_comm_hooks import bf16_compress_hook
+from ._ddp_comm_hooks import SlowLink, bf16_compress_hook, slow_link_hook
 
 __all__ = ["STRATEGIES", "Bucket", "BucketedStrategy", "DistributedDataParallel",
-           "NaiveStrategy", "OverlapStrategy", "allreduce_hook", "assign_buckets",
-           "bf16_compress_hook", "bytes_on_wire", "gradient_memory_bytes"]
+           "NaiveStrategy", "OverlapStrategy", "SlowLink", "allreduce_hook", "assign_buckets",
+           "bf16_compress_hook", "bytes_on_wire", "gradient_memory_bytes", "slow_link_hook"]
 
 CommHook = Callable[[Any, "Bucket"], torch.futures.Future]
 
@@ -222,9 +222,9 @@ class OverlapStrategy(_Strategy):
 
     def grad_ready(self, param: torch.Tensor) -> None:
         """Copy the gradient into its bucket and start its all-reduce (in bucket order)."""
-        if self.note_arrival(param):  # the first step: sent once the buckets are rebuilt
-            if self.all_arrived():    # (every gradient came), when torch's one bucket would go
-                self.launch_ready_buckets()
+        if self.note_arrival(param):  # only with delay_first_step (bucketed), in the first
+            if self.all_arrived():    # step: sent once every gradient came and the buckets
+                self.launch_ready_buckets()   # are rebuilt, when torch's one bucket would go
             return
         self.bucket_of[id(param)].mark_ready(param)
         self.launch_ready_buckets()
