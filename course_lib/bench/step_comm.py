@@ -10,10 +10,7 @@ and, for each model, times interleaved in the same processes (``course_lib.timin
 - ``naive_nosend`` and ``bucketed_nosend``: the same wrappers with ``divide_only_hook``, a
   communication hook that does what the default one does but send. ``naive_nosend - local`` is
   what the wrapper's own work costs (copies into buckets, hooks, copies back);
-  ``naive - naive_nosend`` what the all-reduces cost inside the step;
-- ``local_then_naive`` and ``local_then_bucketed``: the ``local`` step, then the messages the
-  strategy sends, all-reduced by a plain loop of blocking calls: the same calls made right
-  after the compute, with none of DDP's machinery.
+  ``naive - naive_nosend`` what the all-reduces cost inside the step.
 
 Then, in a second comparison, the very messages each strategy sent (read from its buckets after
 the warm-up steps), all-reduced alone, back to back, no computation: what the alpha-beta model
@@ -89,14 +86,6 @@ def _all_reduce_each(tensors: list[torch.Tensor]) -> Callable[[], None]:
     return one_round
 
 
-def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
-    """``first()``, then ``second()``."""
-    def both() -> None:
-        first()
-        second()
-    return both
-
-
 def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> list[list[float]]:
     """Every rank's duration of each of ``steps`` calls of ``step``, after a barrier each."""
     mine = []
@@ -144,9 +133,6 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                            for b in nets[name].reducer.buckets] for name in STRATEGIES_TIMED}
         flats = {name: [torch.zeros(max(1, m // 4), device=device) for m in sizes]
                  for name, sizes in messages.items()}
-        compute = _stepper(copy.deepcopy(base), X, y)
-        for name in STRATEGIES_TIMED:   # the compute, then the same messages by a plain loop
-            steppers["local_then_" + name] = _then(compute, _all_reduce_each(flats[name]))
         steps = compare(steppers, samples=samples, min_sample_seconds=min_sample_s, warmup=2,
                         calibration_calls=2, baseline="local", device=device,
                         before=dist.barrier, reduce=_slowest)
@@ -165,8 +151,8 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
 
 def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 7,
                       min_sample_s: float = 0.2, timeout: float = 600.0) -> dict:
-    """Time ``local``, ``naive`` and ``bucketed`` steps (each strategy also with nothing sent, and
-    its messages sent by a plain loop after the local step) and their all-reduces alone, 2 ranks.
+    """Time ``local``, ``naive`` and ``bucketed`` steps (each strategy also with nothing sent)
+    and their all-reduces alone, 2 ranks.
 
     Args:
         models: names from ``STEP_MODELS``.
