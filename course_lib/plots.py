@@ -331,19 +331,30 @@ def draw_memory_per_rank(panels: dict[str, dict[str, dict[str, list[float]]]],
 def show(*objs) -> None:
     """Display the source of functions or classes in a notebook: the library is the lesson's code.
 
-    Several objects are shown one after the other in one block. The notebook stores one
-    representation per call, a Markdown code block (``text/markdown``), which JupyterLab and
-    GitHub render with Python highlighting. Outside a notebook the source is printed.
+    Several objects are shown one after the other in one block; a method is headed by a
+    comment naming its class (``# Bucket.mark_ready``), which its source alone does not show.
+    The notebook stores one representation per call, a Markdown code block
+    (``text/markdown``), which JupyterLab and GitHub render with Python highlighting. Outside a
+    notebook the source is printed.
     """
     if not objs:
         raise TypeError("show() needs at least one function or class, e.g. show(scatter).")
-    source = "\n\n".join(inspect.getsource(obj).rstrip() for obj in objs) + "\n"
+    source = "\n\n".join(_owned_source(obj) for obj in objs) + "\n"
     if _in_notebook():
         from IPython.display import display
 
         display(_markdown_code(source), raw=True)
     else:
         print(source)
+
+
+def _owned_source(obj) -> str:
+    """``obj``'s source; a method's (its qualified name has a class in it) headed by that name."""
+    source = inspect.getsource(obj).rstrip()
+    qualname = getattr(inspect.unwrap(obj), "__qualname__", "")
+    if "." in qualname and "<locals>" not in qualname and not inspect.isclass(obj):
+        return f"# {qualname}\n{source}"
+    return source
 
 
 def _markdown_code(source: str) -> dict[str, str]:

@@ -27,3 +27,11 @@ def test_show_outside_a_notebook_prints(capsys):
     assert capsys.readouterr().out.startswith("def scatter(")
     with pytest.raises(TypeError, match="at least one"):
         plots.show()
+
+
+def test_a_method_is_headed_by_its_class(capsys):
+    from course_lib.parallel import ddp
+    plots.show(ddp.Bucket.mark_ready, ddp.assign_buckets)
+    out = capsys.readouterr().out
+    assert out.startswith("# Bucket.mark_ready\n    def mark_ready(")
+    assert "\ndef assign_buckets(" in out and "# assign_buckets" not in out

@@ -15,7 +15,8 @@ interleaved (``course_lib.timing.compare``: the order rotating every round, each
 of steps sized from the median of several steps, the slowest rank's time), so a noisy machine
 hurts them alike. ``--link-latency-ms L``: every DDP variant (bf16 left out) sends over a
 ``SlowLink`` that adds L ms to each message, one message at a time, using no core (what a
-network's latency adds where the computation does not share the cores with the sums).
+network's latency adds where the computation does not share the cores with the sums), and
+``"bucketed_small"``, the bucketed strategy at ``bucket_cap_mb=0.1``, joins them.
 PyTorch counterpart: none (torch's DDP is the yardstick). Notebook 07 shows this measurement.
 """
 from __future__ import annotations
@@ -64,9 +65,19 @@ GOAL = 1.10  # bucketed's median step at most 1.10 x torch's DDP's
 SAMPLES, QUICK_SAMPLES = 15, 3  # timed rounds: full run, --quick
 
 
+#: Over a slow link, the bucketed strategy is also timed with buckets capped at this many MiB
+#: (``"bucketed_small"``): for LeNet two buckets, the first sent during backward.
+SMALL_CAP_MB = 0.1
+
+
 def implementations(link_latency_s: float = 0.0) -> list[str]:
-    """What is timed: ``IMPLEMENTATIONS``, without bf16 over a slow link."""
-    return [n for n in IMPLEMENTATIONS if not (link_latency_s and n == "bucketed+bf16")]
+    """What is timed: ``IMPLEMENTATIONS``; over a slow link without bf16, with
+    ``"bucketed_small"`` (buckets of ``SMALL_CAP_MB``) after ``"bucketed"``."""
+    if not link_latency_s:
+        return list(IMPLEMENTATIONS)
+    names = [n for n in IMPLEMENTATIONS if n != "bucketed+bf16"]
+    return names[:names.index("bucketed") + 1] + ["bucketed_small"] + names[
+        names.index("bucketed") + 1:]
 
 
 def _wrap(name: str, module: nn.Module, link: SlowLink | None = None) -> nn.Module:
@@ -76,6 +87,8 @@ def _wrap(name: str, module: nn.Module, link: SlowLink | None = None) -> nn.Modu
         return module
     if name == "torch":
         ddp = torch.nn.parallel.DistributedDataParallel(module)
+    elif name == "bucketed_small":
+        ddp = DistributedDataParallel(module, strategy="bucketed", bucket_cap_mb=SMALL_CAP_MB)
     else:
         ddp = DistributedDataParallel(module, strategy=name.removesuffix("+bf16"))
     if name == "bucketed+bf16":
