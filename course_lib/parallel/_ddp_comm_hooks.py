@@ -60,8 +60,9 @@ class SlowLink:
     """A link that adds ``latency_s`` to every message, carrying one message at a time: the
     state of ``slow_link_hook``.
 
-    On GPUs the all-reduces run on the network and the GPU's copy engines beside the
-    computation; on a 2-core CPU, gloo's sums share the cores that compute. A ``SlowLink``
+    On GPUs NCCL's all-reduces run as kernels on a few of the GPU's multiprocessors beside the
+    computation, and a small message spends much of its time waiting on the link; on a 2-core
+    CPU, gloo's sums share the cores that compute. A ``SlowLink``
     adds the part of a message's cost that uses no core, as a network's latency does: each
     message is the real all-reduce, started at once, and its result is handed back
     ``latency_s`` after the link became free for it (the messages queue, in launch order),
