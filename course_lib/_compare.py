@@ -43,12 +43,16 @@ def _percentile_interval(resample: Callable[[random.Random], float], confidence:
     return _quantile(values, tail), _quantile(values, 1 - tail)
 
 
-def _rounds(a: list[float], b: list[float], what: str) -> Callable[[random.Random], list[int]]:
-    """Resampled rounds for two lists taken round by round: the same indices for both."""
+def _check_rounds(a: list[float], b: list[float], what: str) -> None:
+    """Two lists taken round by round (``a[i]`` and ``b[i]`` in the same round), or an error."""
     if len(a) != len(b) or not a:
         raise ValueError(f"{what} needs two equally long, non-empty lists of samples (one per "
                          f"round), got {len(a)} and {len(b)}.")
-    return lambda rng: [rng.randrange(len(a)) for _ in range(len(a))]
+
+
+def _resampled_rounds(rng: random.Random, n: int) -> list[int]:
+    """``n`` rounds drawn with replacement: the same indices serve both lists of a pair."""
+    return [rng.randrange(n) for _ in range(n)]
 
 
 def bootstrap_ratio(a: list[float], b: list[float], *, paired: bool = True,
@@ -65,10 +69,10 @@ def bootstrap_ratio(a: list[float], b: list[float], *, paired: bool = True,
         ``(ratio, low, high)``.
     """
     if paired:
-        rounds = _rounds(a, b, "bootstrap_ratio")
+        _check_rounds(a, b, "bootstrap_ratio")
 
         def resample(rng: random.Random) -> float:
-            idx = rounds(rng)
+            idx = _resampled_rounds(rng, len(a))
             return (statistics.median(a[i] for i in idx)
                     / statistics.median(b[i] for i in idx))
     else:
@@ -87,10 +91,10 @@ def bootstrap_difference(a: list[float], b: list[float], *, confidence: float = 
                          resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """``median(a) - median(b)`` and its percentile bootstrap interval, rounds paired (as
     ``bootstrap_ratio``): ``(difference, low, high)``."""
-    rounds = _rounds(a, b, "bootstrap_difference")
+    _check_rounds(a, b, "bootstrap_difference")
 
     def resample(rng: random.Random) -> float:
-        idx = rounds(rng)
+        idx = _resampled_rounds(rng, len(a))
         return statistics.median(a[i] for i in idx) - statistics.median(b[i] for i in idx)
     return (statistics.median(a) - statistics.median(b),
             *_percentile_interval(resample, confidence, resamples, seed))

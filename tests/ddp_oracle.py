@@ -63,6 +63,18 @@ def check(failures: list[str], label: str, actual, expected, **tolerance) -> Non
         failures.append(f"rank {dist.get_rank()} of {dist.get_world_size()}, {label}: {e}")
 
 
+def torch_buckets(params: list[torch.Tensor], limits: list[int],
+                  order: list[int] | None = None) -> list[list[int]]:
+    """torch's own assignment (``DistributedDataParallel`` and its reducer call it): the
+    buckets, each a list of indices into ``params``."""
+    if order is None:  # DDP's first buckets: registration order, the list reversed
+        buckets, _ = dist._compute_bucket_assignment_by_size(params, limits, [False] * len(params))
+        return buckets[::-1]
+    buckets, _ = dist._compute_bucket_assignment_by_size(
+        [params[i] for i in order], limits, [False] * len(params), list(order))
+    return buckets
+
+
 def grads(net: nn.Module) -> dict[str, torch.Tensor | None]:
     return {name: p.grad for name, p in net.named_parameters()}
 

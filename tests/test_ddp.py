@@ -17,7 +17,17 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ddp_oracle import MLP, PER_RANK, Branchy, batches, check, grads, launch_checks, shard
+from ddp_oracle import (
+    MLP,
+    PER_RANK,
+    Branchy,
+    batches,
+    check,
+    grads,
+    launch_checks,
+    shard,
+    torch_buckets,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -435,17 +445,6 @@ def test_process_group_of_three_ranks_out_of_four():
 
 
 _DTYPES = [torch.float32, torch.float64, torch.float16]
-
-
-def torch_buckets(params, limits, order=None):
-    """torch's own assignment (``DistributedDataParallel`` and its reducer call it): the
-    buckets, each a list of indices into ``params``."""
-    if order is None:  # DDP's first buckets: registration order, the list reversed
-        buckets, _ = dist._compute_bucket_assignment_by_size(params, limits, [False] * len(params))
-        return buckets[::-1]
-    buckets, _ = dist._compute_bucket_assignment_by_size(
-        [params[i] for i in order], limits, [False] * len(params), list(order))
-    return buckets
 
 
 @settings(max_examples=60, deadline=None)

@@ -51,9 +51,9 @@ from ._core import ExerciseResult, call_or_verdict, verdict
 from .harness import UNANSWERED, agree, check_in_ranks, load_answer, worker_spec
 
 __all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",
-           "check_ring_time", "check_time_collective", "comm_by_schedule", "fit_line",
-           "link_bytes_by_schedule", "lstsq_relative_fit", "median_by_sorting", "planned_sleep",
-           "ring_time_by_schedule", "time_all_reduce", "check_slower_rank_wait",
+           "check_ring_time", "check_slower_rank_wait", "check_time_collective",
+           "comm_by_schedule", "fit_line", "link_bytes_by_schedule", "lstsq_relative_fit",
+           "median_by_sorting", "planned_sleep", "ring_time_by_schedule", "time_all_reduce",
            "wait_by_clocks"]
 
 _NAME = "bus_bandwidth"
