@@ -293,9 +293,11 @@ def is_main_process() -> bool:
 
 def _pin_to_cores() -> list[int] | None:
     """On a CPU, bind the calling thread of this rank to cores of its own: rank r of w gets the
-    r-th of w equal slices of the cores the process may use, as ``mpirun --bind-to core``
-    does, so that two ranks' threads do not take turns on one core while another waits.
-    Benchmarks of collectives call it first (lesson 10). Nothing where a rank has a GPU, where
+    r-th of w equal slices of the cores the process may use, so that two ranks' main threads
+    do not take turns on one core while another waits. Only the calling thread (and threads it
+    starts later) is bound: gloo's threads, started with the process group, still run on any
+    core, where ``mpirun --bind-to core`` binds every thread of a process. Benchmarks of
+    collectives call it first (lesson 10). Nothing where a rank has a GPU, where
     there are fewer cores than ranks, or where the OS has no affinity call (macOS, Windows).
 
     Returns:
