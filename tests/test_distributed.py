@@ -236,6 +236,27 @@ def test_launch_rejects_functions_workers_cannot_import(monkeypatch):
         D.launch(_local_function, 1)
 
 
+def test_a_script_without_a_main_guard_is_told_so_before_any_worker_starts(tmp_path):
+    """Workers import the script that started them: unguarded, each would launch again. launch
+    says so and starts nothing; the same script under the guard runs."""
+    body = ("from course_lib.examples.workers import whoami\n"
+            "from course_lib.distributed import launch\n"
+            "{indent}print(len(launch(whoami, 2, timeout=60)))\n")
+    bare, guarded = tmp_path / "bare.py", tmp_path / "guarded.py"
+    bare.write_text(body.format(indent=""))
+    guarded.write_text(body.replace("{indent}", 'if __name__ == "__main__":\n    '))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, str(bare)], capture_output=True, text=True, env=env,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode != 0
+    assert "bare.py runs its code when it is imported" in out.stderr, out.stderr
+    assert 'if __name__ == "__main__":' in out.stderr
+    assert "bootstrapping" not in out.stderr and "exited with code" not in out.stderr
+    ok = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True, env=env,
+                        timeout=120, cwd=tmp_path)
+    assert ok.returncode == 0 and ok.stdout.strip() == "2", ok.stderr
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_launch_rejects_bad_world_size(bad):
     with pytest.raises(ValueError, match="world_size >= 1"):

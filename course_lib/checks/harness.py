@@ -59,7 +59,6 @@ import functools
 import importlib
 import os
 import pickle
-import re
 import shutil
 import sys
 import threading
@@ -71,6 +70,7 @@ import torch
 import torch.distributed as dist
 
 from ..devices import cpu_cores
+from ..distributed.launch import unguarded_main_script
 from ..distributed.recording import record_collectives
 from ._core import (
     GRADE_LOG,
@@ -126,26 +126,14 @@ def keeps_kernel_state(checker: Callable) -> Callable:
     return kept
 
 
-_GUARD = re.compile(r"""if\s+(__name__\s*==\s*['"]__main__['"]"""
-                    r"""|['"]__main__['"]\s*==\s*__name__)""")
-
-
 def unguarded_script() -> str | None:
     """What to do when this process runs a Python script whose code is not under
     ``if __name__ == "__main__":`` (worker processes import that script again as they start, so
     each would run the check again and fail); None in a notebook or a guarded script."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if not path or not str(path).endswith(".py"):
-        return None                                     # a notebook, or python -c
-    try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-    except OSError:
+    script = unguarded_main_script()
+    if script is None:
         return None
-    if _GUARD.search(source):
-        return None
-    return (f"your script {os.path.basename(path)} runs its code when it is imported, and each "
+    return (f"your script {script} runs its code when it is imported, and each "
             "worker process imports the script that started it (Python's multiprocessing "
             "does), so every rank would start the check again. Put the script's code under "
             "if __name__ == \"__main__\": and run it again.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -58,6 +59,28 @@ def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_GUARD = re.compile(r"""if\s+(__name__\s*==\s*['"]__main__['"]"""
+                    r"""|['"]__main__['"]\s*==\s*__name__)""")
+
+
+def unguarded_main_script() -> str | None:
+    """The name of the script this process runs when its code is not under
+    ``if __name__ == "__main__":``: worker processes import the script that started them as
+    they start (Python's multiprocessing does), so they would run its code again. None in a
+    notebook, under ``python -c``, for ``python -m package`` (a package's ``__main__`` is not
+    imported again) and for a guarded script."""
+    main = sys.modules.get("__main__")
+    path, spec = getattr(main, "__file__", None), getattr(main, "__spec__", None)
+    if not path or not str(path).endswith(".py") or (spec and spec.name.endswith("__main__")):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except OSError:
+        return None
+    return None if _GUARD.search(source) else os.path.basename(path)
 
 
 def _check_importable(fn: Callable) -> None:
@@ -255,6 +278,13 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
         raise ValueError(f"init_method must be 'file', 'tcp' or 'env', got {init_method!r}.")
     backend = choose_backend(world_size, backend=backend).backend
     _check_importable(fn)
+    script = unguarded_main_script()
+    if script:
+        raise RuntimeError(
+            f"launch: your script {script} runs its code when it is imported, and each worker "
+            "process imports the script that started it (Python's multiprocessing does), so "
+            "every worker would run it, and call launch, again. Put the script's code under "
+            "if __name__ == \"__main__\": and run it again.")
     try:
         payload = pickle.dumps((fn, args))
     except Exception as e:
