@@ -16,11 +16,7 @@ Then, in a second comparison, the very messages each strategy sent (read from it
 the warm-up steps), all-reduced alone, back to back, no computation: what the alpha-beta model
 predicts. Last, ``local`` steps once more, the ranks meeting at a barrier before each, as a DDP
 step's collectives make them meet: each rank's duration of each step, from which
-``slower_rank_wait`` gives what waiting for the slower rank costs per step. Last, each
-strategy's messages once more, each time just after something else (``PAUSES``): the same
-calls, or a pause of one local step's length (its median) spent spinning or sleeping; a step's
-all-reduces, too, come after something else, its forward and backward. And the share of a
-core that a rank uses while it waits in an all-reduce for a rank a pause late. Buffers are not
+``slower_rank_wait`` gives what waiting for the slower rank costs per step. Buffers are not
 broadcast (``broadcast_buffers=False``), so the only communication of a step is its gradients'.
 PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on a timeline).
 """
@@ -45,8 +41,8 @@ from ..parallel._ddp_comm_hooks import divide_only_hook
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import bootstrap_median, compare  # bootstrap_median: public here too
 
-__all__ = ["PAUSES", "STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "divide_only_hook",
-           "measure_step_comm", "slower_rank_wait"]
+__all__ = ["STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm",
+           "divide_only_hook", "slower_rank_wait"]
 
 #: model -> (builder, bucket cap in MiB, global batch, global batch in quick mode). LeNet's
 #: buckets are capped at 0.1 MiB so that its 0.49 MiB of gradients make several; ResNet-18 runs
@@ -55,9 +51,6 @@ STEP_MODELS: dict[str, tuple[Callable[[], nn.Module], float, int, int]] = {
     "lenet": (LeNet, 0.1, 256, 64), "resnet18": (resnet18, 25.0, 16, 4)}
 #: The course's DDP strategies timed, beside ``local`` (each also as ``<name>_nosend``).
 STRATEGIES_TIMED = ["naive", "bucketed"]
-#: What runs just before the messages are timed once more: the same calls (untimed), a pause
-#: spent spinning on the core, a pause spent asleep.
-PAUSES = ("calls", "busy", "idle")
 
 
 def _stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
@@ -107,54 +100,6 @@ def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> li
     return every
 
 
-def _spin(seconds: float) -> None:
-    """Keep the core busy for ``seconds``."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        pass
-
-
-def _after_pause(calls: Callable[[], None], pause_s: float, rounds: int, device: torch.device,
-                 warm_s: float = 1.0) -> dict[str, list[float]]:
-    """Seconds of ``calls`` (the slowest rank's), each time just after one of ``PAUSES``: the
-    same calls, ``pause_s`` spinning or ``pause_s`` asleep. Each kind runs in a block: rounds
-    untimed for the first ``warm_s`` seconds (what ran before a block lingers for a while:
-    calls after a sleep stay slow for a fraction of a second), then ``rounds`` timed; the ranks
-    meet before every round; the blocks go calls, busy, idle, twice."""
-    before = {"calls": calls, "busy": lambda: _spin(pause_s), "idle": lambda: time.sleep(pause_s)}
-    out: dict[str, list[float]] = {kind: [] for kind in PAUSES}
-    for kind in PAUSES * 2:
-        block_start, warm, timed = time.perf_counter(), True, 0
-        while timed < rounds:
-            dist.barrier()
-            before[kind]()
-            synchronize(device)
-            start = time.perf_counter()
-            calls()
-            synchronize(device)
-            seconds = _slowest(time.perf_counter() - start)
-            if warm:   # the largest over ranks: every rank ends its warm-up at the same round
-                warm = _slowest(time.perf_counter() - block_start) < warm_s
-            else:
-                out[kind].append(seconds)
-                timed += 1
-    return out
-
-
-def _waiting_cpu_share(wait_s: float, device: torch.device) -> float:
-    """The share of a core that rank 0's process (all its threads) uses while it waits
-    ``wait_s`` in an all-reduce for the other ranks: near 0 where waiting blocks, near 1 or
-    more where it spins."""
-    t = torch.zeros(1, device=device)
-    dist.barrier()
-    if dist.get_rank() != 0:
-        time.sleep(wait_s)
-    cpu, wall = time.process_time(), time.perf_counter()
-    dist.all_reduce(t)
-    synchronize(device)
-    return (time.process_time() - cpu) / (time.perf_counter() - wall)
-
-
 def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,
                       min_sample_s: float) -> dict | None:
     """Runs in both ranks: for each model, the steps, then their messages alone."""
@@ -195,47 +140,35 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                         samples=samples, min_sample_seconds=min_sample_s, warmup=1,
                         calibration_calls=2, device=device, before=dist.barrier, reduce=_slowest)
         met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
-        pause = statistics.median(max(step) for step in zip(*met))   # one local step
-        paused = {name: _after_pause(_all_reduce_each(t), pause, samples, device,
-                                     warm_s=0.2 if quick else 1.0)
-                  for name, t in flats.items()}
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
                       "step": {name: v["seconds"]
                                for name, v in steps.to_json()["variants"].items()},
                       "alone": {name: v["seconds"]
                                 for name, v in alone.to_json()["variants"].items()},
-                      "local_met": met, "pause_s": pause, "after_pause": paused,
-                      "waiting_cpu_share": statistics.median(
-                          _waiting_cpu_share(pause, device) for _ in range(3))}
-    return {"backend": dist.get_backend(), "models": out} if rank == 0 else None
+                      "local_met": met}
+    return out if rank == 0 else None
 
 
 def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 7,
                       min_sample_s: float = 0.2, timeout: float = 600.0) -> dict:
     """Time ``local``, ``naive`` and ``bucketed`` steps (each strategy also with nothing sent)
-    and their all-reduces alone, back to back and after a pause, 2 ranks.
+    and their all-reduces alone, 2 ranks.
 
     Args:
         models: names from ``STEP_MODELS``.
         quick: the small batches of ``STEP_MODELS``.
         samples: rounds of each comparison (each variant one sample per round); the met local
-            steps are 3 times as many; the messages after each pause are timed ``2 samples``
-            times, each block after 1 s of untimed rounds (0.2 s with ``quick``).
+            steps are 3 times as many.
         min_sample_s: each sample (of steps, and of all-reduces alone) loops for at least
             about this long.
         timeout: seconds for the launch.
 
     Returns:
-        ``{"models": {model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes, ...]},
-        "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
+        ``{"models": {model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes,
+        ...]}, "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
         its all-reduces, ...]}, "local_met": [[seconds of each local step, the ranks meeting
-        before each] per rank], "pause_s": a local step's median (the slowest rank's), s,
-        "after_pause": {strategy: {kind of PAUSES: [seconds of its all-reduces, ...]}},
-        "waiting_cpu_share": rank 0's CPU time over its wall time, waiting a pause for rank 1
-        in an all-reduce (median of 3)}}}``,
-        samples paired by round within ``step`` and within ``alone`` (``after_pause``'s kinds
-        ran in blocks, not paired); ``"threads_per_worker"`` and ``"backend"`` (gloo or nccl)
-        beside the models.
+        before each] per rank]}}}``, samples paired by round
+        within ``step`` and within ``alone``; ``"threads_per_worker"`` beside the models.
     """
     unknown = sorted(set(models) - set(STEP_MODELS))
     if unknown or not models:
@@ -246,4 +179,4 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
     threads = max(1, cpu_cores() // 2)
     out = launch(_step_comm_worker, 2, list(models), quick, threads, samples, min_sample_s,
                  timeout=timeout)[0]
-    return {"threads_per_worker": threads, **out}
+    return {"threads_per_worker": threads, "models": out}
