@@ -130,13 +130,7 @@ def unguarded_script() -> str | None:
     """What to do when this process runs a Python script whose code is not under
     ``if __name__ == "__main__":`` (worker processes import that script again as they start, so
     each would run the check again and fail); None in a notebook or a guarded script."""
-    script = unguarded_main_script()
-    if script is None:
-        return None
-    return (f"your script {script} runs its code when it is imported, and each "
-            "worker process imports the script that started it (Python's multiprocessing "
-            "does), so every rank would start the check again. Put the script's code under "
-            "if __name__ == \"__main__\": and run it again.")
+    return unguarded_main_script("start the check again")
 
 
 # ---- the learner's function, as worker processes receive and import it -------------------------

@@ -65,12 +65,12 @@ _GUARD = re.compile(r"""if\s+(__name__\s*==\s*['"]__main__['"]"""
                     r"""|['"]__main__['"]\s*==\s*__name__)""")
 
 
-def unguarded_main_script() -> str | None:
-    """The name of the script this process runs when its code is not under
+def unguarded_main_script(again: str) -> str | None:
+    """What to do when the script this process runs keeps its code outside
     ``if __name__ == "__main__":``: worker processes import the script that started them as
-    they start (Python's multiprocessing does), so they would run its code again. None in a
-    notebook, under ``python -c``, for ``python -m package`` (a package's ``__main__`` is not
-    imported again) and for a guarded script."""
+    they start (Python's multiprocessing does), so each would ``again`` (for example "call
+    launch again"). None in a notebook, under ``python -c``, for ``python -m package`` (a
+    package's ``__main__`` is not imported again) and for a guarded script."""
     main = sys.modules.get("__main__")
     path, spec = getattr(main, "__file__", None), getattr(main, "__spec__", None)
     if not path or not str(path).endswith(".py") or (spec and spec.name.endswith("__main__")):
@@ -80,7 +80,12 @@ def unguarded_main_script() -> str | None:
             source = f.read()
     except OSError:
         return None
-    return None if _GUARD.search(source) else os.path.basename(path)
+    if _GUARD.search(source):
+        return None
+    return (f"your script {os.path.basename(path)} runs its code when it is imported, and each "
+            "worker process imports the script that started it (Python's multiprocessing "
+            f"does), so every one would {again}. Put the script's code under "
+            "if __name__ == \"__main__\": and run it again.")
 
 
 def _check_importable(fn: Callable) -> None:
@@ -278,13 +283,9 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
         raise ValueError(f"init_method must be 'file', 'tcp' or 'env', got {init_method!r}.")
     backend = choose_backend(world_size, backend=backend).backend
     _check_importable(fn)
-    script = unguarded_main_script()
-    if script:
-        raise RuntimeError(
-            f"launch: your script {script} runs its code when it is imported, and each worker "
-            "process imports the script that started it (Python's multiprocessing does), so "
-            "every worker would run it, and call launch, again. Put the script's code under "
-            "if __name__ == \"__main__\": and run it again.")
+    unguarded = unguarded_main_script("run it, and call launch, again")
+    if unguarded:
+        raise RuntimeError(f"launch: {unguarded}")
     try:
         payload = pickle.dumps((fn, args))
     except Exception as e:
