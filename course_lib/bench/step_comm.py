@@ -16,8 +16,11 @@ Then, in a second comparison, the very messages each strategy sent (read from it
 the warm-up steps), all-reduced alone, back to back, no computation: what the alpha-beta model
 predicts. Last, ``local`` steps once more, the ranks meeting at a barrier before each, as a DDP
 step's collectives make them meet: each rank's duration of each step, from which
-``slower_rank_wait`` gives what waiting for the slower rank costs per step. Buffers are not
-broadcast (``broadcast_buffers=False``), so the only communication of a step is its gradients'.
+``slower_rank_wait`` gives what waiting for the slower rank costs per step. Then ``naive`` steps
+once more and its messages alone, with the clock read as every rank enters and leaves each
+all-reduce: how much of a call is waiting for the other rank to enter, how much comes after.
+Buffers are not broadcast (``broadcast_buffers=False``), so the only communication of a step is
+its gradients'.
 PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on a timeline).
 """
 from __future__ import annotations
@@ -53,9 +56,10 @@ STEP_MODELS: dict[str, tuple[Callable[[], nn.Module], float, int, int]] = {
 STRATEGIES_TIMED = ["naive", "bucketed"]
 
 
-def _stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+def _stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
+             lr: float = 0.01) -> Callable[[], None]:
     """One SGD training step of ``net`` on (X, y)."""
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
 
     def step() -> None:
         opt.zero_grad()
@@ -100,6 +104,47 @@ def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> li
     return every
 
 
+def _stamping_hook(stamps: list, bucket) -> torch.futures.Future[torch.Tensor]:
+    """``allreduce_hook``, blocking, with the clock read as the call enters and as it leaves."""
+    buffer = bucket.buffer()
+    enter = time.perf_counter()
+    dist.all_reduce(buffer)
+    synchronize(buffer.device)
+    stamps.append((enter, time.perf_counter()))
+    buffer.div_(dist.get_world_size())
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(buffer)
+    return done
+
+
+def _call_stamps(net: DistributedDataParallel, step: Callable[[], None],
+                 flats: list[torch.Tensor], rounds: int) -> dict[str, list]:
+    """When each rank entered and left each all-reduce (``time.perf_counter``, one clock for
+    every process of a machine): in ``rounds`` steps of ``net``, then its messages sent
+    ``rounds`` times back to back. ``{"step" | "alone": [[[(enter, leave), ...] per round]
+    per rank]}``."""
+    stamps: list = []
+    net.register_comm_hook(stamps, _stamping_hook)
+    mine: dict[str, list] = {"step": [], "alone": []}
+    dist.barrier()
+    for _ in range(rounds):
+        step()
+        mine["step"].append(stamps[:])
+        stamps.clear()
+    dist.barrier()
+    for _ in range(rounds):
+        for t in flats:
+            enter = time.perf_counter()
+            dist.all_reduce(t)
+            synchronize(t.device)
+            stamps.append((enter, time.perf_counter()))
+        mine["alone"].append(stamps[:])
+        stamps.clear()
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return {where: [r[where] for r in every] for where in mine}
+
+
 def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,
                       min_sample_s: float) -> dict | None:
     """Runs in both ranks: for each model, the steps, then their messages alone."""
@@ -140,12 +185,13 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                         samples=samples, min_sample_seconds=min_sample_s, warmup=1,
                         calibration_calls=2, device=device, before=dist.barrier, reduce=_slowest)
         met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
+        stamps = _call_stamps(nets["naive"], steppers["naive"], flats["naive"], 3 * samples)
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
                       "step": {name: v["seconds"]
                                for name, v in steps.to_json()["variants"].items()},
                       "alone": {name: v["seconds"]
                                 for name, v in alone.to_json()["variants"].items()},
-                      "local_met": met}
+                      "local_met": met, "call_stamps": stamps}
     return out if rank == 0 else None
 
 
@@ -167,7 +213,8 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
         ``{"models": {model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes,
         ...]}, "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
         its all-reduces, ...]}, "local_met": [[seconds of each local step, the ranks meeting
-        before each] per rank]}}}``, samples paired by round
+        before each] per rank], "call_stamps": {"step" | "alone": [[[(enter, leave) of each naive
+        all-reduce] per step or round] per rank]}}}}``, samples paired by round
         within ``step`` and within ``alone``; ``"threads_per_worker"`` beside the models.
     """
     unknown = sorted(set(models) - set(STEP_MODELS))
