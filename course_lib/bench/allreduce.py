@@ -10,6 +10,7 @@ The names below are re-exported from ``collectives`` for old imports.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 from . import collectives
@@ -52,20 +53,12 @@ def measure(world_size: int, sizes: list[int], repeat: int = 10, warmup: int = 2
 
 def main(argv: list[str]) -> int:
     """``python -m course_lib.bench allreduce``: ``collectives --ops ring_pipelined,all_reduce``."""
-    argv = list(argv)
-    translated: list[str] = []
-    i = 0
-    while i < len(argv):  # --repeat N -> --samples N; --warmup N is gone (compare warms up)
-        arg = argv[i]
-        key, _, value = arg.partition("=")
-        if key in ("--repeat", "--warmup"):
-            value = value if value else (argv[i + 1] if i + 1 < len(argv) else "")
-            i += 1 if "=" in arg else 2
-            if key == "--repeat":
-                translated += ["--samples", value]
-            continue
-        translated.append(arg)
-        i += 1
+    old = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    old.add_argument("--repeat")   # -> --samples N
+    old.add_argument("--warmup")   # gone: compare warms up
+    known, translated = old.parse_known_args(list(argv))
+    if known.repeat is not None:
+        translated += ["--samples", known.repeat]
     print("bench allreduce is now part of bench collectives (one way to time collectives: "
           "loops of many operations per sample, interleaved, with intervals); running "
           "`python -m course_lib.bench collectives --ops " + ",".join(OPS) + "`",

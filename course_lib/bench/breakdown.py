@@ -11,6 +11,7 @@ step cannot be interleaved with each other (each needs the one before), but the 
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,31 +35,28 @@ def _one_step(module: nn.Module, X: torch.Tensor, y: torch.Tensor,
     """Seconds of each phase of one step on ``devices``, GPUs synchronized around each."""
     sync_all = lambda: [synchronize(d) for d in set(devices)]  # noqa: E731
     times = {}
+
+    @contextlib.contextmanager
+    def timed(phase: str):
+        with Timer() as t:
+            yield
+            sync_all()
+        times[phase] = t.elapsed
+
     module.zero_grad(set_to_none=True)
-    t = Timer()
     sync_all()
-    with t:
+    with timed("scatter"):
         X_shards, kw = scatter_kwargs((X,), {}, devices)
         y_shards = scatter(y, devices[:len(X_shards)])
-        sync_all()
-    times["scatter"] = t.elapsed
-    with t:
+    with timed("replicate"):
         replicas = replicate(module, devices[:len(X_shards)])
-        sync_all()
-    times["replicate"] = t.elapsed
-    with t:
+    with timed("forward"):
         outs = parallel_apply(replicas, X_shards, kw)
-        sync_all()
-    times["forward"] = t.elapsed
-    with t:
+    with timed("gather"):
         y_hat = gather(outs, devices[0])                              # (B, C) on devices[0]
         loss = F.cross_entropy(y_hat, gather(y_shards, devices[0]))
-        sync_all()
-    times["gather"] = t.elapsed
-    with t:
+    with timed("backward"):
         loss.backward()
-        sync_all()
-    times["backward"] = t.elapsed
     return times
 
 

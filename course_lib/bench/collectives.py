@@ -28,18 +28,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
-from ..devices import cpu_cores, num_gpus
 from ..distributed import current_device, launch, ring_allreduce, ring_allreduce_pipelined
 from ..distributed.env import _pin_to_cores, _slowest
 from ..timing import compare
-from .scaling import _out_option, load_average, report_header, results_path, write_report
+from .scaling import _finish, _out_option, _verdict, default_workers, report_header
 
 __all__ = ["BASELINE", "DEFAULT_SIZES", "KB", "MB", "OPS", "QUICK_SIZES", "bus_bandwidth", "main",
            "measure_collectives", "naive_allreduce", "parse_size", "summarize_samples"]
@@ -94,18 +92,11 @@ def _all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _ring(tensor: torch.Tensor) -> torch.Tensor:
-    # check=False: the cross-rank shape check is one more small all-gather per call, which
-    # would be timed with the ring (every rank here holds the same shape by construction).
-    return ring_allreduce(tensor, check=False)
-
-
-def _ring_pipelined(tensor: torch.Tensor) -> torch.Tensor:
-    return ring_allreduce_pipelined(tensor, check=False)
-
-
-#: name -> the all-reduce timed (each sums one tensor over the ranks, in place).
-OPS = {"naive": naive_allreduce, "ring": _ring, "ring_pipelined": _ring_pipelined,
+#: name -> the all-reduce timed (each sums one tensor over the ranks, in place). The rings run
+#: with check=False: the cross-rank shape check is one more small all-gather per call, which
+#: would be timed with the ring (every rank here holds the same shape by construction).
+OPS = {"naive": naive_allreduce, "ring": functools.partial(ring_allreduce, check=False),
+       "ring_pipelined": functools.partial(ring_allreduce_pipelined, check=False),
        "all_reduce": _all_reduce}
 
 
@@ -202,17 +193,15 @@ def pipelined_ring_goal(rows: list[dict], *, from_bytes: int = 16 * MB) -> dict:
         if r["op"] != "ring_pipelined" or r["baseline"] != BASELINE or r["bytes"] < from_bytes:
             continue
         lo, hi = r["ratio_low"], r["ratio_high"]
-        met = "met" if hi <= goal else "not met" if lo > goal else (
-            "undecided: the interval contains the goal")
         out.setdefault(str(r["world_size"]), {})[str(r["bytes"])] = {
-            "time_ratio": r["ratio_to_baseline"], "interval": [lo, hi], "goal_met": met}
+            "time_ratio": r["ratio_to_baseline"], "interval": [lo, hi],
+            "goal_met": _verdict(lo, hi, goal, at_least=False)}
     return out
 
 
 def _default_world_sizes() -> list[int]:
-    """2 and 4 where there are that many GPUs (or CPU cores: one worker per core)."""
-    have = num_gpus() if num_gpus() >= 2 else cpu_cores()
-    return [w for w in (2, 4, 8) if w <= have] or [2]
+    """2, 4, 8 where there are that many GPUs (or CPU cores: one worker per core)."""
+    return [w for w in default_workers() if w > 1] or [2]
 
 
 def main(argv: list[str], *, name: str = "collectives",
@@ -251,10 +240,8 @@ def main(argv: list[str], *, name: str = "collectives",
     if sorted(set(ops) - set(OPS)) or not ops or len(set(ops)) < len(ops):
         parser.error(f"--ops must name distinct operations of {list(OPS)} (one is timed alone), "
                      f"got {args.ops!r}.")
-    if args.sizes:
-        sizes = [parse_size(s) for s in args.sizes.split(",")]
-    else:
-        sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
+    sizes = ([parse_size(s) for s in args.sizes.split(",")] if args.sizes
+             else QUICK_SIZES if args.quick else DEFAULT_SIZES)
     world_sizes = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
                    else [2] if args.quick else _default_world_sizes())
     samples = args.samples if args.samples is not None else (3 if args.quick else 41)
@@ -266,8 +253,6 @@ def main(argv: list[str], *, name: str = "collectives",
         rows += measure_collectives(ws, sizes, names=ops, samples=samples,
                                     min_sample_s=min_sample_s, max_ops=args.max_ops,
                                     timeout=args.timeout)
-    end = load_average()
-    report["load"]["load_end"] = end[0] if end else None
     report.update({
         "units": "seconds per all-reduce; busbw = bytes / time * 2 (p - 1) / p (nccl-tests)",
         "method": "every operation of a size interleaved in the same processes "
@@ -278,9 +263,5 @@ def main(argv: list[str], *, name: str = "collectives",
         "samples": samples, "min_sample_s": min_sample_s,
         "results": rows,
         "ring_pipelined_vs_all_reduce_16MB_and_up": pipelined_ring_goal(rows),
-        "load_average_end": end,
-        "wall_s": round(time.perf_counter() - start, 1),
     })
-    print(json.dumps(report, indent=2))
-    write_report(report, results_path(name, args.out, args.quick))
-    return 0
+    return _finish(report, name, args.out, args.quick, start)

@@ -34,46 +34,18 @@ from pathlib import Path
 
 from .allreduce import bus_bandwidth
 
-__all__ = [
-    "ALGORITHMS",
-    "ASSUMED_UTILIZATION",
-    "GPU_CLASSES",
-    "H100_BF16_FLOPS",
-    "INTERCONNECTS",
-    "AlphaBeta",
-    "AssumedGPU",
-    "Interconnect",
-    "TensorParallelProjection",
-    "allreduce_bytes_lower_bound",
-    "allreduce_model_curves",
-    "binomial_tree_time",
-    "bus_bandwidth_gbps",
-    "data_parallel_speedup",
-    "data_parallel_step_parts",
-    "data_parallel_step_time",
-    "fit_results",
-    "fit_ring",
-    "load_results",
-    "low_quantile",
-    "naive_time",
-    "nccl_tree_time",
-    "predict",
-    "predicted_comm",
-    "predicted_step_time",
-    "ps_server_bytes",
-    "ps_time",
-    "ring_time",
-    "tensor_parallel_comm_bytes",
-    "tensor_parallel_projection",
-    "tensor_parallel_step_time",
-    "transformer_layer_flops",
-    "tree_time",
-]
+__all__ = ["ALGORITHMS", "ASSUMED_UTILIZATION", "GPU_CLASSES", "H100_BF16_FLOPS", "INTERCONNECTS",
+           "AlphaBeta", "AssumedGPU", "Interconnect", "TensorParallelProjection",
+           "allreduce_bytes_lower_bound", "allreduce_model_curves", "binomial_tree_time",
+           "bus_bandwidth_gbps", "data_parallel_speedup", "data_parallel_step_parts",
+           "data_parallel_step_time", "fit_results", "fit_ring", "load_results", "low_quantile",
+           "naive_time", "nccl_tree_time", "predict", "predicted_comm", "predicted_step_time",
+           "ps_server_bytes", "ps_time", "ring_time", "tensor_parallel_comm_bytes",
+           "tensor_parallel_projection", "tensor_parallel_step_time", "transformer_layer_flops",
+           "tree_time"]
 
 
-# ------------------------------------------------------------------------------------------------
-# the costs of one all-reduce of n bytes over p ranks
-# ------------------------------------------------------------------------------------------------
+# ---- the costs of one all-reduce of n bytes over p ranks ----
 
 def ring_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
     """Ring all-reduce: ``2 (p - 1)`` steps, each a message of ``n / p`` bytes.
@@ -215,9 +187,7 @@ ALGORITHMS = {"naive": naive_time, "ring": ring_time, "tree": tree_time,
               "binomial tree": binomial_tree_time, "parameter server": ps_time}
 
 
-# ------------------------------------------------------------------------------------------------
-# reading measured rows: bandwidths, and the fastest times
-# ------------------------------------------------------------------------------------------------
+# ---- reading measured rows: bandwidths, and the fastest times ----
 
 def bus_bandwidth_gbps(row: dict) -> float:
     """Bus bandwidth, in GB/s (1e9 bytes per second), of one row of a collectives results file.
@@ -259,9 +229,7 @@ def low_quantile(seconds: Sequence[float], q: float = 0.0) -> float:
     return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
 
 
-# ------------------------------------------------------------------------------------------------
-# fitting alpha and beta to measured times
-# ------------------------------------------------------------------------------------------------
+# ---- fitting alpha and beta to measured times ----
 
 @dataclass(frozen=True)
 class AlphaBeta:
@@ -373,6 +341,12 @@ def fit_results(rows: list[dict], op: str = "all_reduce", p: int = 2, q: float =
     return fit_ring([r["bytes"] for r in mine], times, p, source=label)
 
 
+def _check_algorithm(where: str, algorithm: str) -> None:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"{where}: algorithm must be one of {list(ALGORITHMS)}, "
+                         f"got {algorithm!r}.")
+
+
 def predict(model: AlphaBeta, n_bytes: float, p: int) -> dict[str, float]:
     """Seconds of one all-reduce of ``n_bytes`` over p ranks, for each of ``ALGORITHMS``."""
     return {name: f(n_bytes, p, model.alpha, model.beta) for name, f in ALGORITHMS.items()}
@@ -400,9 +374,7 @@ def predicted_step_time(compute_s: float, message_bytes: list[float], p: int, mo
         algorithm: a name from ``ALGORITHMS``.
         overlap: the fraction of the communication hidden behind backward (0: none).
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"predicted_step_time: algorithm must be one of {list(ALGORITHMS)}, "
-                         f"got {algorithm!r}.")
+    _check_algorithm("predicted_step_time", algorithm)
     comm = sum(ALGORITHMS[algorithm](n, p, model.alpha, model.beta) for n in message_bytes)
     return compute_s + (1.0 - overlap) * comm
 
@@ -464,9 +436,7 @@ def data_parallel_speedup(compute_s: float, launch_s: float, message_bytes: list
     return one / data_parallel_step_time(compute_s, launch_s, message_bytes, k, model, **options)
 
 
-# ------------------------------------------------------------------------------------------------
-# tensor parallelism: all-reduces of activations on the critical path
-# ------------------------------------------------------------------------------------------------
+# ---- tensor parallelism: all-reduces of activations on the critical path ----
 
 def _tp_messages(batch_size: int, seq_len: int, hidden: int, n_layer: int, t: int,
                  bytes_per_element: float, embedding_and_loss: bool, where: str) -> list[float]:
@@ -532,9 +502,7 @@ def tensor_parallel_step_time(compute_s: float, batch_size: int, seq_len: int, h
         algorithm: a name from ``ALGORITHMS``.
         embedding_and_loss: count the all-reduces outside the layers too.
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"tensor_parallel_step_time: algorithm must be one of "
-                         f"{list(ALGORITHMS)}, got {algorithm!r}.")
+    _check_algorithm("tensor_parallel_step_time", algorithm)
     messages = _tp_messages(batch_size, seq_len, hidden, n_layer, t, bytes_per_element,
                             embedding_and_loss, "tensor_parallel_step_time")
     return predicted_step_time(compute_s / t, messages if t > 1 else [], t, model, algorithm)
@@ -551,9 +519,7 @@ def transformer_layer_flops(batch_size: int, seq_len: int, hidden: int) -> float
     return 3 * (24 * batch_size * seq_len * hidden ** 2 + 4 * batch_size * seq_len ** 2 * hidden)
 
 
-# ------------------------------------------------------------------------------------------------
-# interconnects we do not have: public figures and labelled assumptions
-# ------------------------------------------------------------------------------------------------
+# ---- interconnects we do not have: public figures and labelled assumptions ----
 
 @dataclass(frozen=True)
 class Interconnect:

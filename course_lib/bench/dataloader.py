@@ -15,7 +15,6 @@ interval (goal: at most 0.6 on a 2-core CPU) and a verdict. PyTorch counterpart:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -30,7 +29,7 @@ from ..devices import try_gpu
 from ..models.lenet import init_lenet_params
 from ..timing import LoadStamp, compare
 from ..train import train_epoch
-from .scaling import _out_option, load_average, report_header, results_path, write_report
+from .scaling import _finish, _out_option, _verdict, report_header
 
 __all__ = ["GOAL", "compare_input_pipelines", "main"]
 
@@ -140,8 +139,6 @@ def main(argv: list[str] | None = None) -> int:
                                      min_sample_s=None if args.min_sample_ms is None
                                      else args.min_sample_ms / 1e3, quick=args.quick,
                                      device=device)
-    end = load_average()
-    report["load"]["load_end"] = end[0] if end else None
     lo, hi = result["ratio_interval"]
     report.update({"what": "LeNet epoch: in-memory batches (fast) against a plain DataLoader",
                    "method": "both paths interleaved in one process (course_lib.timing."
@@ -149,10 +146,5 @@ def main(argv: list[str] | None = None) -> int:
                              "median of several; 95 % bootstrap interval of the time ratio",
                    "device": str(device), "batch_size": args.batch_size, "samples": samples,
                    "goal": f"fast epoch at most {GOAL} x the DataLoader's",
-                   "goal_met": "met" if hi <= GOAL else "not met" if lo > GOAL
-                   else "undecided: the interval contains the goal",
-                   **result, "load_average_end": end,
-                   "wall_s": round(time.perf_counter() - start, 1)})
-    print(json.dumps(report, indent=2))
-    write_report(report, results_path("dataloader", args.out, args.quick))
-    return 0
+                   "goal_met": _verdict(lo, hi, GOAL, at_least=False), **result})
+    return _finish(report, "dataloader", args.out, args.quick, start)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -46,14 +45,8 @@ from ..parallel.ddp import (
     slow_link_hook,
 )
 from ..timing import compare
-from .scaling import (
-    _model_names,
-    _out_option,
-    load_average,
-    report_header,
-    results_path,
-    write_report,
-)
+from .collectives import summarize_samples
+from .scaling import _finish, _model_names, _out_option, _verdict, report_header
 
 __all__ = ["IMPLEMENTATIONS", "MODELS", "main", "measure_step_times", "summarize"]
 
@@ -63,8 +56,6 @@ IMPLEMENTATIONS = ["local", *STRATEGIES, "bucketed+bf16", "torch"]
 MODELS = {"lenet": (LeNet, 256, 0.3, 128), "resnet18": (resnet18, 32, 0.5, 4)}
 GOAL = 1.10  # bucketed's median step at most 1.10 x torch's DDP's
 SAMPLES, QUICK_SAMPLES = 15, 3  # timed rounds: full run, --quick
-
-
 #: Over a slow link, the bucketed strategy is also timed with buckets capped at this many MiB
 #: (``"bucketed_small"``): for LeNet two buckets, the first sent during backward.
 SMALL_CAP_MB = 0.1
@@ -162,13 +153,11 @@ def summarize(seconds: list[float], reference: list[float]) -> dict[str, float]:
         seconds: one implementation's step times, one per round.
         reference: torch's DDP's step times from the same rounds.
     """
-    q1, _, q3 = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else [seconds[0]] * 3
-    median = statistics.median(seconds)
-    return {"median_s": median, "min_s": min(seconds), "q1_s": q1, "q3_s": q3, "iqr_s": q3 - q1,
-            "ratio_to_torch": median / statistics.median(reference),
+    stats = summarize_samples(seconds)
+    return {**stats, "ratio_to_torch": stats["median_s"] / statistics.median(reference),
             "min_ratio_to_torch": min(seconds) / min(reference),
             "paired_ratio_to_torch": statistics.median(a / b for a, b in zip(seconds, reference)),
-            "samples": len(seconds), "seconds": list(seconds)}
+            "seconds": list(seconds)}
 
 
 def measure_step_times(models: list[str], *, world_size: int = 2, quick: bool = False,
@@ -218,11 +207,10 @@ def measure_step_times(models: list[str], *, world_size: int = 2, quick: bool = 
     for model in models:
         c = timed[model]
         v = c["variants"]
-        rows = {}
-        for name in implementations(link_latency_s):
-            rows[name] = {**summarize(v[name]["seconds"], v["torch"]["seconds"]),
-                          "loops": v[name]["loops"], "ratio_low": v[name]["ratio_low"],
-                          "ratio_high": v[name]["ratio_high"], "verdict": v[name]["verdict"]}
+        rows = {name: {**summarize(v[name]["seconds"], v["torch"]["seconds"]),
+                       **{key: v[name][key] for key in ("loops", "ratio_low", "ratio_high",
+                                                        "verdict")}}
+                for name in implementations(link_latency_s)}
         results[model] = {
             "batch_per_rank": batch or MODELS[model][3 if quick else 1],
             "steps_per_call": c["steps_per_call"], "rounds": rounds,
@@ -275,9 +263,11 @@ def main(argv: list[str]) -> int:
                              min_sample_s=None if args.min_sample_ms is None
                              else args.min_sample_ms / 1e3,
                              link_latency_s=args.link_latency_ms / 1e3, timeout=args.timeout)
-    end = load_average()
-    header["load"]["load_end"] = end[0] if end else None
     by_model = {m: run["models"][m]["results"] for m in models}
+
+    def each(value: Callable[[dict], object]) -> dict:
+        """``value`` of every implementation's row, by model."""
+        return {m: {name: value(r) for name, r in res.items()} for m, res in by_model.items()}
     report = {
         **header,
         "goal": f"bucketed median step at most {GOAL:.2f} x torch's DDP's",
@@ -285,24 +275,13 @@ def main(argv: list[str]) -> int:
                   "(course_lib.timing.compare); each sample a loop of steps sized from the "
                   "median of several steps, the slowest rank's time; 95 % bootstrap interval "
                   "of each time ratio to torch's DDP",
-        "ratio_to_torch": {m: {name: round(r["ratio_to_torch"], 3) for name, r in res.items()}
-                           for m, res in by_model.items()},
-        "ratio_to_torch_interval": {m: {name: [round(r["ratio_low"], 3),
-                                               round(r["ratio_high"], 3)]
-                                        for name, r in res.items()}
-                                    for m, res in by_model.items()},
-        "paired_ratio_to_torch": {m: {name: round(r["paired_ratio_to_torch"], 3)
-                                      for name, r in res.items()}
-                                  for m, res in by_model.items()},
-        "goal_met": {m: ("met" if res["bucketed"]["ratio_high"] <= GOAL else "not met"
-                         if res["bucketed"]["ratio_low"] > GOAL
-                         else "undecided: the interval contains the goal")
-                     for m, res in by_model.items()},
+        "ratio_to_torch": each(lambda r: round(r["ratio_to_torch"], 3)),
+        "ratio_to_torch_interval": each(lambda r: [round(r["ratio_low"], 3),
+                                                   round(r["ratio_high"], 3)]),
+        "paired_ratio_to_torch": each(lambda r: round(r["paired_ratio_to_torch"], 3)),
+        "goal_met": {m: _verdict(res["bucketed"]["ratio_low"], res["bucketed"]["ratio_high"],
+                                 GOAL, at_least=False) for m, res in by_model.items()},
         "rounds": rounds,
         **run,
-        "load_average_end": end,
-        "wall_s": round(time.perf_counter() - start, 1),
     }
-    print(json.dumps(report, indent=2))
-    write_report(report, results_path("ddp", args.out, args.quick))
-    return 0
+    return _finish(report, "ddp", args.out, args.quick, start)

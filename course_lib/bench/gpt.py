@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import math
 import statistics
 import sys
@@ -54,8 +53,8 @@ from ..distributed.recording import record_collectives
 from ..distributed.tensor.parallel import parallelize_gpt
 from ..models.gpt import GPT, GPTConfig
 from ..parallel.ddp import DistributedDataParallel
-from ..timing import Timer, bootstrap_ratio, compare, load_average
-from .scaling import _out_option, report_header, results_path, write_report
+from ..timing import Timer, bootstrap_ratio, compare
+from .scaling import _finish, _out_option, report_header
 
 __all__ = ["BASELINE_DEFAULTS", "HELD_OUT", "TP_VS_DP_DEFAULTS", "baseline", "batch_schedule",
            "main_baseline", "main_tp_vs_dp", "parse_config", "split_tokens", "tp_vs_dp"]
@@ -78,9 +77,7 @@ DP_NOTE = ("course_lib.parallel.DistributedDataParallel(strategy='bucketed'): it
            "function counts nothing for it (checked: 0 calls per step)")
 
 
-# ------------------------------------------------------------------------------------------------
-# the data: the corpus split, and the batches every variant draws
-# ------------------------------------------------------------------------------------------------
+# ---- the data: the corpus split, and the batches every variant draws ----
 
 def parse_config(text: str | None) -> GPTConfig:
     """``"n_layer=1,n_embd=48"`` -> ``GPTConfig(n_layer=1, n_embd=48)`` (None: the default)."""
@@ -114,9 +111,7 @@ def _optimizer_text(lr: float) -> str:
     return f"torch.optim.AdamW(lr={lr}, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)"
 
 
-# ------------------------------------------------------------------------------------------------
-# 1. the one-process baseline
-# ------------------------------------------------------------------------------------------------
+# ---- 1. the one-process baseline ----
 
 @torch.no_grad()
 def _eval_loss(model: GPT, tokens: torch.Tensor, batch_size: int, seq_len: int, batches: int,
@@ -222,9 +217,7 @@ def baseline(steps: int, batch_size: int, seq_len: int, *, config: GPTConfig | N
     }
 
 
-# ------------------------------------------------------------------------------------------------
-# 2. tensor parallel against data parallel, interleaved in the same workers
-# ------------------------------------------------------------------------------------------------
+# ---- 2. tensor parallel against data parallel, interleaved in the same workers ----
 
 _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast",
                 "reduce_scatter", "reduce_scatter_tensor", "all_to_all")
@@ -264,27 +257,25 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
     alone_opt = _optimizer(alone.parameters(), lr)
     phase = ["forward"]
 
-    def tp_step(i: int) -> torch.Tensor:
-        X, Y = batches[i]
-        tp_opt.zero_grad(set_to_none=True)
-        phase[0] = "forward"
-        _, loss = tp_model(X, Y)             # this rank's (B, T, V/t) logits, the full loss
-        phase[0] = "backward"
-        loss.backward()
-        phase[0] = "optimizer"
-        tp_opt.step()
-        return loss
+    def phased(model, opt, data: list) -> Callable[[int], torch.Tensor]:
+        """A training step on ``data[i]`` that keeps ``phase`` up to date."""
+        def step(i: int) -> torch.Tensor:
+            X, Y = data[i]
+            opt.zero_grad(set_to_none=True)
+            phase[0] = "forward"
+            _, loss = model(X, Y)    # TP: (B, T, V/t) logits, the full loss; DP: (B/w, T, V)
+            phase[0] = "backward"
+            loss.backward()          # DP: the gradients averaged over the ranks here
+            phase[0] = "optimizer"
+            opt.step()
+            return loss
+        return step
+    tp_step, dp_step = phased(tp_model, tp_opt, batches), phased(dp_model, dp_opt, mine)
 
-    def dp_step(i: int) -> torch.Tensor:
-        X, Y = mine[i]
-        dp_opt.zero_grad(set_to_none=True)
-        phase[0] = "forward"
-        _, loss = dp_model(X, Y)             # (B/w, T, V) logits, this rank's share's loss
-        phase[0] = "backward"
-        loss.backward()                      # the gradients averaged over the ranks here
-        phase[0] = "optimizer"
-        dp_opt.step()
-        return loss
+    def both_losses() -> dict:
+        """Each variant's loss on the first batch (DP's: the mean over the ranks)."""
+        return {"tensor_parallel": tp_step(0).item(),
+                "data_parallel": reduce_value(dp_step(0).item())}
 
     def tp_compute_step(i: int) -> torch.Tensor:
         """The tensor-parallel step with every all-reduce skipped: the same arithmetic on the
@@ -301,8 +292,7 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
         return loss
 
     # step 1: the same work? The TP loss is the whole batch's; DP's mean over ranks is too.
-    first = {"tensor_parallel": tp_step(0).item(),
-             "data_parallel": reduce_value(dp_step(0).item())}
+    first = both_losses()
     # step 2: what each sends (DDP's buckets are rebuilt after its first backward)
     counts = {}
     for name, step in (("tensor_parallel", tp_step), ("data_parallel", dp_step)):
@@ -323,8 +313,7 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
                     samples=samples, baseline="data_parallel", warmup=warmup,
                     min_sample_seconds=0.0, calibration_calls=1, device=device,
                     before=dist.barrier, reduce=_slowest)
-    last = {"tensor_parallel": tp_step(0).item(),
-            "data_parallel": reduce_value(dp_step(0).item())}
+    last = both_losses()
     if rank != 0:
         return None
     per_step = {name: [s / steps_per_sample for s in seconds]
@@ -463,9 +452,7 @@ def tp_vs_dp(world_size: int = 2, batch_size: int = TP_VS_DP_DEFAULTS["batch_siz
     }
 
 
-# ------------------------------------------------------------------------------------------------
-# command lines
-# ------------------------------------------------------------------------------------------------
+# ---- command lines ----
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
     """The options both GPT benchmarks take: --lr, --seed, --config, --max-bytes."""
@@ -483,16 +470,6 @@ def _config_arg(parser: argparse.ArgumentParser, text: str | None) -> GPTConfig:
     except ValueError as e:
         parser.error(str(e))
         raise  # unreachable: parser.error exits
-
-
-def _finish(report: dict, name: str, out: str | None, quick: bool, start: float) -> int:
-    end = load_average()
-    report["load"]["load_end"] = end[0] if end else None
-    report["load_average_end"] = end
-    report["wall_s"] = round(time.perf_counter() - start, 1)
-    print(json.dumps(report, indent=2))
-    write_report(report, results_path(name, out, quick))
-    return 0
 
 
 def main_baseline(argv: list[str]) -> int:

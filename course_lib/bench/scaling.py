@@ -48,7 +48,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 from torch.func import functional_call
@@ -68,6 +67,7 @@ from ..timing import (  # bootstrap_difference: public here too (lesson 10 impor
     wait_for_quiet,
 )
 from ..train import train_batch
+from .step_comm import _all_reduce_each, _stepper
 
 __all__ = ["BASELINE", "DDP_IMPLS", "MODELS", "SINGLE_IMPLS", "bootstrap_difference",
            "load_average", "machine_slug", "main", "measure_scaling", "overlap_reason",
@@ -99,9 +99,7 @@ class ModelSpec:
 MODELS = {"lenet": ModelSpec(LeNet, 256, 12, 0.3, 0.1, (32, 2, 0.01)),
           "resnet18": ModelSpec(resnet18, 64, 10, 0.5, 25, (8, 2, 0.01))}
 
-# ------------------------------------------------------------------------------------------------
-# the report: which machine, when, by which command
-# ------------------------------------------------------------------------------------------------
+# ---- the report: which machine, when, by which command ----
 
 def machine_slug() -> str:
     """A short name for this hardware, for file names: ``cpu-2core-xeon``, ``gpu-1x-h200``."""
@@ -189,10 +187,26 @@ def write_report(report: dict, path: Path | None) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
+def _finish(report: dict, name: str, out: str | None, quick: bool, start: float) -> int:
+    """Stamp the load at the end and the wall time, print the JSON, write it; 0."""
+    end = load_average()
+    report["load"]["load_end"] = end[0] if end else None
+    report["load_average_end"] = end
+    report["wall_s"] = round(time.perf_counter() - start, 1)
+    print(json.dumps(report, indent=2))
+    write_report(report, results_path(name, out, quick))
+    return 0
 
-# ------------------------------------------------------------------------------------------------
-# the workers: one launch per worker count, every variant interleaved
-# ------------------------------------------------------------------------------------------------
+
+def _verdict(low: float, high: float, goal: float, *, at_least: bool) -> str:
+    if (low >= goal) if at_least else (high <= goal):
+        return "met"
+    if (high < goal) if at_least else (low > goal):
+        return "not met"
+    return "undecided: the interval contains the goal"
+
+
+# ---- the workers: one launch per worker count, every variant interleaved ----
 
 def _batch(n: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Random images and labels: the step's time does not depend on the pixels."""
@@ -237,7 +251,6 @@ class _Functional:
         return functional_call(self.module, state, (X,))
 
 
-
 def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
                     min_sample_s: float, warmup: int, calibration: int) -> dict | None:
     """Runs in every rank of a launch of k ranks: every variant, interleaved; rank 0 returns."""
@@ -251,12 +264,9 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
     base = spec.build().to(device)
     variants: dict[str, Callable[[], None]] = {}
 
-    def stepper(net: nn.Module, opt: torch.optim.Optimizer, X: torch.Tensor, y: torch.Tensor,
+    def stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
                 n_threads: int | None = None) -> Callable[[], None]:
-        def step() -> None:
-            opt.zero_grad()
-            F.cross_entropy(net(X), y).backward()
-            opt.step()
+        step = _stepper(net, X, y, LR)
         if n_threads is None or device.type != "cpu":
             return step
 
@@ -271,13 +281,9 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
     # rank 0 alone, the whole global batch; the baseline only in the one-worker launch
     Xg, yg = _batch(global_batch, seed=0, device=device)
     if k == 1:
-        plain = copy.deepcopy(base)
-        variants[BASELINE] = stepper(plain, torch.optim.SGD(plain.parameters(), lr=LR),
-                                     Xg, yg, threads)
+        variants[BASELINE] = stepper(copy.deepcopy(base), Xg, yg, threads)
     else:
-        wide = copy.deepcopy(base)
-        variants["plain"] = rank0(stepper(wide, torch.optim.SGD(wide.parameters(), lr=LR),
-                                          Xg, yg, cores))
+        variants["plain"] = rank0(stepper(copy.deepcopy(base), Xg, yg, cores))
     devs = (devices(k, warn=False) if on_gpus else [device] * k) if rank == 0 else [device]
     if model == "lenet":
         params, fnet = init_lenet_params(seed=0, device=device), lenet
@@ -296,8 +302,7 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
                                   device_ids=list(range(k)) if on_gpus else None)
     else:   # CPU workers on a machine with too few GPUs: DataParallel would take the GPUs
         wrapped = copy.deepcopy(base)
-    variants["nn_dataparallel"] = rank0(stepper(
-        wrapped, torch.optim.SGD(wrapped.parameters(), lr=LR), Xg, yg, cores))
+    variants["nn_dataparallel"] = rank0(stepper(wrapped, Xg, yg, cores))
 
     # every rank, its shard
     X, y = _batch(global_batch // k, seed=1 + rank, device=device)
@@ -305,8 +310,7 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
     if k > 1:
         ddp_names += [f"{n}_nocomm" for n in DDP_IMPLS if n != "local"]
     for name in ddp_names:
-        net = _wrap(name, copy.deepcopy(base), spec.bucket_cap_mb)
-        variants[name] = stepper(net, torch.optim.SGD(net.parameters(), lr=LR), X, y)
+        variants[name] = stepper(_wrap(name, copy.deepcopy(base), spec.bucket_cap_mb), X, y)
     result = compare(variants, samples=samples, min_sample_seconds=min_sample_s, warmup=warmup,
                      calibration_calls=calibration, baseline=BASELINE if k == 1 else "local",
                      device=device,
@@ -321,13 +325,7 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
         flats = {name: [torch.zeros(max(1, n // 4), device=device) for n in sizes]
                  for name, sizes in (("per_parameter_s", param_bytes),
                                      ("per_bucket_s", bucket_bytes))}
-
-        def rounds(tensors: list[torch.Tensor]) -> Callable[[], None]:
-            def one_round() -> None:
-                for t in tensors:
-                    dist.all_reduce(t)
-            return one_round
-        comm = compare({name: rounds(t) for name, t in flats.items()},
+        comm = compare({name: _all_reduce_each(t) for name, t in flats.items()},
                        samples=max(5, samples // 2), min_sample_seconds=min_sample_s / 3,
                        warmup=1, calibration_calls=3,
                        device=device, before=dist.barrier, reduce=_slowest)
@@ -339,9 +337,7 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
             "nn_dataparallel_device_ids": list(getattr(wrapped, "device_ids", []))}
 
 
-# ------------------------------------------------------------------------------------------------
-# the whole run, and what is derived from it
-# ------------------------------------------------------------------------------------------------
+# ---- the whole run, and what is derived from it ----
 
 def _summary(v: dict) -> dict:
     q1, q3 = v["q1_s"], v["q3_s"]
@@ -448,12 +444,12 @@ def derive(entry: dict) -> dict:
     impls = [n for n in entry["by_workers"][str(ks[-1])]["step"]
              if not n.endswith("_nocomm") and n != BASELINE]
     base = entry["by_workers"]["1"]["step"][BASELINE]["seconds"]  # the one baseline
+    per_impl = ("speedup", "speedup_interval", "efficiency", "epoch_s")
+    against_torch = ("ratio_to_torch", "paired_ratio_to_torch", "ratio_to_torch_interval", "comm")
     d: dict = {"baseline": BASELINE, "baseline_s": statistics.median(base), "baseline_workers": 1,
-               "speedup": {}, "speedup_interval": {}, "efficiency": {},
-               "epoch_s": {}, "ratio_to_torch": {}, "paired_ratio_to_torch": {},
-               "ratio_to_torch_interval": {}, "comm": {}}
+               **{key: {} for key in per_impl + against_torch}}
     for name in impls:
-        for key in ("speedup", "speedup_interval", "efficiency", "epoch_s"):
+        for key in per_impl:
             d[key][name] = {}
         for k in ks:
             mine = entry["by_workers"][str(k)]["step"][name]["seconds"]
@@ -463,8 +459,7 @@ def derive(entry: dict) -> dict:
             d["efficiency"][name][str(k)] = s / k
             d["epoch_s"][name][str(k)] = _median(entry, k, name) * entry["steps_per_epoch"]
     for name in ("naive", "overlap", "bucketed", "torch"):
-        for key in ("ratio_to_torch", "paired_ratio_to_torch", "ratio_to_torch_interval",
-                    "comm"):
+        for key in against_torch:
             d[key][name] = {}
         for k in ks:
             step = entry["by_workers"][str(k)]["step"]
@@ -541,14 +536,6 @@ def rederive(report: dict) -> dict:
     return out
 
 
-def _verdict(low: float, high: float, goal: float, *, at_least: bool) -> str:
-    if (low >= goal) if at_least else (high <= goal):
-        return "met"
-    if (high < goal) if at_least else (low > goal):
-        return "not met"
-    return "undecided: the interval contains the goal"
-
-
 def goals(run: dict) -> dict:
     """Two targets, read off the run with their intervals (None where the run lacks them)."""
     g: dict = {}
@@ -562,15 +549,14 @@ def goals(run: dict) -> dict:
         g["lenet_speedup_2_vs_1_met"] = _verdict(*d["speedup_interval"]["bucketed"]["2"], 1.8,
                                                  at_least=True)
     k = str(max(run["workers"]))
-    g[f"bucketed_over_torch_at_{k}_workers"] = {
-        m: e["derived"]["ratio_to_torch"]["bucketed"][k] for m, e in run["models"].items()}
-    g["bucketed_over_torch_interval"] = {
-        m: e["derived"]["ratio_to_torch_interval"]["bucketed"][k]
-        for m, e in run["models"].items()}
+    ratios = {m: e["derived"]["ratio_to_torch"]["bucketed"][k] for m, e in run["models"].items()}
+    intervals = {m: e["derived"]["ratio_to_torch_interval"]["bucketed"][k]
+                 for m, e in run["models"].items()}
+    g[f"bucketed_over_torch_at_{k}_workers"] = ratios
+    g["bucketed_over_torch_interval"] = intervals
     g["bucketed_over_torch_goal"] = 1.10
-    g["bucketed_over_torch_met"] = {
-        m: _verdict(*e["derived"]["ratio_to_torch_interval"]["bucketed"][k], 1.10,
-                    at_least=False) for m, e in run["models"].items()}
+    g["bucketed_over_torch_met"] = {m: _verdict(*i, 1.10, at_least=False)
+                                    for m, i in intervals.items()}
     return g
 
 

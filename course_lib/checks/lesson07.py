@@ -1,18 +1,13 @@
-"""Checkers for the exercises of lesson 07 (DDP from scratch).
+"""Checkers for the exercises of lesson 07 (DDP from scratch), in real worker processes.
 
-``check_ddp`` judges a learner's DDP class (overlapped, or bucketed with ``bucket_cap_mb``)
-against ``torch.nn.parallel.DistributedDataParallel`` step by step, in real worker processes,
-and names the usual mistakes (the sum instead of the average, the parameter all-reduced instead
-of its gradient, all-reduces still running when backward returns, buckets launched in different
-orders on different ranks).
-
-``check_average_gradients`` runs the learner's ``average_gradients(model)`` in real worker
-processes (``course_lib.distributed.launch``) for several world sizes, and compares every
-parameter's ``.grad`` with the oracle: one process computing the gradient of the whole global
-batch. Worker processes import the function by module and name, so it must live in a file (in
-the notebook: a cell starting with ``%%writefile my_ddp.py``); pass it as a function or as the
-string ``"my_ddp:average_gradients"`` (imported fresh in the workers from the current folder, so
-an edited file is picked up without restarting the kernel).
+``check_average_gradients`` runs the learner's ``average_gradients(model)`` for several world
+sizes against one process computing the gradient of the whole global batch; ``check_ddp`` judges
+a learner's DDP class (overlapped, or bucketed with ``bucket_cap_mb``) against
+``torch.nn.parallel.DistributedDataParallel`` step by step, naming the usual mistakes. Worker
+processes import the answer by module and name, so it must live in a file (in the notebook: a
+cell starting with ``%%writefile my_ddp.py``); pass it as a function or class, or as a string
+such as ``"my_ddp:average_gradients"`` (imported fresh in the workers from the current folder,
+so an edited file is picked up without restarting the kernel).
 """
 from __future__ import annotations
 
@@ -26,19 +21,17 @@ from torch import nn
 
 from ..distributed.recording import record_collectives
 from ..parallel.ddp import assign_buckets
+from ._core import ExerciseResult, verdict
 from ._ddp_cases import CASES, MLP, Frozen
-from .harness import UNANSWERED, ExerciseResult, check_in_ranks, describe, load_answer, verdict
+from .harness import UNANSWERED, agree, check_in_ranks, describe, load_answer
 
 __all__ = ["check_average_gradients", "check_ddp"]
 
-_NAME = "average_gradients"
 _HINT = ("all-reduce (sum) every parameter's .grad in place, then divide it by "
          "dist.get_world_size(); skip parameters whose .grad is None.")
 
 
-# ------------------------------------------------------------------------------------------------
-# the cases: small models whose parameter sizes do not divide by the world size
-# ------------------------------------------------------------------------------------------------
+# ---- the cases: small models whose parameter sizes do not divide by the world size ---------------
 
 class _Conv(nn.Module):
     """Conv 1 -> 3 channels 3x3 on 5x5 images, then linear 27 -> 3."""
@@ -66,21 +59,6 @@ _MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "frozen fc1": (Frozen, (7,)),   # fc1's .grad stays None
     "unused layer": (_unused, (7,)),
 }
-
-
-# ------------------------------------------------------------------------------------------------
-# the worker (runs in every rank)
-# ------------------------------------------------------------------------------------------------
-
-def _diagnose(got: torch.Tensor, want: torch.Tensor, local: torch.Tensor, world: int) -> str:
-    """What a wrong gradient looks like: the sum, the local gradient, or something else."""
-    if torch.allclose(got, want * world, rtol=1e-4, atol=1e-6):
-        return f" It is {world} times too large: the sum, not the average."
-    if torch.allclose(got, local, rtol=1e-6, atol=1e-8):
-        return (" It is this rank's own gradient, unchanged: was the result written back into "
-                "p.grad (in place), and was it the gradient, not the parameter, that you "
-                "averaged?")
-    return ""
 
 
 def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) -> str | None:
@@ -113,16 +91,21 @@ def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) ->
             return (f"{where}: rank {rank} called no collective (no all_reduce, no send): the "
                     "others wait for it in theirs. Every rank must call all_reduce on every "
                     "gradient, in the same order.")
-        wrong = _first_wrong_grad(net, oracle, local, world, where, "", _diagnose)
+        wrong = _first_wrong_grad(net, oracle, local, world, where, "", ".",
+                                  " It is this rank's own gradient, unchanged: was the result "
+                                  "written back into p.grad (in place), and was it the gradient, "
+                                  "not the parameter, that you averaged?")
         if wrong is not None:
             return wrong
     return None
 
 
 def _first_wrong_grad(net: nn.Module, oracle: nn.Module, local: dict[str, torch.Tensor | None],
-                      world: int, where: str, source: str, diagnose: Callable) -> str | None:
-    """The first parameter of ``net`` whose ``.grad`` is not the ``oracle``'s, described (with
-    what ``diagnose`` recognises, given this rank's ``local`` gradients); None if none."""
+                      world: int, where: str, source: str, sum_end: str,
+                      unchanged: str) -> str | None:
+    """The first parameter of ``net`` whose ``.grad`` is not the ``oracle``'s, described; the
+    sum (``sum_end`` ends its sentence) and this rank's ``local`` gradient (``unchanged``) are
+    recognised. None if every one is right."""
     for (name, p), q in zip(net.named_parameters(), oracle.parameters()):
         got, want = p.grad, q.grad
         if want is None or got is None:
@@ -132,15 +115,16 @@ def _first_wrong_grad(net: nn.Module, oracle: nn.Module, local: dict[str, torch.
             continue
         # float32 sums in another order: a right answer differs by rounding only
         if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
-            hint = diagnose(got, want, local[name], world) if got.shape == want.shape else ""
+            hint = ""
+            if got.shape == want.shape and torch.allclose(got, want * world, rtol=1e-4, atol=1e-6):
+                hint = f" It is {world} times too large: the sum, not the average{sum_end}"
+            elif got.shape == want.shape and torch.allclose(got, local[name], rtol=1e-6,
+                                                            atol=1e-8):
+                hint = unchanged
             return (f"{where}, parameter {name}: expected .grad {describe(want)}{source}, "
                     f"received {describe(got)}.{hint}")
     return None
 
-
-# ------------------------------------------------------------------------------------------------
-# the checker
-# ------------------------------------------------------------------------------------------------
 
 def check_average_gradients(fn: Callable | str | None, *,
                             world_sizes: tuple[int, ...] = (2, 3, 4), per_rank: int = 3,
@@ -154,19 +138,13 @@ def check_average_gradients(fn: Callable | str | None, *,
     gradient one process gets on the whole batch (frozen and unused parameters must keep
     ``.grad`` None). A rank that calls no collective is named.
 
-    Args:
-        fn: the learner's function, importable by worker processes, or ``"module:function"``
-            (imported in the workers from the current folder); None: not answered yet.
-        world_sizes: numbers of processes to try.
-        per_rank: examples per rank.
-        timeout: seconds for each world size (a function that hangs fails, it does not hang).
-        strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
+    ``fn``: the learner's function, importable by worker processes, or ``"module:function"``;
+    None: not answered yet. ``per_rank``: examples per rank; ``timeout``: seconds for each world
+    size (a function that hangs fails, it does not hang); ``strict``: raise ``AssertionError`` on
+    a wrong answer. Returns the verdict (truthy when right); the first failing case is printed.
     """
     return check_in_ranks(
-        _NAME, fn, "my_ddp:average_gradients", _run_cases, (per_rank, 7),
+        "average_gradients", fn, "my_ddp:average_gradients", _run_cases, (per_rank, 7),
         world_sizes=world_sizes, timeout=timeout, hint=_HINT,
         hang_hint="Does every rank call all_reduce on the same tensors, in the same order?",
         passed=f"every .grad equals the whole-batch gradient for world sizes "
@@ -174,21 +152,14 @@ def check_average_gradients(fn: Callable | str | None, *,
         missing="write average_gradients(model) to a file and pass it here.", strict=strict)
 
 
-# ================================================================================================
-# check_ddp: the learner's DDP class, step by step against torch's DistributedDataParallel
-# ================================================================================================
+# ---- check_ddp: the learner's DDP class, step by step against torch's DistributedDataParallel ----
 
-_DDP_NAME = "OverlapDDP"
 _DDP_HINT = ("register p.register_post_accumulate_grad_hook on every parameter that requires "
              "grad (the hook receives the parameter: all-reduce p.grad), start the all-reduces "
              "in one fixed order (bucket 0, 1, 2, ... whatever order the gradients arrive in), "
              "and queue Variable._execution_engine.queue_callback at the first hook of a "
              "backward to wait for every one and divide by the world size before backward "
              "returns.")
-
-
-class _OrderMismatch(RuntimeError):
-    """The ranks called all_reduce on tensors of different sizes at the same position."""
 
 
 class _AllReduceRecorder:
@@ -200,10 +171,7 @@ class _AllReduceRecorder:
 
     def __init__(self):
         self.real = dist.all_reduce
-        self.sizes: list[int] = []
-        self.works: list = []
-        self.events: list[str] = []       # "grad" and "all_reduce" in the order they happened
-        self.mismatch: str | None = None
+        self.start_backward()
 
     def __call__(self, tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
         index = len(self.sizes)
@@ -218,7 +186,7 @@ class _AllReduceRecorder:
                              f"gradients arrive in a different order on each rank): launch in "
                              f"one fixed order, bucket index 0, 1, 2, ..., never in arrival "
                              f"order.")
-            raise _OrderMismatch(self.mismatch)
+            raise RuntimeError(self.mismatch)
         self.sizes.append(tensor.numel())
         self.events.append("all_reduce")
         work = self.real(tensor, op=op, group=group, async_op=async_op)
@@ -228,7 +196,10 @@ class _AllReduceRecorder:
         return work
 
     def start_backward(self) -> None:
-        self.sizes, self.works, self.events, self.mismatch = [], [], [], None
+        self.sizes: list[int] = []
+        self.works: list = []
+        self.events: list[str] = []       # "grad" and "all_reduce" in the order they happened
+        self.mismatch: str | None = None
 
 
 class _TrackedWork:
@@ -256,19 +227,6 @@ def _expected_buckets(module: nn.Module, cap_bytes: int) -> list[int]:
     return [sum(params[i].numel() for i in b) for b in assign_buckets(params, cap_bytes)]
 
 
-def _ddp_diagnose(got: torch.Tensor, want: torch.Tensor, local: torch.Tensor,
-                  world: int) -> str:
-    """Name what a wrong averaged gradient looks like."""
-    if torch.allclose(got, want * world, rtol=1e-4, atol=1e-6):
-        return (f" It is {world} times too large: the sum, not the average (divide by the "
-                "world size).")
-    if torch.allclose(got, local, rtol=1e-6, atol=1e-8):
-        return (" It is this rank's own gradient, unchanged: nothing was averaged into p.grad "
-                "by the time backward returned (was the all-reduce applied to p.grad, and "
-                "waited for, before backward returned?)")
-    return ""
-
-
 def _ddp_cases(spec, per_rank: int, steps: int, cap_mb: float | None, seed: int) -> str | None:
     """In every rank: each model of ``CASES`` wrapped by the learner's class and by torch's DDP,
     ``steps`` SGD steps on this rank's shards; the first failure as text, or None."""
@@ -280,58 +238,45 @@ def _ddp_cases(spec, per_rank: int, steps: int, cap_mb: float | None, seed: int)
     dist.all_reduce = recorder
     try:
         for case, build in CASES.items():
-            failure = _ddp_one_case(cls, case, build, recorder, rank, world, per_rank, steps,
-                                    cap_mb, seed)
-            if failure is not None:
-                return failure
+            torch.manual_seed(seed)                   # the same initial weights on every rank
+            net = build()
+            plain, theirs_net = copy.deepcopy(net), copy.deepcopy(net)
+            kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+            where = f"world_size={world}, model {case!r}, rank {rank}"
+            try:
+                mine = cls(net, **kwargs)
+            except NotImplementedError:
+                mine = None
+            except Exception as e:
+                args = "module" + (f", bucket_cap_mb={cap_mb:g}" if cap_mb is not None else "")
+                return (f"{where}: {getattr(cls, '__name__', 'your class')}({args}) raised "
+                        f"{type(e).__name__}: {' '.join(str(e).split())}")
+            theirs = nn.parallel.DistributedDataParallel(theirs_net, bucket_cap_mb=cap_mb or 25)
+            if mine is None:
+                return UNANSWERED
+            for p in net.parameters():  # after the learner's hooks: once theirs has returned
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(lambda p: recorder.events.append("grad"))
+            for step in range(steps):
+                # every rank goes on, or every rank stops (agree)
+                failure = agree(_ddp_one_step((mine, net, plain, theirs, theirs_net), recorder,
+                                              case, step, steps, where, per_rank, cap_mb, seed))
+                if failure is not None:
+                    return failure
     finally:
         dist.all_reduce = recorder.real
     return None
 
 
-def _ddp_one_case(cls, case: str, build, recorder: _AllReduceRecorder, rank: int, world: int,
-                  per_rank: int, steps: int, cap_mb: float | None, seed: int) -> str | None:
-    """One model: the learner's wrapper against torch's, step by step."""
-    torch.manual_seed(seed)                       # the same initial weights on every rank
-    net = build()
-    plain, theirs_net = copy.deepcopy(net), copy.deepcopy(net)
-    kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
-    where = f"world_size={world}, model {case!r}, rank {rank}"
-    try:
-        mine = cls(net, **kwargs)
-    except NotImplementedError:
-        mine = None
-    except Exception as e:
-        args = "module" + (f", bucket_cap_mb={cap_mb:g}" if cap_mb is not None else "")
-        return f"{where}: {getattr(cls, '__name__', 'your class')}({args}) raised " \
-               f"{type(e).__name__}: {' '.join(str(e).split())}"
-    theirs = nn.parallel.DistributedDataParallel(theirs_net, bucket_cap_mb=cap_mb or 25)
-    if mine is None:
-        return UNANSWERED
-    named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
-    for _, p in named:  # after the learner's hooks: runs once the learner's hook has returned
-        p.register_post_accumulate_grad_hook(lambda p: recorder.events.append("grad"))
-    for step in range(steps):
-        failure = _ddp_one_step(mine, net, plain, theirs, theirs_net, recorder, case, step,
-                                steps, where, rank, world, per_rank, cap_mb, seed)
-        # every rank goes on, or every rank stops: a rank that returned alone would leave its
-        # peers waiting in the next collective
-        failures: list[str | None] = [None] * world
-        dist.all_gather_object(failures, failure)
-        failure = next((f for f in failures if f is not None), None)
-        if failure is not None:
-            return failure
-    return None
-
-
-def _ddp_one_step(mine, net, plain, theirs, theirs_net, recorder: _AllReduceRecorder,
-                  case: str, step: int, steps: int, where: str, rank: int, world: int,
-                  per_rank: int, cap_mb: float | None, seed: int) -> str | None:
+def _ddp_one_step(models: tuple, recorder: _AllReduceRecorder, case: str, step: int, steps: int,
+                  where: str, per_rank: int, cap_mb: float | None, seed: int) -> str | None:
     """One SGD step of both wrappers on this rank's shard; what is wrong, or None.
 
     torch's DDP takes its step on every rank whatever the learner's class did, so that the
     ranks issue the same collectives.
     """
+    mine, net, plain, theirs, theirs_net = models
+    rank, world = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(seed + 100 * step + 1)
     X = torch.randn(world * per_rank, 7, generator=g)                # (world * per_rank, 7)
     y = torch.randint(0, 3, (world * per_rank,), generator=g)        # the global batch
@@ -369,7 +314,10 @@ def _ddp_one_step(mine, net, plain, theirs, theirs_net, recorder: _AllReduceReco
                 f"all-reduce param.grad.")
     local = {name: q.grad for name, q in plain.named_parameters()}
     wrong = _first_wrong_grad(net, theirs_net, local, world, at, " (as torch's DDP)",
-                              _ddp_diagnose)
+                              " (divide by the world size).",
+                              " It is this rank's own gradient, unchanged: nothing was averaged "
+                              "into p.grad by the time backward returned (was the all-reduce "
+                              "applied to p.grad, and waited for, before backward returned?)")
     if wrong is not None:
         return wrong
     if step == 0 and case == "mlp" and "grad" in recorder.events:
@@ -419,20 +367,13 @@ def check_ddp(cls: type | str | None, *, bucket_cap_mb: float | None = None,
     all-reduce per bucket, buckets filled last parameter first, each closed once it reaches
     the cap.
 
-    Args:
-        cls: the learner's class, importable by worker processes, or ``"module:Class"``
-            (imported in the workers from the current folder); None: not answered yet.
-        bucket_cap_mb: judge a bucketed class with this cap (MiB, as torch counts it).
-        world_sizes: numbers of processes to try.
-        per_rank: examples per rank and step.
-        steps: SGD steps per model (a class that works once and not twice fails).
-        timeout: seconds for each world size (a class that hangs fails, it does not hang).
-        strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
+    ``cls``: the learner's class, importable by worker processes, or ``"module:Class"``; None:
+    not answered yet. ``bucket_cap_mb``: judge a bucketed class with this cap (MiB, as torch
+    counts it); ``per_rank``: examples per rank and step; ``steps``: SGD steps per model (a class
+    that works once and not twice fails); ``timeout``: seconds for each world size. Returns the
+    verdict (truthy when right); the first failing case is printed.
     """
-    name = _DDP_NAME if bucket_cap_mb is None else "BucketedDDP"
+    name = "OverlapDDP" if bucket_cap_mb is None else "BucketedDDP"
     if cls is None:
         return verdict(name, None, "write your class to a file and pass it here.", strict)
     if bucket_cap_mb is not None and not bucket_cap_mb > 0:

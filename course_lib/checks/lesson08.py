@@ -1,24 +1,11 @@
-"""Checkers for the exercises of lesson 08 (the DDP training recipe).
-
-``check_epoch_shards`` judges a learner's ``epoch_shard(n, rank, world_size, epoch, seed)``:
-the indices a ``DistributedSampler`` with ``set_epoch`` gives this rank, in one process,
-compared element by element with torch's sampler (which the learner's function may not iterate).
-
-``check_exact_accuracy`` runs the learner's ``exact_accuracy(model, X, y)`` in real worker
-processes (``course_lib.distributed.launch``) for several world sizes and evaluation-set sizes
-that the world size does not divide. Every rank receives the whole set; the function must
-evaluate only this rank's share, every example exactly once over all the ranks (no padding),
-combine the counts with a collective, and return the accuracy of the whole set on every rank,
-the model evaluated in eval mode (a last case has a Dropout layer and arrives in train mode).
-The oracle is one process counting the whole set. The model records which examples it saw, so
-an answer that evaluates everything on every rank, or pads, is caught even when its number is
-right. Worker processes import the function by module and name, so it must live in a file (in
-the notebook: a cell starting with ``%%writefile my_eval.py``); pass it as a function or as the
-string ``"my_eval:exact_accuracy"``.
-
-``check_recipe_entry`` runs the learner's ``train(model, dataset, epochs, batch_size, lr)``, a DDP
-script's per-rank entry point, in processes started as torchrun starts them, against one process
-trained on the global batches.
+"""Checkers for the exercises of lesson 08 (the DDP training recipe): ``check_epoch_shards``
+(the shard a ``DistributedSampler`` with ``set_epoch`` gives a rank, computed without one, against
+torch's sampler), ``check_exact_accuracy`` (the exact accuracy of an evaluation set the world size
+does not divide, every example evaluated once over the ranks, in eval mode, against one process)
+and ``check_recipe_entry`` (a DDP script's per-rank entry point, started as torchrun starts it,
+against one process trained on the global batches). Worker processes import the learner's
+function by module and name, so it must live in a file (in the notebook: a cell starting with
+``%%writefile my_eval.py``); pass it as a function or as ``"my_eval:exact_accuracy"``.
 """
 from __future__ import annotations
 
@@ -27,7 +14,7 @@ import copy
 import io
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from unittest import mock
 
 import torch
@@ -36,12 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from ._core import ExerciseResult, call_bounded, failure, refused, unanswered, verdict
-from .harness import UNANSWERED, agree, check_in_ranks, load_answer
+from ..distributed.launch import find_free_port
+from ._core import ExerciseResult, call_bounded, failure
+from .harness import UNANSWERED, agree, check_cases, check_in_ranks, load_answer
 
 __all__ = ["check_epoch_shards", "check_exact_accuracy", "check_recipe_entry"]
 
-_NAME = "exact_accuracy"
 #: the idea, not the code (the method is the course's version, shown after the exercise)
 _HINT = ("give each rank its own share of the examples, the shares together holding every "
          "example exactly once (the world size need not divide N); each rank counts how many "
@@ -51,18 +38,12 @@ _HINT = ("give each rank its own share of the examples, the shares together hold
 _TOL = 1e-6
 
 
-# ------------------------------------------------------------------------------------------------
-# the cases: a small classifier whose inputs carry their own index
-# ------------------------------------------------------------------------------------------------
+# ---- the cases: a small classifier whose inputs carry their own index ----------------------------
 
 class _Recorder(nn.Module):
-    """A linear classifier (4 features -> 3 classes) that notes which examples it saw.
-
-    Column 0 of its input (B, 5) is the example's index in the evaluation set; columns 1-4 are
-    the features. With ``dropout`` a ``Dropout(0.5)`` comes before the linear layer: in train
-    mode it zeroes features at random (the predictions change), in eval mode it does nothing.
-    ``train_mode_calls`` counts the forwards run in train mode.
-    """
+    """A linear classifier (4 features -> 3 classes) that notes which examples it saw (column 0
+    of its input (B, 5) is the example's index, columns 1-4 the features) and counts the forwards
+    run in train mode. With ``dropout``, a ``Dropout(0.5)`` before the linear layer."""
 
     def __init__(self, seed: int, dropout: bool = False):
         super().__init__()
@@ -99,17 +80,16 @@ def _diagnose(got: float, correct: torch.Tensor, rank: int, world: int) -> str:
     padded = torch.cat([correct, correct[:total - n]])   # it repeats the first examples
     strided = [correct[r::world].double().mean().item() for r in range(world)]
     chunks = [c.double().mean().item() for c in torch.tensor_split(correct, world)]
+    mean = ("the mean of the ranks' accuracies: the shards differ in size, so the mean weighs a "
+            "small shard too much")
+    own = "this rank's own accuracy: the counts were not combined over the ranks"
     known = [
         (padded.sum().item() / total, f"the padded count: DistributedSampler repeats "
          f"{total - n} example(s) to reach total_size={total}, so they are counted twice"),
         (correct.sum().item() / total, f"divided by sampler.total_size={total} instead of the "
          f"{n} examples"),
-        (sum(strided) / world, "the mean of the ranks' accuracies: the shards differ in size, "
-         "so the mean weighs a small shard too much"),
-        (sum(chunks) / world, "the mean of the ranks' accuracies: the shards differ in size, "
-         "so the mean weighs a small shard too much"),
-        (strided[rank], "this rank's own accuracy: the counts were not combined over the ranks"),
-        (chunks[rank], "this rank's own accuracy: the counts were not combined over the ranks"),
+        (sum(strided) / world, mean), (sum(chunks) / world, mean),
+        (strided[rank], own), (chunks[rank], own),
         (float(correct.sum().item()), "the number of correct predictions, not a fraction"),
     ]
     for value, what in known:
@@ -118,9 +98,7 @@ def _diagnose(got: float, correct: torch.Tensor, rank: int, world: int) -> str:
     return ""
 
 
-# ------------------------------------------------------------------------------------------------
-# the worker (runs in every rank)
-# ------------------------------------------------------------------------------------------------
+# ---- the worker (runs in every rank) -------------------------------------------------------------
 
 def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed: int
                ) -> str | None:
@@ -168,9 +146,7 @@ def _run_cases(fn: Callable | tuple[str, str, str], sizes: tuple[int, ...], seed
     return None
 
 
-# ------------------------------------------------------------------------------------------------
-# the checker
-# ------------------------------------------------------------------------------------------------
+# ---- the checker ---------------------------------------------------------------------------------
 
 def check_exact_accuracy(fn: Callable | str | None, *,
                          world_sizes: tuple[int, ...] = (2, 3, 4),
@@ -185,19 +161,14 @@ def check_exact_accuracy(fn: Callable | str | None, *,
     exactly once. A last case gives a model with a Dropout layer, in train mode: the function
     must evaluate it in eval mode and leave it in the mode it arrived in.
 
-    Args:
-        fn: the learner's function, importable by worker processes, or ``"module:function"``
-            (imported in the workers from the current folder); None: not answered yet.
-        world_sizes: numbers of processes to try.
-        sizes: evaluation-set sizes to try.
-        timeout: seconds for each world size (a function that hangs fails, it does not hang).
-        strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
+    ``fn``: the learner's function, importable by worker processes, or ``"module:function"``;
+    None: not answered yet. ``sizes``: evaluation-set sizes to try; ``timeout``: seconds for each
+    world size (a function that hangs fails, it does not hang); ``strict``: raise
+    ``AssertionError`` on a wrong answer. Returns the verdict (truthy when right); the first
+    failing case is printed.
     """
     return check_in_ranks(
-        _NAME, fn, "my_eval:exact_accuracy", _run_cases, (tuple(sizes), 8),
+        "exact_accuracy", fn, "my_eval:exact_accuracy", _run_cases, (tuple(sizes), 8),
         world_sizes=world_sizes, timeout=timeout, hint=_HINT,
         hang_hint="Does every rank call the same collectives, in the same order?",
         passed=f"the exact accuracy on every rank, every example counted once, for world "
@@ -205,11 +176,8 @@ def check_exact_accuracy(fn: Callable | str | None, *,
         missing="write exact_accuracy(model, X, y) to a file and pass it here.", strict=strict)
 
 
-# ================================================================================================
-# check_epoch_shards: every epoch a new permutation, the same on every rank
-# ================================================================================================
+# ---- check_epoch_shards: every epoch a new permutation, the same on every rank -------------------
 
-_SHARDS_NAME = "epoch_shards"
 #: the idea, not the code: the learner reads torch's sampler, as the exercise asks
 _SHARDS_HINT = ("each epoch the sampler shuffles all n indices into one order that depends "
                 "only on its seed and the epoch (so every rank draws the same order), makes "
@@ -223,25 +191,14 @@ class _SamplerRefused(RuntimeError):
     """Raised when the learner's function iterates a ``DistributedSampler``."""
 
 
-@contextlib.contextmanager
-def _sampler_refused() -> Iterator[None]:
-    """While it is open, iterating any ``DistributedSampler`` raises ``_SamplerRefused``: the
-    exercise is to produce its order, not to ask it. Restored in ``finally``."""
-    saved = DistributedSampler.__iter__
-
-    def refused(self):
-        raise _SamplerRefused("iterating a DistributedSampler is not the exercise")
-
-    DistributedSampler.__iter__ = refused
-    try:
-        yield
-    finally:
-        DistributedSampler.__iter__ = saved
+def _refuse(sampler):
+    raise _SamplerRefused("iterating a DistributedSampler is not the exercise")
 
 
 def _call(fn: Callable, *args) -> list[int]:
-    """The learner's shard as a list of ints, computed with ``DistributedSampler`` refused."""
-    with _sampler_refused():
+    """The learner's shard as a list of ints. Iterating any ``DistributedSampler`` raises
+    ``_SamplerRefused`` meanwhile: the exercise is to produce its order, not to ask it."""
+    with mock.patch.object(DistributedSampler, "__iter__", _refuse):
         got = call_bounded(fn, *args)
     return [int(i) for i in got]
 
@@ -350,39 +307,25 @@ def check_epoch_shards(fn: Callable | None, *, sizes: tuple[int, ...] = (10, 11,
     ``__iter__`` raises during the call). Pure: run in this process, each call under a time
     limit.
 
-    Args:
-        fn: the learner's function; None: not answered yet.
-        sizes: dataset sizes to try (10 and 11 are not divisible by 3 or 4, 1001 by 2, 3, 4).
-        world_sizes: numbers of ranks to simulate.
-        epochs: epochs per case (epochs 0, 1, ...).
-        strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
+    ``fn``: the learner's function; None: not answered yet. ``sizes``: dataset sizes to try (10
+    and 11 are not divisible by 3 or 4, 1001 by 2, 3, 4); ``world_sizes``: numbers of ranks to
+    simulate; ``epochs``: epochs per case (0, 1, ...); ``strict``: raise ``AssertionError`` on a
+    wrong answer. Returns the verdict (truthy when right); the first failing case is printed.
     """
-    missing = "write epoch_shard(n, rank, world_size, epoch, seed) and pass it here."
-    if (refusal := refused(_SHARDS_NAME, fn, missing, strict)) is not None:
-        return refusal
-    for n in sizes:
-        for world in world_sizes:
-            try:
-                problem = _shards_failure(fn, n, world, 5, epochs)
-            except NotImplementedError:
-                return unanswered(_SHARDS_NAME, strict)
-            except Exception as e:  # a later call raised or hung
-                problem = f"n={n}, world_size={world}: {failure(e)}"
-            if problem is not None:
-                return verdict(_SHARDS_NAME, False, f"{problem} Hint: {_SHARDS_HINT}", strict)
-    return verdict(_SHARDS_NAME, True, f"every rank's shard equals torch's DistributedSampler's "
-                   f"after set_epoch, element by element, for sizes {list(sizes)}, world sizes "
-                   f"{list(world_sizes)} and {epochs} epochs.", strict)
+    return check_cases(
+        "epoch_shards", fn, [(n, world) for n in sizes for world in world_sizes],
+        lambda fn, n, world: _shards_failure(fn, n, world, 5, epochs),
+        missing="write epoch_shard(n, rank, world_size, epoch, seed) and pass it here.",
+        expected="a function", hint=_SHARDS_HINT,
+        raised=lambda case, e: f"n={case[0]}, world_size={case[1]}: {failure(e)} Hint: "
+                               f"{_SHARDS_HINT}",
+        passed=f"every rank's shard equals torch's DistributedSampler's after set_epoch, element "
+               f"by element, for sizes {list(sizes)}, world sizes {list(world_sizes)} and "
+               f"{epochs} epochs.", strict=strict)
 
 
-# ================================================================================================
-# check_recipe_entry: the per-rank entry point of a DDP training script
-# ================================================================================================
+# ---- check_recipe_entry: the per-rank entry point of a DDP training script -----------------------
 
-_ENTRY_NAME = "recipe entry point"
 #: the idea, not the code (the course's version, train_ddp.run, is shown after the exercise)
 _ENTRY_HINT = ("each rank joins the process group the launcher describes, reads only its own "
                "share of the data with a new shuffle every epoch (the same shuffle on every "
@@ -443,7 +386,8 @@ def _global_steps(orders: list[list[list[int]]]) -> list[list[int]]:
 
 
 def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return all(torch.allclose(x, z, rtol=_ENTRY_RTOL, atol=_ENTRY_ATOL) for x, z in zip(a, b))
+    return len(a) == len(b) and all(torch.allclose(x, z, rtol=_ENTRY_RTOL, atol=_ENTRY_ATOL)
+                                    for x, z in zip(a, b))
 
 
 def _judge_entry(rank: int, world: int, got: list[torch.Tensor], seen: list[int],
@@ -474,9 +418,9 @@ def _judge_entry(rank: int, world: int, got: list[torch.Tensor], seen: list[int]
                 f"(epochs counted from 0 or from 1 are both accepted).")
     orders = [_torch_shards(n, world, e + offset, 0) for e in range(E)]
     want = _trained(model, X, y, _global_steps(orders))
-    if len(got) != len(want) or not _same(got, want):
+    if not _same(got, want):
         alone = _trained(model, X, y, _global_steps([[shards[rank]] for shards in orders]))
-        if len(got) == len(alone) and _same(got, alone):
+        if _same(got, alone):
             return (f"{where}: the final weights are those of this rank training alone on its "
                     f"own share: the gradients were never averaged over the ranks, so the "
                     f"ranks' models drift apart.")
@@ -502,8 +446,6 @@ def _entry_cases(spec: Callable | tuple[str, str, str]) -> str | None:
     environment, on a port rank 0 chose), and a group of the same ranks is formed again
     afterwards so that every rank returns the same verdict (the lowest rank's problem).
     """
-    from ..distributed.launch import find_free_port
-
     rank, world = dist.get_rank(), dist.get_world_size()
     ports = [find_free_port(), find_free_port()] if rank == 0 else [None, None]
     dist.broadcast_object_list(ports, src=0)
@@ -563,15 +505,13 @@ def check_recipe_entry(fn: Callable | str | None, *, world_sizes: tuple[int, ...
     dataset on every rank, the same order every epoch, gradients never averaged (each rank
     alone), printing on every rank, the group left behind.
 
-    Args:
-        fn: importable by worker processes, or ``"module:function"`` (a file written with
-            ``%%writefile my_recipe.py``); None: not answered yet.
-        world_sizes: numbers of processes to try (one launch for all).
-        timeout: seconds for each world size.
-        strict: raise ``AssertionError`` on a wrong answer.
+    ``fn``: importable by worker processes, or ``"module:function"`` (a file written with
+    ``%%writefile my_recipe.py``); None: not answered yet. ``world_sizes``: one launch for all;
+    ``timeout``: seconds for each world size; ``strict``: raise ``AssertionError`` on a wrong
+    answer.
     """
     return check_in_ranks(
-        _ENTRY_NAME, fn, "my_recipe:train", _entry_cases, (), world_sizes=world_sizes,
+        "recipe entry point", fn, "my_recipe:train", _entry_cases, (), world_sizes=world_sizes,
         timeout=timeout, hint=_ENTRY_HINT,
         hang_hint="Does every rank join the group, and run the same number of steps?",
         passed=f"every rank read its sampler's shard of each epoch, ended with the weights of "

@@ -1,12 +1,9 @@
-"""Checkers for the exercises of lesson 09 (surviving failures).
-
-``check_syncbn(cls)`` runs the learner's SyncBatchNorm in real worker processes
-(``course_lib.distributed.launch``) on shards of different sizes and compares it with one
-``nn.BatchNorm2d`` on the global batch: output, input gradient, weight and bias gradients,
-running statistics. ``check_resume(capture, restore)`` stops a small training run mid-way,
-restores it into fresh objects and requires the end to be bitwise the uninterrupted run's.
-Worker processes import the learner's class by module and name, so it must live in a file (in
-the notebook: a cell starting with ``%%writefile my_syncbn.py``).
+"""Checkers for the exercises of lesson 09 (surviving failures): ``check_syncbn(cls)``, the
+learner's SyncBatchNorm in real worker processes on shards of different sizes against one
+``nn.BatchNorm2d`` on the global batch, and ``check_resume(capture, restore)``, a training run
+stopped mid-way and restored into fresh objects, bitwise the uninterrupted run. Worker processes
+import the learner's class by module and name, so it must live in a file (in the notebook: a
+cell starting with ``%%writefile my_syncbn.py``).
 """
 from __future__ import annotations
 
@@ -21,15 +18,12 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
-from ._launch import UNANSWERED, check_in_ranks, load_answer
+from .harness import UNANSWERED, agree, check_in_ranks, load_answer
 
 __all__ = ["check_resume", "check_syncbn"]
 
-# ================================================================================================
-# check_syncbn
-# ================================================================================================
+# ---- check_syncbn --------------------------------------------------------------------------------
 
-_BN_NAME = "SyncBatchNorm"
 _BN_HINT = ("forward: combine each channel's count, mean and centred sum of squares over the "
             "ranks (an all-gather; all-reducing [count, sum x, sum x^2] also passes here but "
             "loses precision when the mean is large against the spread), normalise with the "
@@ -121,8 +115,8 @@ def _syncbn_cases(spec, steps: int, seed: int) -> str | None:
     sizes = _SHARDS.get(world, [(3 + 2 * r) % 7 + 2 for r in range(world)])
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        w, b = torch.rand(_C, generator=g, dtype=torch.float64) + 0.5, torch.randn(
-            _C, generator=g, dtype=torch.float64)
+        w = torch.rand(_C, generator=g, dtype=torch.float64) + 0.5
+        b = torch.randn(_C, generator=g, dtype=torch.float64)
         for layer in (mine, reference):
             layer.weight.copy_(w)
             layer.bias.copy_(b)
@@ -150,10 +144,9 @@ def _syncbn_cases(spec, steps: int, seed: int) -> str | None:
         except Exception as e:
             failure_text = f"{where}: raised {type(e).__name__}: {' '.join(str(e).split())}"
         if failure_text is None:
-            grads = torch.stack([mine.weight.grad if mine.weight.grad is not None
-                                 else torch.full_like(w, float("nan")),
-                                 mine.bias.grad if mine.bias.grad is not None
-                                 else torch.full_like(b, float("nan"))])   # (2, C)
+            nan = torch.full_like(w, float("nan"))
+            grads = torch.stack([nan if p.grad is None else p.grad
+                                 for p in (mine.weight, mine.bias)])    # (2, C)
             dist.all_reduce(grads)                            # DDP's job: combine the ranks'
             dims = (0, 2, 3)
             n = whole.numel() // _C
@@ -187,9 +180,7 @@ def _syncbn_cases(spec, steps: int, seed: int) -> str | None:
                             "unbiased one, var * n / (n - 1), n the global count.")
                 failure_text = (f"{where}: running_var {mine.running_var.tolist()}, expected "
                                 f"{reference.running_var.tolist()}.{hint}")
-        failures: list[str | None] = [None] * world
-        dist.all_gather_object(failures, failure_text)       # every rank stops, or none
-        failure_text = next((f for f in failures if f is not None), None)
+        failure_text = agree(failure_text)                    # every rank stops, or none
         if failure_text is not None:
             return failure_text
     return None
@@ -206,19 +197,14 @@ def check_syncbn(cls: type | str | None, *, world_sizes: tuple[int, ...] = (2, 3
     whole batch: this rank's rows of the output and of the input gradient, the weight and bias
     gradients summed over the ranks (as DDP combines them), and the running statistics.
 
-    Args:
-        cls: the learner's class, importable by worker processes, or ``"module:Class"``
-            (imported in the workers from the current folder); None: not answered yet.
-        world_sizes: numbers of processes to try.
-        steps: training steps (the running statistics move twice).
-        timeout: seconds for each world size (a layer that hangs fails, it does not hang).
-        strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
+    ``cls``: the learner's class, importable by worker processes, or ``"module:Class"``; None:
+    not answered yet. ``steps``: training steps (the running statistics move twice);
+    ``timeout``: seconds for each world size (a layer that hangs fails, it does not hang);
+    ``strict``: raise ``AssertionError`` on a wrong answer. Returns the verdict (truthy when
+    right); the first failing case is printed.
     """
     return check_in_ranks(
-        _BN_NAME, cls, "my_syncbn:SyncBatchNorm", _syncbn_cases, (steps, 3),
+        "SyncBatchNorm", cls, "my_syncbn:SyncBatchNorm", _syncbn_cases, (steps, 3),
         world_sizes=world_sizes, timeout=timeout, hint=_BN_HINT,
         hang_hint="Does every rank call the same collectives, in the same order, in forward "
                   "and in backward?",
@@ -227,9 +213,7 @@ def check_syncbn(cls: type | str | None, *, world_sizes: tuple[int, ...] = (2, 3
         missing="write your SyncBatchNorm class to a file and pass it here.", strict=strict)
 
 
-# ================================================================================================
-# check_resume
-# ================================================================================================
+# ---- check_resume --------------------------------------------------------------------------------
 
 _RESUME_NAME = "resume"
 _RESUME_HINT = ("capture: model.state_dict(), optimizer.state_dict(), scheduler.state_dict(), "
@@ -302,15 +286,13 @@ def _resume_hint(got: dict, want: dict, epoch: int, start) -> str:
 
 def _resume_failure(capture: Callable, restore: Callable, stop_at: int) -> str | None:
     """Stop after ``stop_at`` epochs, restore into fresh objects, finish; compare bitwise."""
-    random.seed(0)
-    model, optimizer, scheduler = _build(0)
-    _train(model, optimizer, scheduler, 0, _EPOCHS)
-    reference = _snapshot(model, optimizer, scheduler)
-
-    random.seed(0)
-    model, optimizer, scheduler = _build(0)
-    _train(model, optimizer, scheduler, 0, stop_at)
-    at_stop = _snapshot(model, optimizer, scheduler)
+    runs = []
+    for end in (_EPOCHS, stop_at):                     # the uninterrupted run, the stopped one
+        random.seed(0)
+        model, optimizer, scheduler = _build(0)
+        _train(model, optimizer, scheduler, 0, end)
+        runs.append(_snapshot(model, optimizer, scheduler))
+    reference, at_stop = runs
     where = f"stopped after epoch {stop_at} of {_EPOCHS}"
     try:
         state = call_bounded(capture, model, optimizer, scheduler, stop_at)
@@ -358,13 +340,9 @@ def check_resume(capture: Callable | None, restore: Callable | None, *,
     scrambles the random states, builds new objects from another seed, restores, finishes, and
     requires the final weights and momentum buffers to be bitwise the uninterrupted run's.
 
-    Args:
-        capture, restore: the learner's functions; None: not answered yet.
-        stops: the epochs (of 4) after which the run is stopped.
-        strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
+    ``capture``, ``restore``: the learner's functions; None: not answered yet. ``stops``: the
+    epochs (of 4) after which the run is stopped; ``strict``: raise ``AssertionError`` on a wrong
+    answer. Returns the verdict (truthy when right); the first failing case is printed.
     """
     if capture is None or restore is None:
         return verdict(_RESUME_NAME, None, "write capture(...) and restore(...) and pass both "

@@ -1,40 +1,16 @@
-"""Checkers for the exercises of lesson 10 (timing plots and the alpha-beta model).
+"""Checkers for the exercises of lesson 10 (timing plots and the alpha-beta model), each
+described in its docstring: ``check_time_collective`` (the benchmark loop of a collective, on
+every rank of 2 and 3 gloo processes), ``check_bus_bandwidth`` (of a raw results row, as
+nccl-tests defines it in its ``doc/PERFORMANCE.md``), ``check_ring_time``,
+``check_alpha_beta_fit``, ``check_predicted_comm`` and ``check_slower_rank_wait``.
 
-``check_time_collective`` asks for the benchmark loop of a collective, run on every rank of 2
-and 3 gloo processes: warm-up calls, then samples of timed loops behind a barrier, the slowest
-rank's time per call, the median over the samples. Its oracle is the stand-in collective's own
-record of when each sample's calls started and ended (each sleeps as ``planned_sleep`` says),
-reduced over the ranks by the checker, not the library's ``course_lib.timing.time_sample`` (the
-tests pass that through the checker too).
-
-``check_bus_bandwidth`` asks for the bus bandwidth of one raw row of a collectives results file
-(``world_size``, ``bytes``, ``seconds``: one time per operation for each sample), in GB/s, as
-nccl-tests defines it (``doc/PERFORMANCE.md`` of NVIDIA/nccl-tests). Its oracle is not a copy of
-``course_lib.bench.cost_model.bus_bandwidth_gbps``: it walks the ring's schedule to count the
-bytes one rank's link carries (``2 (p - 1)`` steps of one chunk of ``n / p`` bytes) and takes
-the median of the samples by sorting them. The tests check that both agree.
-
-``check_ring_time`` asks for the alpha-beta time of a ring all-reduce of n bytes over p ranks,
-``2 (p - 1) alpha + 2 (p - 1) / p * n * beta``. Its oracle walks the ring's schedule (``2 (p - 1)``
-steps, each one message of ``n / p`` bytes), not the closed formula; the tests check that it
-agrees with ``course_lib.bench.cost_model.ring_time``.
-
-``check_alpha_beta_fit`` asks for the latency and inverse bandwidth of a ring all-reduce fitted
-to measured (bytes, seconds): the line ``t = a + b n`` that minimises
-``sum(((a + b n_i - t_i) / t_i) ** 2)`` (the error relative to each *measured* time), then
-``alpha = a / (2 (p - 1))`` and ``beta = b p / (2 (p - 1))``. Its oracle solves the weighted
-least-squares problem with ``numpy.linalg.lstsq`` (rows scaled by ``1 / t_i``; not
-``course_lib.bench.cost_model.fit_ring``); the tests check that both agree.
-
-``check_predicted_comm`` asks for the model's time of a step's all-reduces: one ring all-reduce
-per message (a bucket, or a parameter), one after another, each paying its own latency. Its
-oracle walks every message's ring schedule (``ring_time_by_schedule``), not the library's
-``course_lib.bench.cost_model.predicted_comm``; the tests check that both agree.
-
-``check_slower_rank_wait`` asks for what meeting at every step costs, per step, over a loop
-whose ranks meet once at its end, from each rank's duration of each step. Its oracle runs the
-two loops on a clock (``wait_by_clocks``), not the library's
-``course_lib.bench.step_comm.slower_rank_wait``; the tests check that both agree.
+Each oracle is written apart from the library function it judges (the tests check that both
+agree): the stand-in collective's own record of when each sample's calls started and ended, not
+``course_lib.timing.time_sample``; the ring's schedule walked step by step (``2 (p - 1)`` chunks
+of ``n / p`` bytes: ``link_bytes_by_schedule``, ``ring_time_by_schedule``, ``comm_by_schedule``)
+and a median by sorting, not ``cost_model``'s closed formulas; ``numpy.linalg.lstsq`` on rows
+scaled by ``1 / t_i`` (``lstsq_relative_fit``), not ``cost_model.fit_ring``; two loops run on a
+clock (``wait_by_clocks``), not ``step_comm.slower_rank_wait``.
 """
 from __future__ import annotations
 
@@ -46,7 +22,12 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
+from ..distributed import current_device, launch
+from ..distributed.env import _pin_to_cores
+from ..distributed.recording import COLLECTIVES, record_collectives
 from ._core import ExerciseResult, call_or_verdict, verdict
 from .harness import UNANSWERED, agree, check_in_ranks, load_answer, worker_spec
 
@@ -91,7 +72,6 @@ def _cases() -> list[dict]:
     """Raw rows as a results file holds them: several rank counts (3 among them), sizes p does
     not divide, odd and even sample counts, an outlier that moves the mean but not the median,
     and a fast sample that is not the median."""
-    rows = []
     specs = [(2, 4096, [0.0011, 0.0009, 0.0010]),
              (3, 1000, [2.0e-4, 2.1e-4, 9.0e-4, 1.9e-4]),            # even count, an outlier
              (4, 1_048_576, [0.0040, 0.0031, 0.0052, 0.0033, 0.0035]),
@@ -99,10 +79,14 @@ def _cases() -> list[dict]:
              (8, 64 * 2**20, [0.21, 0.20, 0.23, 0.19, 0.35]),
              (5, 999_999, [0.0100, 0.0080]),
              (2, 16 * 2**20, [0.030, 0.031, 0.029, 0.120, 0.032, 0.030, 0.028])]
-    for p, n, seconds in specs:
-        rows.append({"world_size": p, "bytes": n, "op": "all_reduce", "reps": 10,
-                     "seconds": list(seconds)})
-    return rows
+    return [{"world_size": p, "bytes": n, "op": "all_reduce", "reps": 10, "seconds": list(seconds)}
+            for p, n, seconds in specs]
+
+
+def _named(usual: dict[str, object], close: Callable[[object], bool], otherwise: str) -> str:
+    """"That is <why>." for the first usual mistake whose value ``close`` accepts, else
+    ``otherwise`` (the hint)."""
+    return next((f"That is {why}." for why, value in usual.items() if close(value)), otherwise)
 
 
 def _diagnose(row: dict, got: float) -> str:
@@ -125,10 +109,7 @@ def _diagnose(row: dict, got: float) -> str:
         "with seconds multiplied by reps: row['seconds'] is already per operation":
             n / (med * row.get("reps", 1)) * factor / 1e9,
     }
-    for why, value in usual.items():
-        if math.isclose(got, value, rel_tol=1e-6):
-            return f"That is {why}."
-    return _HINT
+    return _named(usual, lambda value: math.isclose(got, value, rel_tol=1e-6), _HINT)
 
 
 def check_bus_bandwidth(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -138,34 +119,60 @@ def check_bus_bandwidth(fn: Callable | None, *, strict: bool = False) -> Exercis
     samples with outliers; each call gets its own copy of the row. Relative tolerance 1e-6.
     The first failing case is printed with the usual mistake that explains it, if one does.
     """
-    if fn is None:
-        return verdict(_NAME, None, "define your function and pass it here.", strict)
     cases = _cases()
-    for row in cases:
-        want = _expected(row)
-        shown = {k: row[k] for k in ("world_size", "bytes", "seconds")}
-        got, failed = call_or_verdict(_NAME, strict, fn, copy.deepcopy(row),
-                                      after=f" on the row {shown}. {_HINT}")
+    shown = [{k: row[k] for k in ("world_size", "bytes", "seconds")} for row in cases]
+    return _check_each(
+        _NAME, fn, strict, [((row,), f"the row {s}") for row, s in zip(cases, shown)], _HINT,
+        _bus_problem,
+        f"matches nccl-tests' bus bandwidth on {len(cases)} rows (2 to 8 ranks).")
+
+
+def _bus_problem(got: object, shown: str, row: dict) -> str | None:
+    want = _expected(row)
+    try:
+        got = float(got)  # a 0-d tensor or numpy number is fine
+    except (TypeError, ValueError):
+        return (f"returned {got!r} ({type(got).__name__}) for {shown}; expected one number, "
+                "in GB/s.")
+    if not math.isclose(got, want, rel_tol=1e-6):
+        return f"for {shown}: expected {want:.6g} GB/s, got {got:.6g}. {_diagnose(row, got)}"
+    return None
+
+
+def _check_each(name: str, fn: Callable | None, strict: bool, cases: list, hint: str,
+                problem: Callable[..., str | None], passed: str) -> ExerciseResult:
+    """The checkers' shared loop: ``fn`` on a copy of each ``args`` of ``(args, shown)`` in
+    ``cases``; ``problem(got, shown, *args)`` says what is wrong (None: right)."""
+    if fn is None:
+        return verdict(name, None, "define your function and pass it here.", strict)
+    for args, shown in cases:
+        got, failed = call_or_verdict(name, strict, fn, *copy.deepcopy(args),
+                                      after=f" on {shown}. {hint}")
         if failed is not None:
             return failed
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            try:
-                got = float(got)  # a 0-d tensor or numpy number is fine
-            except (TypeError, ValueError):
-                return verdict(_NAME, False, f"returned {got!r} ({type(got).__name__}) for the "
-                               f"row {shown}; expected one number, in GB/s.", strict)
-        if not math.isclose(got, want, rel_tol=1e-6):
-            return verdict(_NAME, False, f"for the row {shown}: expected {want:.6g} GB/s, got "
-                           f"{got:.6g}. {_diagnose(row, got)}", strict)
-    return verdict(_NAME, True, f"matches nccl-tests' bus bandwidth on {len(cases)} rows "
-                   f"(2 to 8 ranks).", strict)
+        found = problem(got, shown, *args)
+        if found is not None:
+            return verdict(name, False, found, strict)
+    return verdict(name, True, passed, strict)
 
 
-# ------------------------------------------------------------------------------------------------
-# the alpha-beta time of a ring all-reduce
-# ------------------------------------------------------------------------------------------------
+def _in_seconds(want: Callable[..., float], diagnose: Callable[..., str]) -> Callable:
+    """The ``problem`` of a checker of a time: ``got`` against ``want(*args)``, 1e-9 relative."""
+    def problem(got: object, shown: str, *args) -> str | None:
+        expected = want(*args)
+        try:
+            got = float(got)   # a 0-d tensor or numpy number is fine
+        except (TypeError, ValueError):
+            return (f"returned {got!r} ({type(got).__name__}) on {shown}; expected one number, "
+                    "in seconds.")
+        if not math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-15):
+            return f"on {shown}: expected {expected:.6g} s, got {got:.6g} s. {diagnose(*args, got)}"
+        return None
+    return problem
 
-_RING = "ring_time"
+
+# ---- the alpha-beta time of a ring all-reduce ----------------------------------------------------
+
 _RING_HINT = ("a ring all-reduce is a reduce-scatter then an all-gather, p - 1 steps each; in "
               "every step each rank sends one chunk of n / p bytes to its neighbour (all at "
               "once), and one message costs alpha + bytes * beta.")
@@ -202,10 +209,8 @@ def _ring_diagnose(n: float, p: int, alpha: float, beta: float, got: float) -> s
             2 * (p - 1) * (alpha + (n // p) * beta),
         "alpha and beta swapped": 2 * (p - 1) * (beta + n / p * alpha),
     }
-    for why, value in usual.items():
-        if math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-15):
-            return f"That is {why}."
-    return _RING_HINT
+    return _named(usual, lambda value: math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-15),
+                  _RING_HINT)
 
 
 def check_ring_time(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -216,42 +221,15 @@ def check_ring_time(fn: Callable | None, *, strict: bool = False) -> ExerciseRes
     1e-9 against the ring's schedule walked step by step. The first failing case is printed with
     the usual mistake that explains it, if one does.
     """
-    if fn is None:
-        return verdict(_RING, None, "define your function and pass it here.", strict)
     cases = _ring_cases()
-    return _check_seconds(
-        _RING, fn, strict, [((n, p, alpha, beta), f"n_bytes={n}, p={p}, alpha={alpha:g}, "
-                             f"beta={beta:g}") for n, p, alpha, beta in cases],
-        ring_time_by_schedule, _RING_HINT, _ring_diagnose,
+    return _check_each(
+        "ring_time", fn, strict, [((n, p, a, b), f"n_bytes={n}, p={p}, alpha={a:g}, beta={b:g}")
+                                  for n, p, a, b in cases], _RING_HINT,
+        _in_seconds(ring_time_by_schedule, _ring_diagnose),
         f"matches the ring's schedule on {len(cases)} cases (1 to 8 ranks).")
 
 
-def _check_seconds(name: str, fn: Callable, strict: bool, cases: list, want: Callable,
-                   hint: str, diagnose: Callable, passed: str) -> ExerciseResult:
-    """The shared loop of the two time checkers: ``fn(*args)`` against ``want(*args)`` for each
-    ``(args, shown)`` of ``cases`` (a list argument is passed as a copy), to 1e-9 relative."""
-    for args, shown in cases:
-        expected = want(*args)
-        got, failed = call_or_verdict(name, strict, fn, *(list(a) if isinstance(a, (list, tuple))
-                                                           else a for a in args),
-                                      after=f" on {shown}. {hint}")
-        if failed is not None:
-            return failed
-        try:
-            got = float(got)   # a 0-d tensor or numpy number is fine
-        except (TypeError, ValueError):
-            return verdict(name, False, f"returned {got!r} ({type(got).__name__}) on {shown}; "
-                           "expected one number, in seconds.", strict)
-        if not math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-15):
-            return verdict(name, False, f"on {shown}: expected {expected:.6g} s, got "
-                           f"{got:.6g} s. {diagnose(*args, got)}", strict)
-    return verdict(name, True, passed, strict)
-
-
-
-# ------------------------------------------------------------------------------------------------
-# the alpha-beta fit
-# ------------------------------------------------------------------------------------------------
+# ---- the alpha-beta fit --------------------------------------------------------------------------
 
 _FIT = "alpha_beta_fit"
 _FIT_HINT = ("the ring's time is a straight line in n: minimise the sum over the points of "
@@ -322,10 +300,8 @@ def _fit_diagnose(sizes: list[float], times: list[float], p: int,
         " so b = 2 (p - 1) / p beta": (_alpha_beta(*weighted, p)[0],
                                        weighted[1] / (2 * (p - 1))),
     }
-    for why, value in usual.items():
-        if all(math.isclose(g, v, rel_tol=1e-6) for g, v in zip(got, value)):
-            return f"That is {why}."
-    return _FIT_HINT
+    return _named(usual, lambda value: all(math.isclose(g, v, rel_tol=1e-6)
+                                           for g, v in zip(got, value)), _FIT_HINT)
 
 
 def check_alpha_beta_fit(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -338,37 +314,33 @@ def check_alpha_beta_fit(fn: Callable | None, *, strict: bool = False) -> Exerci
     the rows scaled by ``1 / t_i`` (``lstsq_relative_fit``); the first failing case is printed
     with the usual mistake that explains it.
     """
-    if fn is None:
-        return verdict(_FIT, None, "define your function and pass it here.", strict)
     cases = _fit_cases()
-    for sizes, times, p in cases:
-        want = lstsq_relative_fit(sizes, times, p)
-        shown = f"p={p}, {len(sizes)} sizes from {sizes[0]} to {sizes[-1]} bytes"
-        got, failed = call_or_verdict(_FIT, strict, fn, list(sizes), list(times), p,
-                                      after=f" on {shown}. {_FIT_HINT}")
-        if failed is not None:
-            return failed
-        try:
-            got = tuple(float(x) for x in got)
-        except (TypeError, ValueError):
-            got = None
-        if got is None or len(got) != 2:
-            return verdict(_FIT, False, f"on {shown} returned something other than two numbers "
-                           "(alpha, beta); return a tuple (alpha, beta) in seconds and seconds "
-                           "per byte.", strict)
-        if not all(math.isclose(g, w, rel_tol=1e-6) for g, w in zip(got, want)):
-            return verdict(_FIT, False, f"on {shown}: expected alpha = {want[0]:.6g} s, beta = "
-                           f"{want[1]:.6g} s/byte, got alpha = {got[0]:.6g}, beta = "
-                           f"{got[1]:.6g}. {_fit_diagnose(sizes, times, p, got)}", strict)
-    return verdict(_FIT, True, f"matches the relative-error fit on {len(cases)} cases (2 to 8 "
-                   "ranks, exact and noisy times).", strict)
+    return _check_each(
+        _FIT, fn, strict, [(case, f"p={case[2]}, {len(case[0])} sizes from {case[0][0]} to "
+                                  f"{case[0][-1]} bytes") for case in cases], _FIT_HINT,
+        _fit_problem, f"matches the relative-error fit on {len(cases)} cases (2 to 8 ranks, exact "
+                      "and noisy times).")
 
 
-# ------------------------------------------------------------------------------------------------
-# the predicted all-reduce time of a step
-# ------------------------------------------------------------------------------------------------
+def _fit_problem(got: object, shown: str, sizes: list[float], times: list[float],
+                 p: int) -> str | None:
+    want = lstsq_relative_fit(sizes, times, p)
+    try:
+        got = tuple(float(x) for x in got)
+    except (TypeError, ValueError):
+        got = None
+    if got is None or len(got) != 2:
+        return (f"on {shown} returned something other than two numbers (alpha, beta); return a "
+                "tuple (alpha, beta) in seconds and seconds per byte.")
+    if not all(math.isclose(g, w, rel_tol=1e-6) for g, w in zip(got, want)):
+        return (f"on {shown}: expected alpha = {want[0]:.6g} s, beta = {want[1]:.6g} s/byte, "
+                f"got alpha = {got[0]:.6g}, beta = {got[1]:.6g}. "
+                f"{_fit_diagnose(sizes, times, p, got)}")
+    return None
 
-_COMM = "predicted_comm"
+
+# ---- the predicted all-reduce time of a step -----------------------------------------------------
+
 _COMM_HINT = ("a step sends each message (a bucket, or a parameter's gradient) in an all-reduce "
               "of its own, one after another: add up one ring all-reduce per message, each with "
               "its own 2 (p - 1) steps of alpha + n / p * beta.")
@@ -377,10 +349,7 @@ _COMM_HINT = ("a step sends each message (a bucket, or a parameter's gradient) i
 def comm_by_schedule(message_bytes: list[float], p: int, alpha: float, beta: float) -> float:
     """Seconds of a step's all-reduces, message by message: every message's ring schedule
     walked in turn (the oracle of ``check_predicted_comm``)."""
-    total = 0.0
-    for n in message_bytes:
-        total += ring_time_by_schedule(n, p, alpha, beta)
-    return total
+    return sum((ring_time_by_schedule(n, p, alpha, beta) for n in message_bytes), 0.0)
 
 
 def _comm_cases() -> list[tuple[list[float], int, float, float]]:
@@ -409,10 +378,8 @@ def _comm_diagnose(msgs: list[float], p: int, alpha: float, beta: float, got: fl
         "whole messages in every ring step: each step sends n / p bytes":
             sum(2 * (p - 1) * (alpha + n * beta) for n in msgs),
     }
-    for why, value in usual.items():
-        if math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-15):
-            return f"That is {why}."
-    return _COMM_HINT
+    return _named(usual, lambda value: math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-15),
+                  _COMM_HINT)
 
 
 def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -423,8 +390,6 @@ def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> Exerci
     Relative tolerance 1e-9 against every message's ring schedule walked step by step; the
     first failing case is printed with the usual mistake that explains it, if one does.
     """
-    if fn is None:
-        return verdict(_COMM, None, "define your function and pass it here.", strict)
     cases = _comm_cases()
 
     def shown(msgs, p, alpha, beta):
@@ -432,18 +397,15 @@ def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> Exerci
                 else f"{len(msgs)} messages of {sum(msgs)} bytes in all")
         return f"{what}, p={p}, alpha={alpha:g}, beta={beta:g}"
 
-    return _check_seconds(
-        _COMM, fn, strict, [(case, shown(*case)) for case in cases], comm_by_schedule,
-        _COMM_HINT, _comm_diagnose,
+    return _check_each(
+        "predicted_comm", fn, strict, [(case, shown(*case)) for case in cases], _COMM_HINT,
+        _in_seconds(comm_by_schedule, _comm_diagnose),
         f"matches every message's ring schedule on {len(cases)} steps (0 to 11 messages, 1 to "
         "8 ranks).")
 
 
-# ------------------------------------------------------------------------------------------------
-# the wait for the slower rank
-# ------------------------------------------------------------------------------------------------
+# ---- the wait for the slower rank ----------------------------------------------------------------
 
-_WAIT = "slower_rank_wait"
 _WAIT_HINT = ("run both loops in your head: meeting at every step, each step ends when its "
               "slowest rank does; meeting once, the loop ends when the rank slowest over all "
               "the steps does. The wait is the difference between the two loops' times, per step.")
@@ -493,10 +455,8 @@ def _wait_diagnose(durations: list[list[float]], got: float) -> str:
             wait_by_clocks([list(c) for c in zip(*durations)]) if steps > 1 and ranks > 1
             else math.nan,
     }
-    for why, value in usual.items():
-        if math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-12):
-            return f"That is {why}."
-    return _WAIT_HINT
+    return _named(usual, lambda value: math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-12),
+                  _WAIT_HINT)
 
 
 def check_slower_rank_wait(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -508,22 +468,17 @@ def check_slower_rank_wait(fn: Callable | None, *, strict: bool = False) -> Exer
     1e-9 relative against two loops run on a clock (``wait_by_clocks``); the first failing case
     is printed with the usual mistake that explains it, if one does.
     """
-    if fn is None:
-        return verdict(_WAIT, None, "define your function and pass it here.", strict)
     cases = _wait_cases()
-    return _check_seconds(
-        _WAIT, fn, strict,
-        [((copy.deepcopy(c),), f"durations={c}" if len(c[0]) < 4 else
-          f"{len(c)} ranks x {len(c[0])} steps, durations={c}") for c in cases],
-        wait_by_clocks, _WAIT_HINT, _wait_diagnose,
+    return _check_each(
+        "slower_rank_wait", fn, strict,
+        [((c,), f"durations={c}" if len(c[0]) < 4 else
+          f"{len(c)} ranks x {len(c[0])} steps, durations={c}") for c in cases], _WAIT_HINT,
+        _in_seconds(wait_by_clocks, _wait_diagnose),
         f"matches two loops run on a clock on {len(cases)} cases (2 to 4 ranks, 2 to 7 steps).")
 
 
-# ------------------------------------------------------------------------------------------------
-# the benchmark loop of a collective, in real processes
-# ------------------------------------------------------------------------------------------------
+# ---- the benchmark loop of a collective, in real processes ---------------------------------------
 
-_TIME = "time_collective"
 _TIME_HINT = ("each item of the list above the exercise is one part of the loop; the message "
               "above says what yours does differently.")
 #: The check's plan: untimed calls, samples, calls per sample.
@@ -663,10 +618,6 @@ def _value_problem(got: float, rank: int, per_rank: list[list[float]]) -> str | 
 def _time_collective_cases(spec) -> str | None:
     """One rank of ``check_time_collective``: the learner's function on the stand-in, then its
     calls, its collectives, its number (the same on every rank?) against the stand-in's times."""
-    import torch.distributed as dist
-
-    from ..distributed.recording import COLLECTIVES, record_collectives
-
     fn, error = load_answer(spec)
     if error:
         return error
@@ -728,15 +679,12 @@ def check_time_collective(fn: Callable | str | None, *, world_sizes: tuple[int, 
     one rank's own time, the sum over the ranks, a whole sample's time). Whether the GPU is
     synchronized is not judged: on a CPU it changes nothing.
 
-    Args:
-        fn: the learner's function, importable by worker processes, or ``"module:function"``
-            (imported in the workers from the current folder); None: not answered yet.
-        world_sizes: numbers of processes to try.
-        timeout: seconds for each world size.
-        strict: raise ``AssertionError`` on a wrong answer.
+    ``fn``: the learner's function, importable by worker processes, or ``"module:function"``;
+    None: not answered yet. ``timeout``: seconds for each world size; ``strict``: raise
+    ``AssertionError`` on a wrong answer.
     """
     return check_in_ranks(
-        _TIME, fn, "my_timing:time_collective", _time_collective_cases, (),
+        "time_collective", fn, "my_timing:time_collective", _time_collective_cases, (),
         world_sizes=world_sizes, timeout=timeout, hint=_TIME_HINT,
         hang_hint="Does every rank make the same collective calls (the barrier, the "
                   "all-reduce) the same number of times?",
@@ -751,12 +699,6 @@ def _time_all_reduce_worker(spec, sizes: list[int], loops: list[int], warmup: in
                             samples: int) -> dict[int, float] | str | None:
     """One rank of ``time_all_reduce``: the learner's loop around ``dist.all_reduce`` of each
     size; rank 0 returns {bytes: seconds per call}, or what went wrong."""
-    import torch
-    import torch.distributed as dist
-
-    from ..distributed import current_device
-    from ..distributed.env import _pin_to_cores
-
     fn, error = load_answer(spec)
     if error:
         return error
@@ -783,8 +725,6 @@ def time_all_reduce(fn: Callable | str, sizes: list[int], loops: list[int], *,
             or ``sizes`` and ``loops`` differ in length or hold a non-positive number.
         RuntimeError: the workers could not import ``fn``.
     """
-    from ..distributed import launch
-
     spec = worker_spec(fn, "my_timing:time_collective")
     if isinstance(spec, str):
         raise ValueError(f"time_all_reduce: {spec}")

@@ -1,14 +1,8 @@
-"""Checkers for the exercises of lesson 11 (sharded data parallelism).
-
-``check_zero(cls)`` runs the learner's ZeRO-1 optimizer class in real worker processes
-(``course_lib.distributed.launch``) on 2, 3 and 4 ranks and compares it with the unsharded
-optimizer (AdamW with weight decay, SGD with momentum; frozen and tied parameters): same
-parameters after every step, each rank holding state for its own shard only, shards balanced by
-size. ``check_fsdp(cls)`` runs the learner's simplified FSDP unit (a Linear layer kept as one
-flat, padded shard per rank) in a two-layer network against one process on the whole batch: shard
-sizes, averaged gradients, training steps, and that the full weight is not kept between forward
-and backward. Worker processes import the class by module and name, so it must live in a file
-(in the notebook: ``%%writefile my_zero.py``); pass it as a class or as ``"my_zero:ZeRO1"``.
+"""Checkers for the exercises of lesson 11 (sharded data parallelism), run in real worker
+processes against one unsharded process: ``check_zero(cls)``, a ZeRO-1 optimizer class, and
+``check_fsdp(cls)``, a simplified FSDP unit (a Linear layer kept as one flat, padded shard per
+rank). Worker processes import the class by module and name, so it must live in a file (in the
+notebook: ``%%writefile my_zero.py``); pass it as a class or as ``"my_zero:ZeRO1"``.
 """
 from __future__ import annotations
 
@@ -24,16 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._core import ExerciseResult
-from ._launch import UNANSWERED, check_in_ranks, load_answer
 from ._zero_cases import MODELS as _ZERO_MODELS
-from .harness import describe
+from .harness import UNANSWERED, check_in_ranks, describe, load_answer
 
 __all__ = ["check_fsdp", "check_zero"]
 
 
-# ------------------------------------------------------------------------------------------------
-# ZeRO-1
-# ------------------------------------------------------------------------------------------------
+# ---- ZeRO-1 --------------------------------------------------------------------------------------
 
 _OPTIMIZERS = {"AdamW(lr=0.01, weight_decay=0.1)": (torch.optim.AdamW,
                                                     dict(lr=0.01, weight_decay=0.1)),
@@ -121,24 +112,19 @@ def check_zero(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
     """Exercise 11.1: ``cls(params, optimizer_class, **defaults)``, a ZeRO-1 optimizer.
 
     For each world size, a process group of that many worker processes; each builds the same
-    small model
-    (an MLP, one with tied weights, one with a frozen layer), gives your optimizer and the
-    unsharded one the same gradients for ``steps`` steps (AdamW with weight decay, SGD with
-    momentum), and compares every parameter after every step. Then: your ``self.optim`` (the
+    small model (an MLP, one with tied weights, one with a frozen layer), gives your optimizer
+    and the unsharded one the same gradients for ``steps`` steps (AdamW with weight decay, SGD
+    with momentum), and compares every parameter after every step. Then: your ``self.optim`` (the
     local optimizer) must hold state for this rank's parameters only, every trainable parameter
     on exactly one rank, the ranks' shares of elements balanced.
 
-    Args:
-        cls: your class (importable by worker processes) or ``"module:ClassName"``; None: not
-            answered yet.
-        world_sizes: numbers of processes to try.
-        steps: optimizer steps per case.
-        timeout: seconds for each world size (a class that hangs fails, it does not hang).
-        strict: raise ``AssertionError`` on a wrong answer.
+    ``cls``: your class (importable by worker processes) or ``"module:ClassName"``; None: not
+    answered yet. ``steps``: optimizer steps per case; ``timeout``: seconds for each world size (a
+    class that hangs fails, it does not hang); ``strict``: raise ``AssertionError`` on a wrong
+    answer.
     """
-    name = "ZeRO1"
     return check_in_ranks(
-        name, cls, "my_zero:ZeRO1", _zero_cases, (steps, 3), world_sizes=world_sizes,
+        "ZeRO1", cls, "my_zero:ZeRO1", _zero_cases, (steps, 3), world_sizes=world_sizes,
         timeout=timeout, hint=_ZERO_HINT,
         hang_hint="Does every rank make the same broadcasts, in the same order?",
         passed=f"equal to the unsharded optimizer for world sizes {list(world_sizes)}, "
@@ -147,9 +133,7 @@ def check_zero(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
         missing="write your class to a file and pass it here.", strict=strict)
 
 
-# ------------------------------------------------------------------------------------------------
-# a simplified FSDP unit
-# ------------------------------------------------------------------------------------------------
+# ---- a simplified FSDP unit ----------------------------------------------------------------------
 
 _FSDP_HINT = ("flatten [weight, bias] into one vector, pad it with zeros to a multiple of the "
               "world size, keep slice rank of the padded vector as self.shard; in forward "
@@ -161,9 +145,14 @@ _FSDP_HINT = ("flatten [weight, bias] into one vector, pad it with zeros to a mu
 _SIZES = [(16, 12), (12, 5)]
 
 
-def _flat(linear: nn.Linear, grad: bool = False) -> torch.Tensor:
+def _shard_of(linear: nn.Linear, world: int, rank: int, grad: bool = False) -> torch.Tensor:
+    """Slice ``rank`` of [weight.flatten(), bias] (or their .grad) padded with zeros to a
+    multiple of ``world``: a new tensor, not a view of the whole."""
     w, b = (linear.weight.grad, linear.bias.grad) if grad else (linear.weight, linear.bias)
-    return torch.cat([w.detach().flatten(), b.detach()])  # (n,): n = out * in + out
+    flat = torch.cat([w.detach().flatten(), b.detach()])  # (n,): n = out * in + out
+    size = math.ceil(len(flat) / world)
+    padded = torch.cat([flat, torch.zeros(size * world - len(flat))])
+    return padded[rank * size:(rank + 1) * size].clone()
 
 
 def _kept_since(before: set[int], sizes: set[int]) -> list[int]:
@@ -209,12 +198,10 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
             return (f"{where}: Linear({a}, {b}) has {n} elements; each rank's shard should "
                     f"have ceil({n}/{world}) = {size} (the padded vector split evenly), yours "
                     f"has {shard.numel()}.")
-        padded = torch.cat([_flat(layer), torch.zeros(size * world - n)])
-        if not torch.equal(shard.detach(), padded[rank * size:(rank + 1) * size]):
+        if not torch.equal(shard.detach(), _shard_of(layer, world, rank)):
             return (f"{where}: the shard of Linear({a}, {b}) should be elements "
                     f"{rank * size}:{(rank + 1) * size} of [weight.flatten(), bias] padded "
                     f"with zeros; it is {describe(shard)}.")
-    del padded  # the scan below looks for tensors of these sizes
     sizes = {a * b + b for a, b in _SIZES} | {a * b for a, b in _SIZES}
     sizes |= {math.ceil(n / world) * world for n in sizes}
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -251,14 +238,11 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
         except Exception as e:
             return f"{where}, step {step}: forward or backward raised {type(e).__name__}: {e}"
         for unit, layer, (a, b) in zip(units, (ref[0], ref[2]), _SIZES):
-            n = a * b + b
-            size = math.ceil(n / world)
-            want = torch.cat([_flat(layer, grad=True), torch.zeros(size * world - n)])
-            want = want[rank * size:(rank + 1) * size].clone()  # not a view of the full one
+            want = _shard_of(layer, world, rank, grad=True)
             got = unit.shard.grad
             if got is None or got.shape != want.shape:
                 return (f"{where}, step {step}: the shard of Linear({a}, {b}) has .grad "
-                        f"{None if got is None else tuple(got.shape)}, expected {size} "
+                        f"{None if got is None else tuple(got.shape)}, expected {len(want)} "
                         "elements.")
             if not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
                 why = ""
@@ -285,18 +269,13 @@ def check_fsdp(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
     whole-batch gradient (the average over ranks). Between forward and backward, no full weight
     may stay alive (gathered, used, freed).
 
-    Args:
-        cls: your class (importable by worker processes) or ``"module:ClassName"``; None: not
-            answered yet.
-        world_sizes: numbers of processes to try.
-        steps: training steps.
-        timeout: seconds for each world size.
-        strict: raise ``AssertionError`` on a wrong answer.
+    ``cls``: your class (importable by worker processes) or ``"module:ClassName"``; None: not
+    answered yet. ``steps``: training steps; ``timeout``: seconds for each world size;
+    ``strict``: raise ``AssertionError`` on a wrong answer.
     """
-    name = "ShardedLinear"
     return check_in_ranks(
-        name, cls, "my_fsdp:ShardedLinear", _fsdp_cases, (steps, 5), world_sizes=world_sizes,
-        timeout=timeout, hint=_FSDP_HINT,
+        "ShardedLinear", cls, "my_fsdp:ShardedLinear", _fsdp_cases, (steps, 5),
+        world_sizes=world_sizes, timeout=timeout, hint=_FSDP_HINT,
         hang_hint="Does every rank make the same collectives (all-gather in forward and in "
                   "backward, reduce-scatter in backward)?",
         passed=f"shards, averaged gradients and {steps} training steps equal one process on "

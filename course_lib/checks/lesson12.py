@@ -1,17 +1,11 @@
 """Checkers for the exercises of lesson 12 (model and pipeline parallelism).
 
-``check_stage`` asks for a pipeline stage's ``forward_one`` and ``backward_one`` (a subclass of
-``PipelineStageBase``, which sends and receives). In worker processes of 2 and 3 ranks, the
-learner's stages run a step of ``ScheduleGPipe`` and ``Schedule1F1B`` on a small float64 MLP,
-and every rank compares its stage's gradients (the last stage, its output too) with one process
-on the whole batch.
-
-``check_one_f_one_b`` asks for the 1F1B order of one stage. The learner's orders for every stage
-are played together by ``simulate_schedule`` (which finds a deadlock or a backward before its
-forward), then compared with ``one_f_one_b_order``; a valid order that is not 1F1B is told what
-it costs: more activations in flight (GPipe's order, a warm-up too long) or a longer step (a
-warm-up too short). A failure names the first step where the order differs (which kind of op
-1F1B runs there, which the answer runs), never 1F1B's whole order: that would be the answer.
+``check_stage``: a pipeline stage's ``forward_one`` and ``backward_one`` (a subclass of
+``PipelineStageBase``) run ``ScheduleGPipe`` and ``Schedule1F1B`` in worker processes, each
+stage's gradients against one process on the whole batch. ``check_one_f_one_b``: the learner's
+1F1B orders for every stage, played together by ``simulate_schedule``, then compared with
+``one_f_one_b_order``; a valid order that is not 1F1B is told what it costs (more activations in
+flight, or a longer step) and where it first differs, never 1F1B's whole order (the answer).
 """
 from __future__ import annotations
 
@@ -66,10 +60,8 @@ def _span(orders: list[list], p: int, m: int) -> float:
 
 
 def _first_divergence(got: list, want: list) -> str:
-    """Where ``got`` first leaves ``want``: the step and the kind of op each runs there.
-
-    Both passed ``check_order`` (forwards in order, backwards in order), so at the first
-    difference one runs a forward and the other a backward.
+    """Where ``got`` first leaves ``want``: the step and the kind of op each runs there (both
+    passed ``check_order``, so at the first difference one runs a forward, the other a backward).
     """
     k = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
     return (f"at step {k} (counting from 0) 1F1B runs {_KIND[want[k][0]]}, yours "
@@ -135,9 +127,7 @@ def check_one_f_one_b(fn: Callable | None, *, strict: bool = False) -> ExerciseR
                    f"{micro[-1]} micro-batches.", strict)
 
 
-# ------------------------------------------------------------------------------------------------
-# a pipeline stage's forward_one and backward_one
-# ------------------------------------------------------------------------------------------------
+# ---- a pipeline stage's forward_one and backward_one ---------------------------------------------
 
 _STAGE_CASES = [(ScheduleGPipe, 1), (ScheduleGPipe, 4), (Schedule1F1B, 2), (Schedule1F1B, 4)]
 #: the idea, not the code: the failure itself says which case and what went wrong
@@ -215,12 +205,10 @@ def check_stage(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2
     micro-batches) and ``Schedule1F1B`` (2 and 4); every stage's gradients must equal one
     process's on the whole batch, and the last stage's output its output.
 
-    Args:
-        cls: your class (importable by worker processes) or ``"module:ClassName"``; None: not
-            answered yet.
-        world_sizes: numbers of processes (stages) to try.
-        timeout: seconds for each world size (a stage that never sends fails, it does not hang).
-        strict: raise ``AssertionError`` on a wrong answer.
+    ``cls``: your class (importable by worker processes) or ``"module:ClassName"``; None: not
+    answered yet. ``world_sizes``: numbers of processes (stages) to try; ``timeout``: seconds for
+    each world size (a stage that never sends fails, it does not hang); ``strict``: raise
+    ``AssertionError`` on a wrong answer.
     """
     return check_in_ranks(
         "MyStage", cls, "my_stage:MyStage", _stage_cases, (), world_sizes=world_sizes,

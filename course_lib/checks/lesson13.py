@@ -1,41 +1,42 @@
-"""Checkers for the exercises of lesson 13 (after training).
+"""Checkers for the exercises of lesson 13 (after training); each docstring says what it tries,
+and each prints its verdict (the first failing case) and returns it, truthy when right.
 
-``check_load_matching`` (the lesson's exercise) asks for ``load_matching(model, state_dict)``:
-load the tensors of a checkpoint that name a key of the model, whatever wrapper prefixes they
-carry (DDP's ``module.``, torch.compile's ``_orig_mod.``, nested, mixed), and report the rest;
-refuse a shape that differs before anything is copied. Its oracle is
-``course_lib.deploy.load_matching``, itself tested against torch's
-``consume_prefix_in_state_dict_if_present`` and ``load_state_dict(strict=False)``.
+``check_load_matching`` (exercise 1): ``load_matching(model, state_dict)`` loads the tensors of
+a checkpoint that name a key of the model, whatever wrapper prefixes they carry (DDP's
+``module.``, torch.compile's ``_orig_mod.``, nested, mixed), reports the rest, and refuses a
+shape that differs before anything is copied. Oracle: ``course_lib.deploy.load_matching``,
+itself tested against torch's ``consume_prefix_in_state_dict_if_present`` and
+``load_state_dict(strict=False)``.
 
-``check_reshard`` asks for ``reshard(shards, world_size)``: a checkpoint saved by N ranks of
-torch's ``fully_shard`` (each tensor's rows split with ``torch.chunk``) laid out for M ranks.
-Its oracle is ``course_lib.deploy.reshard``, itself tested against the shards that DCP's load
-puts on 1, 2 and 3 real ranks (tests/test_checkpoint_layouts.py).
+``check_read_plan`` (exercise 2): ``read_plan(pieces, world_size)``, the rows of each saved
+piece that each rank of a new ``fully_shard`` layout reads. Oracle:
+``course_lib.deploy.read_plan``, itself tested against DCP's own planner
+(``create_read_items_for_chunk_list``) in tests/test_checks_lesson13.py.
 
-``check_read_plan`` (the lesson's exercise 2) asks for ``read_plan(pieces, world_size)``: given
-where a tensor's saved pieces lie along dim 0, the rows of each piece that each rank of a new
-``fully_shard`` layout reads. Its oracle is ``course_lib.deploy.read_plan``, itself tested
-against DCP's own planner (``create_read_items_for_chunk_list``) in
-tests/test_checks_lesson13.py.
-``check_reshard`` (kept for learners' copies of an earlier version) asks for the shards
-themselves.
+``check_sharded_resume`` (exercise 3): ``save_sharded(model, optimizer, path)`` and
+``resume_sharded(model, optimizer, path)``, a ``fully_shard`` model and its Adam saved with DCP
+on 2 ranks and resumed on 3. Oracle: ``course_lib.deploy.save_sharded`` / ``resume_sharded``
+and a run that never stopped.
 
-``check_sharded_resume`` (the lesson's exercise 3) asks for ``save_sharded(model, optimizer,
-path)`` and ``resume_sharded(model, optimizer, path)``: a ``fully_shard`` model and its Adam
-saved with DCP on 2 ranks and resumed on 3. Its oracle is ``course_lib.deploy.save_sharded`` /
-``resume_sharded`` and a run that never stopped (tests/test_checks_lesson13.py).
-
-``check_strip_prefix`` (a smaller exercise, kept for learners' copies of older lessons) asks
-for ``strip_prefix(state_dict, prefix="module.")``: the state dict of a wrapped model made
-loadable into the plain model. Its oracle is torch's ``consume_prefix_in_state_dict_if_present``
-(through ``course_lib.deploy.strip_prefix``), and the stripped dict must load, strictly, into
-the unwrapped model.
+Kept for learners' copies of earlier versions: ``check_reshard``, ``reshard(shards,
+world_size)`` (N ranks' ``fully_shard`` shards laid out for M; oracle
+``course_lib.deploy.reshard``, tested against DCP's load in tests/test_checkpoint_layouts.py),
+and ``check_strip_prefix``, ``strip_prefix(state_dict, prefix="module.")`` (oracle: torch's
+``consume_prefix_in_state_dict_if_present``; the result must load strictly into the plain
+model).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import copy
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from ..deploy import (
@@ -50,8 +51,16 @@ from ..deploy import (
 from ..deploy import resume_sharded as _course_resume
 from ..deploy import save_sharded as _course_save
 from ..models.lenet import LeNet
-from ._core import ExerciseResult, call_bounded, call_or_verdict, failure, unanswered, verdict
-from .harness import keeps_kernel_state
+from ._core import ExerciseResult, call_bounded, call_or_verdict, failure, refused, verdict
+from .harness import (
+    UNANSWERED,
+    StopRank,
+    check_answers_in_ranks,
+    check_cases,
+    keeps_kernel_state,
+    load_answers,
+    run_in_step,
+)
 
 __all__ = ["check_load_matching", "check_read_plan", "check_reshard", "check_sharded_resume",
            "check_strip_prefix"]
@@ -109,8 +118,10 @@ def _cases() -> list[tuple[str, nn.Module, dict, str, torch.Tensor]]:
     ]
 
 
-def _compare(got: object, want: Mapping, given: Mapping, prefix: str) -> str | None:
-    """What is wrong with ``got`` against ``want`` (the oracle's dict), or None."""
+def _compare(got: object, want: Mapping, given: Mapping, prefix: str, model: nn.Module,
+             X: torch.Tensor) -> str | None:
+    """What is wrong with ``got`` against ``want`` (the oracle's dict) and loaded into a plain
+    ``model``, or None."""
     if not isinstance(got, Mapping):
         return f"expected a dict of tensors, received {type(got).__name__}"
     renamed = {k.removeprefix(prefix): k for k in given}   # oracle key -> where it came from
@@ -125,6 +136,14 @@ def _compare(got: object, want: Mapping, given: Mapping, prefix: str) -> str | N
     for k in want:
         if not isinstance(got[k], torch.Tensor) or not torch.equal(got[k], want[k]):
             return f"the value under {k!r} is not the tensor of {renamed[k]!r}"
+    plain = type(model)()
+    try:
+        plain.load_state_dict(got)
+    except RuntimeError as e:
+        return f"load_state_dict refused it: {' '.join(str(e).split())[:200]}"
+    with torch.no_grad():
+        if not torch.equal(plain.eval()(X), model.eval()(X)):
+            return "the loaded model's outputs differ from the saved model's"
     return None
 
 
@@ -139,9 +158,6 @@ def check_strip_prefix(fn: Callable | None, *, strict: bool = False) -> Exercise
     torch's ``consume_prefix_in_state_dict_if_present``'s, and it must load (strictly) into the
     plain model and give its outputs. Returning None after changing ``state_dict`` in place
     (as torch's function does) is accepted too.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
     """
     if fn is None:
         return verdict(_NAME, None, "define strip_prefix(state_dict, prefix='module.') and "
@@ -156,18 +172,7 @@ def check_strip_prefix(fn: Callable | None, *, strict: bool = False) -> Exercise
             raise
         except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
             return verdict(_NAME, False, f"{failure(exc)} on {what}. {_HINT}", strict)
-        got = mine if got is None else got
-        wrong = _compare(got, want, given, prefix)
-        if wrong is None:
-            plain = type(model)()
-            try:
-                plain.load_state_dict(got)
-            except RuntimeError as e:
-                wrong = f"load_state_dict refused it: {' '.join(str(e).split())[:200]}"
-            else:
-                with torch.no_grad():
-                    if not torch.equal(plain.eval()(X), model.eval()(X)):
-                        wrong = "the loaded model's outputs differ from the saved model's"
+        wrong = _compare(mine if got is None else got, want, given, prefix, model, X)
         if wrong is not None:
             hint = f" {_HINT}" if wrong.startswith("expected key") else ""
             return verdict(_NAME, False, f"on {what}, prefix {prefix!r}: {wrong}.{hint}", strict)
@@ -176,9 +181,7 @@ def check_strip_prefix(fn: Callable | None, *, strict: bool = False) -> Exercise
                    strict)
 
 
-# ------------------------------------------------------------------------------------------------
-# load_matching: the lesson's exercise
-# ------------------------------------------------------------------------------------------------
+# ---- load_matching: the lesson's exercise -------------------------------------------------------
 
 _LM_NAME = "load_matching"
 _LM_HINT = ("match each key of the file on its own. Wrappers put their prefixes only at the "
@@ -285,46 +288,42 @@ def _lm_case(fn: Callable, what: str, build: Callable[[], nn.Module], given: dic
         raise
     except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
         if not isinstance(want, ValueError) or not isinstance(exc, ValueError | RuntimeError):
-            return f"on {what}: {failure(exc)}"
-        named = [k for k, _, _ in _mismatched(oracle, given)]
+            return f"on {what}: {failure(exc)}."
+        named = [k for k, _, _ in fit_state_dict(oracle, given).mismatched]
         if not any(k in str(exc) for k in named):
             return (f"on {what}: the error raised does not name the key whose shape differs "
-                    f"({named[0]!r}): {' '.join(str(exc).split())[:160]}")
+                    f"({named[0]!r}): {' '.join(str(exc).split())[:160]}.")
         got = exc
     if list(mine) != keys_before:
-        return f"on {what}: the state dict passed in was changed (its keys renamed or removed)"
+        return f"on {what}: the state dict passed in was changed (its keys renamed or removed)."
     after = model.state_dict()
     if isinstance(want, ValueError):
         if not isinstance(got, BaseException):
             return (f"on {what}: no error; a tensor whose shape differs from the model's must "
-                    f"be refused with an error that names its key")
+                    "be refused with an error that names its key.")
         changed = [k for k in after if not torch.equal(after[k], before[k])]
         if changed:
             return (f"on {what}: the error came after {changed[0]!r} was already copied "
                     f"({len(changed)} tensor(s) changed): check every shape first, and copy "
-                    f"nothing when one differs")
+                    "nothing when one differs.")
         return None
     pair = _keys_pair(got)
     if pair is None:
         return (f"on {what}: expected (missing_keys, unexpected_keys), two lists, received "
-                f"{type(got).__name__}")
+                f"{type(got).__name__}.")
     missing, unexpected = pair
     if sorted(missing) != sorted(want.missing_keys):
         return (f"on {what}: missing_keys should be {sorted(want.missing_keys)} (the model's "
-                f"keys left as they were), received {sorted(missing)}")
+                f"keys left as they were), received {sorted(missing)}.")
     if sorted(map(_bare, unexpected)) != sorted(map(_bare, want.unexpected_keys)):
         return (f"on {what}: unexpected_keys should be {sorted(want.unexpected_keys)} (the "
-                f"file's keys that name no key of the model), received {sorted(unexpected)}")
+                f"file's keys that name no key of the model), received {sorted(unexpected)}.")
     for k, v in oracle.state_dict().items():
         if not torch.equal(after[k], v):
             loaded = k not in want.missing_keys
-            return (f"on {what}: {k!r} " + ("was not loaded from the file" if loaded else
-                    "should have kept its value (the file has no tensor for it)"))
+            return (f"on {what}: {k!r} " + ("was not loaded from the file." if loaded else
+                    "should have kept its value (the file has no tensor for it)."))
     return None
-
-
-def _mismatched(model: nn.Module, given: dict) -> list[tuple[str, tuple, tuple]]:
-    return fit_state_dict(model, given).mismatched
 
 
 @keeps_kernel_state
@@ -340,33 +339,19 @@ def check_load_matching(fn: Callable | None, *, strict: bool = False) -> Exercis
     with another shape (an error naming the key, and the model unchanged). The model's tensors
     and the returned ``(missing_keys, unexpected_keys)`` must equal
     ``course_lib.deploy.load_matching``'s; the dict passed in must not be changed.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
     """
-    if fn is None:
-        return verdict(_LM_NAME, None, "define load_matching(model, state_dict) and pass it "
-                       "here.", strict)
-    if not callable(fn):
-        return verdict(_LM_NAME, False, f"expected a function, got {type(fn).__name__}.",
-                       strict)
+    missing = "define load_matching(model, state_dict) and pass it here."
+    if (refusal := refused(_LM_NAME, fn, missing, strict)) is not None:
+        return refusal                               # before the cases are built
     cases = _lm_cases()
-    for what, build, given in cases:
-        try:
-            problem = _lm_case(fn, what, build, given)
-        except NotImplementedError:
-            return unanswered(_LM_NAME, strict)
-        if problem is not None:
-            return verdict(_LM_NAME, False, f"{problem}. Hint: {_LM_HINT}", strict)
-    return verdict(_LM_NAME, True, f"right on {len(cases)} checkpoints: DDP's and "
-                   "torch.compile's prefixes alone, nested both ways and mixed; a 'module' "
-                   "that is a real name; a new head reported, a resized head refused before "
-                   "any copy.", strict)
+    return check_cases(
+        _LM_NAME, fn, cases, _lm_case, missing=missing, expected="a function", hint=_LM_HINT,
+        passed=f"right on {len(cases)} checkpoints: DDP's and torch.compile's prefixes alone, "
+               "nested both ways and mixed; a 'module' that is a real name; a new head "
+               "reported, a resized head refused before any copy.", strict=strict)
 
 
-# ------------------------------------------------------------------------------------------------
-# reshard: N ranks' shards onto M ranks
-# ------------------------------------------------------------------------------------------------
+# ---- reshard: N ranks' shards onto M ranks ------------------------------------------------------
 
 _RS_NAME = "reshard"
 _RS_HINT = ("the saving ranks' shards, in rank order, hold each tensor's rows in order. Loading "
@@ -387,22 +372,28 @@ def _rs_state() -> dict[str, torch.Tensor]:
             "head.bias": torch.randn(1, dtype=torch.float64, generator=g)}
 
 
-def _rs_compare(got: object, want: list[dict], n: int, m: int) -> str | None:
+def _rs_problem(fn: Callable, n: int, m: int, state: dict) -> str | None:
+    """What is wrong with ``fn`` on ``state`` saved by ``n`` ranks, loaded by ``m``, or None."""
+    saved = [{k: shard_rows(v, n)[r] for k, v in state.items()} for r in range(n)]
+    given = [{k: v.clone() for k, v in s.items()} for s in saved]
+    got, want = call_bounded(fn, given, m), reshard(saved, m)
     where = f"{n} rank(s) saved, {m} load"
     if not isinstance(got, list | tuple) or len(got) != m:
         return (f"{where}: expected a list of {m} state dicts, one per loading rank, got "
-                f"{type(got).__name__}" + (f" of {len(got)}" if hasattr(got, "__len__") else ""))
+                f"{type(got).__name__}" + (f" of {len(got)}." if hasattr(got, "__len__") else "."))
     for rank, (mine, theirs) in enumerate(zip(got, want)):
         if not isinstance(mine, Mapping) or list(mine) != list(theirs):
-            return f"{where}: rank {rank}'s keys should be {list(theirs)}"
+            return f"{where}: rank {rank}'s keys should be {list(theirs)}."
         for key, t in theirs.items():
             a = mine[key]
             if not isinstance(a, torch.Tensor) or a.shape != t.shape:
                 shape = tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
                 return (f"{where}: rank {rank}'s {key!r} should have shape {tuple(t.shape)}, "
-                        f"got {shape}")
+                        f"got {shape}.")
             if not torch.equal(a, t):
-                return f"{where}: rank {rank}'s {key!r} has the right shape, not the right rows"
+                return f"{where}: rank {rank}'s {key!r} has the right shape, not the right rows."
+    if any(not torch.equal(a[k], b[k]) for a, b in zip(given, saved) for k in a):
+        return f"{where}: the shards passed in were changed."
     return None
 
 
@@ -415,38 +406,18 @@ def check_reshard(fn: Callable | None, *, strict: bool = False) -> ExerciseResul
     ``course_lib.deploy.reshard`` (shapes, empty ones included, and values), for
     (N, M) in (2, 3), (3, 2), (2, 1), (1, 4), (4, 3), (3, 4). The shards passed in must be left
     as they were.
-
-    Returns:
-        The verdict (truthy when right); the first failing layout is printed.
     """
-    if fn is None:
-        return verdict(_RS_NAME, None, "define reshard(shards, world_size) and pass it here.",
-                       strict)
-    if not callable(fn):
-        return verdict(_RS_NAME, False, f"expected a function, got {type(fn).__name__}.",
-                       strict)
     state = _rs_state()
-    for n, m in _RS_LAYOUTS:
-        saved = [{k: shard_rows(v, n)[r] for k, v in state.items()} for r in range(n)]
-        given = [{k: v.clone() for k, v in s.items()} for s in saved]
-        got, failed = call_or_verdict(_RS_NAME, strict, fn, given, m, after=f" with {n} saving "
-                                      f"and {m} loading rank(s). Hint: {_RS_HINT}")
-        if failed is not None:
-            return failed
-        problem = _rs_compare(got, reshard(saved, m), n, m)
-        if problem is None and any(not torch.equal(a[k], b[k])
-                                   for a, b in zip(given, saved) for k in a):
-            problem = f"{n} rank(s) saved, {m} load: the shards passed in were changed"
-        if problem is not None:
-            return verdict(_RS_NAME, False, f"{problem}. Hint: {_RS_HINT}", strict)
-    return verdict(_RS_NAME, True, f"right on {len(_RS_LAYOUTS)} layouts (more ranks and "
-                   "fewer, one, and ranks left with no rows): every shard's shape and values.",
-                   strict)
+    return check_cases(
+        _RS_NAME, fn, [(n, m, state) for n, m in _RS_LAYOUTS], _rs_problem,
+        missing="define reshard(shards, world_size) and pass it here.", expected="a function",
+        hint=_RS_HINT, raised=lambda case, exc: (f"{failure(exc)} with {case[0]} saving and "
+                                                 f"{case[1]} loading rank(s). Hint: {_RS_HINT}"),
+        passed=f"right on {len(_RS_LAYOUTS)} layouts (more ranks and fewer, one, and ranks left "
+               "with no rows): every shard's shape and values.", strict=strict)
 
 
-# ------------------------------------------------------------------------------------------------
-# read_plan: which saved rows each rank of a new layout reads (the lesson's exercise 2)
-# ------------------------------------------------------------------------------------------------
+# ---- read_plan: which saved rows each rank of a new layout reads (the lesson's exercise 2) ------
 
 _RP_NAME = "read_plan"
 _RP_HINT = ("a new rank reads, from a saved piece, exactly the rows that both hold: where two "
@@ -507,16 +478,10 @@ def check_read_plan(fn: Callable | None, *, strict: bool = False) -> ExerciseRes
     uneven splits on 2 and 3 ranks, empty saved pieces, a new rank with no rows, more new ranks
     than rows, one rank, the same layout, and pieces ``fully_shard`` would not make. The list
     passed in must be left as it was.
-
-    Returns:
-        The verdict (truthy when right); the first failing layout is printed.
     """
-    if fn is None:
-        return verdict(_RP_NAME, None, "define read_plan(pieces, world_size) and pass it here.",
-                       strict)
-    if not callable(fn):
-        return verdict(_RP_NAME, False, f"expected a function, got {type(fn).__name__}.",
-                       strict)
+    missing = "define read_plan(pieces, world_size) and pass it here."
+    if (refusal := refused(_RP_NAME, fn, missing, strict)) is not None:
+        return refusal
     for what, pieces, world_size in _RP_CASES:
         given = list(pieces)
         got, failed = call_or_verdict(_RP_NAME, strict, fn, given, world_size,
@@ -555,7 +520,6 @@ _SR_SIZES, _SR_STEPS, _SR_BATCH, _SR_LR, _SR_FRESH_LR = (6, 4, 7, 2), 3, 12, 0.0
 def _sr_sharded_adam(seed: int, lr: float) -> tuple[nn.Module, torch.optim.Optimizer]:
     """A float64 MLP drawn from ``seed``, every Linear and the whole under ``fully_shard`` on
     this group's CPU mesh (gloo), and a fresh Adam on it."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -574,9 +538,6 @@ def _sr_sharded_adam(seed: int, lr: float) -> tuple[nn.Module, torch.optim.Optim
 
 def _sr_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
     """One Adam step on this rank's rows of batch ``step`` (the same batch on every rank)."""
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
     rank, world = dist.get_rank(), dist.get_world_size()
     gen = torch.Generator().manual_seed(1000 + step)
     X = torch.randn(_SR_BATCH, _SR_SIZES[0], dtype=torch.float64, generator=gen)
@@ -589,8 +550,6 @@ def _sr_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
 
 def _sr_full(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
     """Every rank calls it (it all-gathers); rank 0 gets full copies, the others ({}, {})."""
-    import copy
-
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -636,8 +595,6 @@ def _sr_error(e: BaseException) -> str:
 
 def _sr_call(what: str, fn: Callable, *args) -> None:
     """The learner's ``fn(*args)``; what it raised (DCP's errors too) becomes a ``StopRank``."""
-    from .harness import UNANSWERED, StopRank
-
     try:
         fn(*args)
     except NotImplementedError:
@@ -650,30 +607,25 @@ def _sr_call(what: str, fn: Callable, *args) -> None:
 
 def _sr_tag(specs: tuple) -> str:
     """A folder name for one pair of answers, the same on every rank."""
-    import hashlib
-
     names = [f"{getattr(s, '__module__', '')}.{getattr(s, '__qualname__', s)}" for s in specs]
     return hashlib.sha1(repr(names).encode()).hexdigest()[:12]
 
 
 def _sr_cases(specs: tuple, folder: str) -> str | None:
-    """In every rank: on 2 ranks, train, save with the answer and with the course's
-    ``save_sharded``, step on (the run that never stopped); on 3 ranks, the course's resume of
-    the answer's directory, then the answer's resume of the course's directory, each compared
-    with the saved state bit for bit, and the answer's next step with the course's (bit for
-    bit) and with the run that never stopped (to float64 rounding)."""
-    import os
-
-    import torch.distributed as dist
-
-    from .harness import StopRank, agree, load_answers
-
+    """In every rank: ``_sr_case`` on the learner's pair, in step with the other ranks."""
     answers, error = load_answers(specs, ("function save_sharded", "function resume_sharded"))
     if error:
         return error
-    save, resume = answers
+    return run_in_step([(_sr_case(*answers, os.path.join(folder, _sr_tag(specs))), "")])
+
+
+def _sr_case(save: Callable, resume: Callable, here: str) -> Iterator[str | None]:
+    """On 2 ranks, train, save with the answer and with the course's ``save_sharded``, step on
+    (the run that never stopped); on 3 ranks, the course's resume of the answer's directory,
+    then the answer's resume of the course's directory, each compared with the saved state bit
+    for bit, and the answer's next step with the course's (bit for bit) and with the run that
+    never stopped (to float64 rounding)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    here = os.path.join(folder, _sr_tag(specs))
     yours, course, run = (os.path.join(here, n) for n in ("yours", "course", "run.pt"))
     if world == 2:
         os.makedirs(here, exist_ok=True)
@@ -681,16 +633,13 @@ def _sr_cases(specs: tuple, folder: str) -> str | None:
         for step in range(_SR_STEPS):
             _sr_step(model, opt, step)
         saved = _sr_full(model, opt)
-        try:
-            _sr_call("save_sharded(model, optimizer, path)", save, model, opt, yours)
-        except StopRank as e:
-            return str(e)
+        _sr_call("save_sharded(model, optimizer, path)", save, model, opt, yours)
         _course_save(model, opt, course)
         _sr_step(model, opt, _SR_STEPS)                        # the run that never stopped
         after = _sr_full(model, opt)[0]
         if rank == 0:
             torch.save({"saved": saved, "next": after}, run)
-        return None
+        return
     ran = torch.load(run, weights_only=True)
     saved = (ran["saved"][0], ran["saved"][1])
     where = f"world_size={world}: saved on 2 ranks, resumed on {world}"
@@ -703,31 +652,19 @@ def _sr_cases(specs: tuple, folder: str) -> str | None:
         raise
     except BaseException as e:  # noqa: B036 - DCP raises CheckpointException, a BaseException
         found = _sr_error(e)
-    found = agree(found and f"{where}: the directory your save_sharded wrote does not resume "
-                  f"a model and its Adam on {world} ranks: the course's resume_sharded raised "
-                  f"{found}")
-    if found:
-        return found
+    yield found and (f"{where}: the directory your save_sharded wrote does not resume a model "
+                     f"and its Adam on {world} ranks: the course's resume_sharded raised {found}")
     got = _sr_full(theirs, opt_t)
-    found = agree(_sr_problem(got, saved, f"{where}, read from your save_sharded's directory "
-                              "by the course's resume_sharded") if rank == 0 else None)
-    if found:
-        return found
+    yield _sr_problem(got, saved, f"{where}, read from your save_sharded's directory by the "
+                      "course's resume_sharded") if rank == 0 else None
     # 2. the course's directory, read by the answer's resume
     mine, opt_m = _sr_sharded_adam(seed=7, lr=_SR_FRESH_LR)
-    try:
-        _sr_call("resume_sharded(model, optimizer, path)", resume, mine, opt_m, course)
-    except StopRank as e:
-        return str(e)
-    if agree(None if opt_m.state else "empty"):
-        return (f"{where}: after your resume_sharded the optimizer holds no state at all: "
-                "Adam's moments and step count were not loaded (a fresh Adam would start "
-                "them at zero)")
+    _sr_call("resume_sharded(model, optimizer, path)", resume, mine, opt_m, course)
+    yield None if opt_m.state else (
+        f"{where}: after your resume_sharded the optimizer holds no state at all: Adam's "
+        "moments and step count were not loaded (a fresh Adam would start them at zero)")
     got = _sr_full(mine, opt_m)
-    found = agree(_sr_problem(got, saved, f"{where}, after your resume_sharded")
-                  if rank == 0 else None)
-    if found:
-        return found
+    yield _sr_problem(got, saved, f"{where}, after your resume_sharded") if rank == 0 else None
     # 3. the next step: the course's resumed run, and the run that never stopped
     _sr_step(mine, opt_m, _SR_STEPS)
     _sr_step(theirs, opt_t, _SR_STEPS)
@@ -740,7 +677,7 @@ def _sr_cases(specs: tuple, folder: str) -> str | None:
                 found = (f"{where}: one step after your resume, parameter {k!r} differs from "
                          f"the run that never stopped by {far:.2e}")
                 break
-    return agree(found)
+    yield found
 
 
 def check_sharded_resume(save: Callable | str | None, resume: Callable | str | None, *,
@@ -756,15 +693,7 @@ def check_sharded_resume(save: Callable | str | None, resume: Callable | str | N
     ``exp_avg_sq`` and learning rate bit for bit; the next step must equal the course's resumed
     run bit for bit and the run that never stopped to 1e-12. Pass the functions, or
     ``"module:name"`` strings for functions in a file (``%%writefile my_dcp.py``).
-
-    Returns:
-        The verdict (truthy when right); the first failure is printed.
     """
-    import shutil
-    import tempfile
-
-    from .harness import check_answers_in_ranks
-
     folder = tempfile.mkdtemp(prefix="course_check_dcp_")
     try:
         return check_answers_in_ranks(

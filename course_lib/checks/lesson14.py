@@ -2,7 +2,8 @@
 
 Each checker runs the learner's answer in worker processes at 2, 3 and 4 ranks, in float64,
 against the same computation in one process, and counts its collectives where their number is
-the point (its docstring says what it tries): ``check_conjugates`` (f and g),
+the point (its docstring says what it tries; it prints its verdict, the first failing case,
+and returns it, truthy when right): ``check_conjugates`` (f and g),
 ``check_parallel_linears``, ``check_megatron_mlp``, ``check_vocab_parallel_cross_entropy``.
 Worker processes import the answers by module and name, so they must live in files (in the
 notebook: ``%%writefile my_conjugate.py``, ``my_linears.py``, ``my_mlp.py``, ``my_loss.py``);
@@ -47,9 +48,7 @@ __all__ = ["check_conjugates", "check_megatron_mlp", "check_parallel_linears",
 _DTYPE = torch.float64
 
 
-# ------------------------------------------------------------------------------------------------
-# f and g
-# ------------------------------------------------------------------------------------------------
+# ---- f and g ------------------------------------------------------------------------------------
 
 _CONJUGATES_NAME = "conjugates f and g"
 _CONJUGATES_HINT = ("f and g are there for autograd. f marks where every rank starts using the "
@@ -65,10 +64,8 @@ _SHAPE = (3, 5)
 
 def _conjugate_case(fn: Callable, which: str, group, xs: torch.Tensor, us: torch.Tensor,
                     where: str) -> Iterator[str | None]:
-    """``fn`` (the learner's f or g) on this rank's input ``tanh(xs[rank])`` with upstream
-    gradient ``us[rank]``; yields what is wrong (or None) after forward, then after backward
-    (``in_step``). ``group`` is None (every rank) or a group of this rank alone. Raises
-    ``StopRank`` when the learner's code raises."""
+    """``fn`` (f or g) on ``tanh(xs[rank])``, upstream gradient ``us[rank]``: yields what is
+    wrong (or None) after forward, then after backward (``in_step``)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     t = world if group is None else 1
     a = xs[rank].clone().requires_grad_()
@@ -188,9 +185,6 @@ def check_conjugates(f: Callable | str | None, g: Callable | str | None, *,
         world_sizes: numbers of processes to try.
         timeout: seconds for each world size (a function that hangs fails, it does not hang).
         strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
     """
     return check_answers_in_ranks(
         _CONJUGATES_NAME, (f, g), ("my_conjugate:f", "my_conjugate:g"), _conjugate_cases, (14,),
@@ -202,9 +196,7 @@ def check_conjugates(f: Callable | str | None, g: Callable | str | None, *,
         missing="write f and g to my_conjugate.py and pass them here.", strict=strict)
 
 
-# ------------------------------------------------------------------------------------------------
-# ColumnParallelLinear and RowParallelLinear
-# ------------------------------------------------------------------------------------------------
+# ---- ColumnParallelLinear and RowParallelLinear -------------------------------------------------
 
 _LINEARS_NAME = "parallel linears"
 _LINEARS_HINT = ("weight is (out, in): a column-parallel layer keeps a block of output "
@@ -298,6 +290,11 @@ def _grad_problem(got: torch.Tensor | None, want: torch.Tensor, what: str, where
     return f"{where}: {what} is {describe(got)}, expected {describe(want)}.{why}"
 
 
+def _grads_problem(grads: list[tuple], where: str, t: int) -> str | None:
+    """The first ``_grad_problem`` of ``(got, want, what)`` in ``grads``, or None."""
+    return next(filter(None, (_grad_problem(*g, where, t) for g in grads)), None)
+
+
 def _one_process(module: nn.Module, n_in: int, n_out: int,
                  seed: int) -> tuple[torch.Tensor, ...]:
     """A batch ``X`` (B, T, n_in) and an output gradient ``U`` (B, T, n_out), the same on every
@@ -311,13 +308,18 @@ def _one_process(module: nn.Module, n_in: int, n_out: int,
     return X, U, Y, X_ref.grad
 
 
-def _construct(cls: Callable, linear: nn.Linear, group, where: str,
-               splits: str) -> nn.Module:
-    """``cls(copy of linear[, group=group])``; ``StopRank`` when it raises (``splits``: what the
-    layer splits, said when it refused a size that divides)."""
+def _construct(cls: Callable, kind: str, n_in: int, out: int, bias: bool, group,
+               where: str) -> tuple[nn.Linear, str, nn.Module]:
+    """A new ``nn.Linear(n_in, out)``, ``where`` naming the layer, and ``cls(copy of it[,
+    group=group])``; ``StopRank`` when that raises."""
+    linear = nn.Linear(n_in, out, bias=bias, dtype=_DTYPE)
+    where = (f"{where}, {kind}ParallelLinear(nn.Linear({n_in}, {out}"
+             f"{'' if bias else ', bias=False'})"
+             + (")" if group is None else ", group=a group of this rank alone)"))
+    splits = f"out_features = {out}" if kind == "Column" else f"in_features = {n_in}"
     args = {} if group is None else {"group": group}
     try:
-        return cls(copy.deepcopy(linear), **args)
+        return linear, where, cls(copy.deepcopy(linear), **args)
     except NotImplementedError:
         raise StopRank(UNANSWERED) from None
     except Exception as e:  # noqa: BLE001 - the learner's error, said in words
@@ -331,25 +333,18 @@ def _construct(cls: Callable, linear: nn.Linear, group, where: str,
 
 
 def _column_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | None]:
-    """The column-parallel layer against one nn.Linear(7, out): shards, output, gradients
-    (yields what is wrong, or None, at each step: ``in_step``)."""
+    """The column-parallel layer against one nn.Linear(7, out) (``in_step``)."""
     t, r = dist.get_world_size(group), dist.get_rank(group)
     out = _split_size(dist.get_world_size())
     per = out // t
-    full = nn.Linear(_IN, out, bias=bias, dtype=_DTYPE)
-    label = f"ColumnParallelLinear(nn.Linear({_IN}, {out}{'' if bias else ', bias=False'})" + \
-        (")" if group is None else ", group=a group of this rank alone)")
-    where = f"{where}, {label}"
-    layer = _construct(cls, full, group, where, f"out_features = {out}")
+    full, where, layer = _construct(cls, "Column", _IN, out, bias, group, where)
     blocks = [(slice(k * per, (k + 1) * per),) for k in range(t)]
     span = f"{r * per}:{(r + 1) * per}"
-    problem = (
-        _shard_problem(layer, "weight", full.weight, blocks[r], blocks,
-                       f"rows {span} of the full weight {tuple(full.weight.shape)}", where)
-        or _shard_problem(layer, "bias", full.bias, blocks[r], blocks,
-                          f"elements {span} of the full bias", where)
-        or _params_problem(layer, per * _IN + (per if bias else 0), where))
-    yield problem
+    yield (_shard_problem(layer, "weight", full.weight, blocks[r], blocks,
+                          f"rows {span} of the full weight {tuple(full.weight.shape)}", where)
+           or _shard_problem(layer, "bias", full.bias, blocks[r], blocks,
+                             f"elements {span} of the full bias", where)
+           or _params_problem(layer, per * _IN + (per if bias else 0), where))
     X, U, Y, X_grad = _one_process(full, _IN, out, 3)
     X = X.requires_grad_()
     y = call_answer(f"{where}: forward", layer, X)
@@ -375,34 +370,26 @@ def _column_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str |
                    "rank's part.")
         problem = (f"{where}: the input's gradient is {describe(got)}, expected the one-process "
                    f"gradient {describe(X_grad)}.{why}")
-    for attr, tensor in (("weight", full.weight), ("bias", full.bias)):
-        if tensor is not None:
-            problem = problem or _grad_problem(getattr(layer, attr).grad,
-                                               tensor.grad[blocks[r]], f"self.{attr}.grad",
-                                               where, t)
-    yield problem
+    yield problem or _grads_problem(
+        [(getattr(layer, attr).grad, tensor.grad[blocks[r]], f"self.{attr}.grad")
+         for attr, tensor in (("weight", full.weight), ("bias", full.bias)) if tensor is not None],
+        where, t)
 
 
 def _row_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | None]:
-    """The row-parallel layer against one nn.Linear(in, 7): shards, output, gradients
-    (yields what is wrong, or None, at each step: ``in_step``)."""
+    """The row-parallel layer against one nn.Linear(in, 7) (``in_step``)."""
     t, r = dist.get_world_size(group), dist.get_rank(group)
     n_in = _split_size(dist.get_world_size())
     out = _IN
     per = n_in // t
-    full = nn.Linear(n_in, out, bias=bias, dtype=_DTYPE)
-    label = f"RowParallelLinear(nn.Linear({n_in}, {out}{'' if bias else ', bias=False'})" + \
-        (")" if group is None else ", group=a group of this rank alone)")
-    where = f"{where}, {label}"
-    layer = _construct(cls, full, group, where, f"in_features = {n_in}")
+    full, where, layer = _construct(cls, "Row", n_in, out, bias, group, where)
     cols = [(slice(None), slice(k * per, (k + 1) * per)) for k in range(t)]
-    problem = _shard_problem(layer, "weight", full.weight, cols[r], cols,
-                             f"columns {r * per}:{(r + 1) * per} of the full weight "
-                             f"{tuple(full.weight.shape)}", where)
-    problem = problem or _shard_problem(layer, "bias", full.bias, (slice(None),),
-                                        [(slice(None),)], "the whole bias", where)
-    problem = problem or _params_problem(layer, out * per + (out if bias else 0), where)
-    yield problem
+    yield (_shard_problem(layer, "weight", full.weight, cols[r], cols,
+                          f"columns {r * per}:{(r + 1) * per} of the full weight "
+                          f"{tuple(full.weight.shape)}", where)
+           or _shard_problem(layer, "bias", full.bias, (slice(None),), [(slice(None),)],
+                             "the whole bias", where)
+           or _params_problem(layer, out * per + (out if bias else 0), where))
     X, U, Y, X_grad = _one_process(full, n_in, out, 4)
     x = X[..., cols[r][1]].clone().requires_grad_()               # this rank's block of features
     y = call_answer(f"{where}: forward", layer, x)
@@ -429,14 +416,11 @@ def _row_case(cls: Callable, bias: bool, group, where: str) -> Iterator[str | No
                    f"expected the full output {describe(Y)} on every rank.{why}")
     yield problem
     call_answer(f"{where}: backward", y.backward, U.clone())
-    problem = _grad_problem(x.grad, X_grad[..., cols[r][1]], "the gradient of this rank's "
-                            "block of the input", where, t)
-    problem = problem or _grad_problem(layer.weight.grad, full.weight.grad[cols[r]],
-                                       "self.weight.grad", where, t)
+    grads = [(x.grad, X_grad[..., cols[r][1]], "the gradient of this rank's block of the input"),
+             (layer.weight.grad, full.weight.grad[cols[r]], "self.weight.grad")]
     if bias:
-        problem = problem or _grad_problem(layer.bias.grad, full.bias.grad, "self.bias.grad",
-                                           where, t)
-    yield problem
+        grads.append((layer.bias.grad, full.bias.grad, "self.bias.grad"))
+    yield _grads_problem(grads, where, t)
 
 
 def _refusal_case(cls: Callable, kind: str, group, where: str) -> Iterator[str | None]:
@@ -512,9 +496,6 @@ def check_parallel_linears(column_cls: Callable | str | None, row_cls: Callable 
         world_sizes: numbers of processes to try (3 matters: many wrong answers pass at 2).
         timeout: seconds for each world size (a layer that hangs fails, it does not hang).
         strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
     """
     return check_answers_in_ranks(
         _LINEARS_NAME, (column_cls, row_cls),
@@ -528,9 +509,7 @@ def check_parallel_linears(column_cls: Callable | str | None, row_cls: Callable 
         missing="write both classes to my_linears.py and pass them here.", strict=strict)
 
 
-# ------------------------------------------------------------------------------------------------
-# the Megatron MLP
-# ------------------------------------------------------------------------------------------------
+# ---- the Megatron MLP ---------------------------------------------------------------------------
 
 _MLP_NAME = "Megatron MLP"
 _MLP_HINT = ("GELU acts on each number alone, but GELU(a + b) is not GELU(a) + GELU(b): what "
@@ -541,12 +520,10 @@ _MLP_HINT = ("GELU acts on each number alone, but GELU(a + b) is not GELU(a) + G
 
 
 def _mlp_case(fn: Callable, bias: bool, where: str) -> Iterator[str | None]:
-    """The learner's parallel MLP against the MLP in one process (yields what is wrong, or
-    None, at each step: ``in_step``)."""
+    """The learner's parallel MLP against the MLP in one process (``in_step``)."""
     t, r = dist.get_world_size(), dist.get_rank()
     C = 12 if 48 % t == 0 else 3 * t            # 4C divisible by t
-    hidden = 4 * C
-    per = hidden // t
+    per = 4 * C // t
     where = f"{where}, MLP(GPTConfig(n_embd={C}{'' if bias else ', bias=False'}))"
     ref = MLP(GPTConfig(n_embd=C, n_head=1, bias=bias)).to(_DTYPE)
     mlp = call_answer(f"{where}: parallel_mlp", fn, copy.deepcopy(ref))
@@ -585,17 +562,13 @@ def _mlp_case(fn: Callable, bias: bool, where: str) -> Iterator[str | None]:
     yield None
     with counting(backward):
         call_answer(f"{where}: backward", y.backward, U.clone())
-    problem = (
-        _grad_problem(X.grad, X_grad, "the input's gradient", where, t)
-        or _grad_problem(fc.weight.grad, ref.fc.weight.grad[rows[r]], "fc.weight.grad",
-                         where, t)
-        or _grad_problem(proj.weight.grad, ref.proj.weight.grad[cols[r]], "proj.weight.grad",
-                         where, t))
+    grads = [(X.grad, X_grad, "the input's gradient"),
+             (fc.weight.grad, ref.fc.weight.grad[rows[r]], "fc.weight.grad"),
+             (proj.weight.grad, ref.proj.weight.grad[cols[r]], "proj.weight.grad")]
     if bias:
-        problem = problem or \
-            _grad_problem(fc.bias.grad, ref.fc.bias.grad[rows[r]], "fc.bias.grad", where, t) \
-            or _grad_problem(proj.bias.grad, ref.proj.bias.grad, "proj.bias.grad", where, t)
-    yield problem
+        grads += [(fc.bias.grad, ref.fc.bias.grad[rows[r]], "fc.bias.grad"),
+                  (proj.bias.grad, ref.proj.bias.grad, "proj.bias.grad")]
+    yield _grads_problem(grads, where, t)
     one = [("all_reduce", _B * _T * C)]
     if forward == one and backward == one:
         return
@@ -645,9 +618,6 @@ def check_megatron_mlp(fn: Callable | str | None, *, world_sizes: tuple[int, ...
         world_sizes: numbers of processes to try.
         timeout: seconds for each world size (an MLP that hangs fails, it does not hang).
         strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
     """
     return check_in_ranks(
         _MLP_NAME, fn, "my_mlp:parallel_mlp", _mlp_cases, (14,), world_sizes=world_sizes,
@@ -658,9 +628,7 @@ def check_megatron_mlp(fn: Callable | str | None, *, world_sizes: tuple[int, ...
         missing="write parallel_mlp to my_mlp.py and pass it here.", strict=strict)
 
 
-# ------------------------------------------------------------------------------------------------
-# the vocabulary-parallel cross-entropy
-# ------------------------------------------------------------------------------------------------
+# ---- the vocabulary-parallel cross-entropy ------------------------------------------------------
 
 _LOSS_NAME = "vocabulary-parallel cross-entropy"
 _LOSS_HINT = ("for one position with logits z and target y, loss = log(sum_j exp(z_j - m)) - "
@@ -694,8 +662,7 @@ def _loss_inputs(kind: str, t: int, per: int, seed: int) -> tuple[torch.Tensor, 
     else:
         hot = torch.zeros(n, vocab, dtype=_DTYPE)
         for k in range(n):
-            b = k % t
-            hot[k, b * per:(b + 1) * per] = _GAP
+            hot[k, k % t * per:(k % t + 1) * per] = _GAP
         base = _HIGH * (i % 2).to(_DTYPE) - _GAP
         z, blocks, shape = base[:, None] + hot + noise, (i // 2) % t, (2, 3)
     y = blocks * per + torch.randint(per, (n,), generator=gen)
@@ -887,10 +854,8 @@ def _loss_grad_problem(got: torch.Tensor | None, z: torch.Tensor, y: torch.Tenso
 
 def _loss_case(fn: Callable, kind: str, group, seed: int,
                where: str) -> Iterator[str | None]:
-    """The learner's loss on this rank's block of a case's logits (``_loss_inputs``) against
-    ``F.cross_entropy`` of the whole logits (yields what is wrong, or None, at each step:
-    ``in_step``). ``group`` is None (every rank) or a group of this rank alone; the
-    collectives are counted for every rank only."""
+    """The learner's loss on this rank's block of a case's logits against ``F.cross_entropy``
+    of the whole logits (``in_step``); collectives are counted with every rank only."""
     world = dist.get_world_size()
     t, r = dist.get_world_size(group), dist.get_rank(group)
     per = _split_size(world) // world
@@ -969,9 +934,6 @@ def check_vocab_parallel_cross_entropy(fn: Callable | str | None, *,
         world_sizes: numbers of processes to try (3 matters: some wrong answers pass at 2).
         timeout: seconds for each world size (a loss that hangs fails, it does not hang).
         strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
     """
     return check_in_ranks(
         _LOSS_NAME, fn, "my_loss:vocab_parallel_cross_entropy", _loss_cases, (14,),
