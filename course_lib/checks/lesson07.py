@@ -1,13 +1,12 @@
 """Checkers for the exercises of lesson 07 (DDP from scratch), in real worker processes.
 
-``check_average_gradients`` runs the learner's ``average_gradients(model)`` for several world
-sizes against one process computing the gradient of the whole global batch; ``check_ddp`` judges
-a learner's DDP class (overlapped, or bucketed with ``bucket_cap_mb``) against
-``torch.nn.parallel.DistributedDataParallel`` step by step, naming the usual mistakes. Worker
-processes import the answer by module and name, so it must live in a file (in the notebook: a
-cell starting with ``%%writefile my_ddp.py``); pass it as a function or class, or as a string
-such as ``"my_ddp:average_gradients"`` (imported fresh in the workers from the current folder,
-so an edited file is picked up without restarting the kernel).
+Worker processes import the answer by module and name, so it must live in a file (in the
+notebook: a cell starting with ``%%writefile my_ddp.py``); pass it as a function or class, or as
+a string such as ``"my_ddp:average_gradients"`` (imported fresh in the workers, so an edited
+file is picked up without restarting the kernel); None is "not answered yet". ``timeout``:
+seconds for each world size (an answer that hangs fails, it does not hang); ``strict``: raise
+``AssertionError`` on a wrong answer. Each checker returns the verdict (truthy when right) and
+prints the first failing case.
 """
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from ..distributed.recording import record_collectives
 from ..parallel.ddp import assign_buckets
 from ._core import ExerciseResult, verdict
 from ._ddp_cases import CASES, MLP, Frozen
-from .harness import UNANSWERED, agree, check_in_ranks, describe, load_answer
+from .harness import UNANSWERED, StopRank, agree, call_answer, check_in_ranks, describe, load_answer
 
 __all__ = ["check_average_gradients", "check_ddp"]
 
@@ -82,11 +81,9 @@ def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) ->
         where = f"world_size={world}, model {case!r}, rank {rank}"
         try:
             with record_collectives() as calls:
-                average_gradients(net)
-        except NotImplementedError:
-            return UNANSWERED
-        except Exception as e:
-            return f"{where}: your function raised {type(e).__name__}: {' '.join(str(e).split())}"
+                call_answer("your function", average_gradients, net)
+        except StopRank as e:
+            return f"{where}: {e}"
         if not calls and world > 1 and any(local[n] is not None for n in local):
             return (f"{where}: rank {rank} called no collective (no all_reduce, no send): the "
                     "others wait for it in theirs. Every rank must call all_reduce on every "
@@ -103,9 +100,8 @@ def _run_cases(fn: Callable | tuple[str, str, str], per_rank: int, seed: int) ->
 def _first_wrong_grad(net: nn.Module, oracle: nn.Module, local: dict[str, torch.Tensor | None],
                       world: int, where: str, source: str, sum_end: str,
                       unchanged: str) -> str | None:
-    """The first parameter of ``net`` whose ``.grad`` is not the ``oracle``'s, described; the
-    sum (``sum_end`` ends its sentence) and this rank's ``local`` gradient (``unchanged``) are
-    recognised. None if every one is right."""
+    """The first parameter whose ``.grad`` is not the ``oracle``'s, described (None if none); the
+    sum (``sum_end`` ends its sentence) and this rank's ``local`` gradient are recognised."""
     for (name, p), q in zip(net.named_parameters(), oracle.parameters()):
         got, want = p.grad, q.grad
         if want is None or got is None:
@@ -131,17 +127,11 @@ def check_average_gradients(fn: Callable | str | None, *,
                             timeout: float = 60.0, strict: bool = False) -> ExerciseResult:
     """Exercise 07: ``fn(model)`` averages every ``p.grad`` over the ranks, in place.
 
-    For each world size, a process group of that many worker processes; each builds the same small
-    model (an MLP, a conv net, an MLP with a frozen layer, one with a layer forward never uses:
-    parameter sizes 35, 5, 15, 3, 27, ... that no world size divides), computes the gradient of
-    its own shard of a global batch, calls ``fn(model)``, and compares every ``.grad`` with the
-    gradient one process gets on the whole batch (frozen and unused parameters must keep
-    ``.grad`` None). A rank that calls no collective is named.
-
-    ``fn``: the learner's function, importable by worker processes, or ``"module:function"``;
-    None: not answered yet. ``per_rank``: examples per rank; ``timeout``: seconds for each world
-    size (a function that hangs fails, it does not hang); ``strict``: raise ``AssertionError`` on
-    a wrong answer. Returns the verdict (truthy when right); the first failing case is printed.
+    For each world size, each worker builds the same small models (an MLP, a conv net, an MLP
+    with a frozen layer, one with a layer forward never uses: parameter sizes no world size
+    divides), computes the gradient of its shard of a global batch, calls ``fn(model)``, and
+    compares every ``.grad`` with one process's on the whole batch (frozen and unused parameters
+    keep ``.grad`` None). A rank that calls no collective is named. ``per_rank``: examples per rank.
     """
     return check_in_ranks(
         "average_gradients", fn, "my_ddp:average_gradients", _run_cases, (per_rank, 7),
@@ -163,11 +153,9 @@ _DDP_HINT = ("register p.register_post_accumulate_grad_hook on every parameter t
 
 
 class _AllReduceRecorder:
-    """Stands in for ``dist.all_reduce`` in a checker worker: notes every call of a backward.
-
-    Before each real all-reduce every rank shares the size it is about to send (a small
-    all_gather): ranks that launch in different orders get a clear error, not a crash of gloo.
-    """
+    """Stands in for ``dist.all_reduce`` in a worker: notes every call of a backward. The ranks
+    share each size first (a small all_gather): ranks that launch in different orders get a
+    clear error, not a crash of gloo."""
 
     def __init__(self):
         self.real = dist.all_reduce
@@ -221,15 +209,14 @@ class _TrackedWork:
 
 
 def _expected_buckets(module: nn.Module, cap_bytes: int) -> list[int]:
-    """Sizes (elements) of the buckets in launch order: torch's assignment, last trainable
-    parameter first."""
+    """Sizes (elements) of the buckets in launch order: torch's, last trainable parameter first."""
     params = [p for p in module.parameters() if p.requires_grad]
     return [sum(params[i].numel() for i in b) for b in assign_buckets(params, cap_bytes)]
 
 
 def _ddp_cases(spec, per_rank: int, steps: int, cap_mb: float | None, seed: int) -> str | None:
     """In every rank: each model of ``CASES`` wrapped by the learner's class and by torch's DDP,
-    ``steps`` SGD steps on this rank's shards; the first failure as text, or None."""
+    ``steps`` SGD steps; the first failure as text, or None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     cls, error = load_answer(spec, "class")
     if error:
@@ -270,11 +257,8 @@ def _ddp_cases(spec, per_rank: int, steps: int, cap_mb: float | None, seed: int)
 
 def _ddp_one_step(models: tuple, recorder: _AllReduceRecorder, case: str, step: int, steps: int,
                   where: str, per_rank: int, cap_mb: float | None, seed: int) -> str | None:
-    """One SGD step of both wrappers on this rank's shard; what is wrong, or None.
-
-    torch's DDP takes its step on every rank whatever the learner's class did, so that the
-    ranks issue the same collectives.
-    """
+    """One SGD step of both wrappers on this rank's shard; what is wrong, or None. torch's DDP
+    steps on every rank whatever the learner's class did: the ranks issue the same collectives."""
     mine, net, plain, theirs, theirs_net = models
     rank, world = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(seed + 100 * step + 1)
@@ -344,8 +328,7 @@ def _ddp_one_step(models: tuple, recorder: _AllReduceRecorder, case: str, step: 
                 p -= 0.1 * p.grad
                 q -= 0.1 * q.grad
             p.grad, q.grad = None, None
-        for q in plain.parameters():
-            q.grad = None
+    plain.zero_grad()
     return None
 
 
@@ -354,24 +337,20 @@ def check_ddp(cls: type | str | None, *, bucket_cap_mb: float | None = None,
               timeout: float = 120.0, strict: bool = False) -> ExerciseResult:
     """Exercise 07: a DDP class whose ``.grad`` holds the average when ``backward()`` returns.
 
-    ``cls(module)`` (or ``cls(module, bucket_cap_mb=...)`` when ``bucket_cap_mb`` is given)
-    wraps a model that starts with the same weights on every rank; calling it runs the model.
-    For each world size, a process group of that many worker processes; each wraps five small models
-    (an MLP; one registered in another order than it runs; one with a tied weight; one with a
-    frozen layer; one whose branches run in a rank-dependent order) with the learner's class
-    and with ``torch.nn.parallel.DistributedDataParallel``, takes ``steps`` SGD steps on its
-    shard and, after every ``loss.backward()``, compares every ``.grad`` with torch's. It also
-    requires: no all-reduce still running when backward returns, parameters untouched by
-    backward, the same all-reduce sizes in the same order on every rank, at least one
-    all-reduce started before the last gradient (overlap), and, with ``bucket_cap_mb``, one
-    all-reduce per bucket, buckets filled last parameter first, each closed once it reaches
-    the cap.
+    ``cls(module)`` (or ``cls(module, bucket_cap_mb=...)``) wraps a model that starts with the
+    same weights on every rank; calling it runs the model. For each world size, each worker wraps
+    five small models (an MLP; one registered in another order than it runs; one with a tied
+    weight; one with a frozen layer; one whose branches run in a rank-dependent order) with the
+    learner's class and with torch's ``DistributedDataParallel``, takes ``steps`` SGD steps on
+    its shard and after every ``loss.backward()`` compares every ``.grad`` with torch's. Also
+    required: no all-reduce still running when backward returns, parameters untouched by
+    backward, the same all-reduce sizes in the same order on every rank, an all-reduce started
+    before the last gradient (overlap), and with ``bucket_cap_mb`` one all-reduce per bucket,
+    buckets filled last parameter first, each closed once it reaches the cap.
 
-    ``cls``: the learner's class, importable by worker processes, or ``"module:Class"``; None:
-    not answered yet. ``bucket_cap_mb``: judge a bucketed class with this cap (MiB, as torch
-    counts it); ``per_rank``: examples per rank and step; ``steps``: SGD steps per model (a class
-    that works once and not twice fails); ``timeout``: seconds for each world size. Returns the
-    verdict (truthy when right); the first failing case is printed.
+    ``bucket_cap_mb``: judge a bucketed class with this cap (MiB, as torch counts it);
+    ``per_rank``: examples per rank and step; ``steps``: SGD steps per model (a class that works
+    once and not twice fails).
     """
     name = "OverlapDDP" if bucket_cap_mb is None else "BucketedDDP"
     if cls is None:

@@ -1,11 +1,11 @@
-"""Checkers for the exercises of lesson 08 (the DDP training recipe): ``check_epoch_shards``
-(the shard a ``DistributedSampler`` with ``set_epoch`` gives a rank, computed without one, against
-torch's sampler), ``check_exact_accuracy`` (the exact accuracy of an evaluation set the world size
-does not divide, every example evaluated once over the ranks, in eval mode, against one process)
-and ``check_recipe_entry`` (a DDP script's per-rank entry point, started as torchrun starts it,
-against one process trained on the global batches). Worker processes import the learner's
-function by module and name, so it must live in a file (in the notebook: a cell starting with
-``%%writefile my_eval.py``); pass it as a function or as ``"my_eval:exact_accuracy"``.
+"""Checkers for the exercises of lesson 08 (the DDP training recipe).
+
+Worker processes import the learner's function by module and name, so it must live in a file
+(in the notebook: a cell starting with ``%%writefile my_eval.py``); pass it as a function or as
+``"my_eval:exact_accuracy"``; None is "not answered yet". ``timeout``: seconds for each world
+size (a function that hangs fails, it does not hang); ``strict``: raise ``AssertionError`` on a
+wrong answer. Each checker returns the verdict (truthy when right) and prints the first failing
+case.
 """
 from __future__ import annotations
 
@@ -41,9 +41,8 @@ _TOL = 1e-6
 # ---- the cases: a small classifier whose inputs carry their own index ----------------------------
 
 class _Recorder(nn.Module):
-    """A linear classifier (4 features -> 3 classes) that notes which examples it saw (column 0
-    of its input (B, 5) is the example's index, columns 1-4 the features) and counts the forwards
-    run in train mode. With ``dropout``, a ``Dropout(0.5)`` before the linear layer."""
+    """A linear classifier (4 features -> 3 classes; column 0 of its input (B, 5) is the
+    example's index) that notes the examples it saw and counts its forwards in train mode."""
 
     def __init__(self, seed: int, dropout: bool = False):
         super().__init__()
@@ -61,8 +60,7 @@ class _Recorder(nn.Module):
 
 def _case(n: int, seed: int, dropout: bool = False
           ) -> tuple[_Recorder, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(model, X (n, 5), y (n,), correct (n,) bool): the same on every rank. The model is in
-    train mode, as a model is during training; ``correct`` is what eval mode predicts."""
+    """(model in train mode, X (n, 5), y (n,), correct (n,): what eval mode predicts right)."""
     model = _Recorder(seed, dropout)
     g = torch.Generator().manual_seed(seed + n)
     features = torch.randn(n, 4, generator=g)                            # (n, 4)
@@ -92,10 +90,7 @@ def _diagnose(got: float, correct: torch.Tensor, rank: int, world: int) -> str:
         (strided[rank], own), (chunks[rank], own),
         (float(correct.sum().item()), "the number of correct predictions, not a fraction"),
     ]
-    for value, what in known:
-        if abs(got - value) <= _TOL:
-            return f" That is {what}."
-    return ""
+    return next((f" That is {what}." for value, what in known if abs(got - value) <= _TOL), "")
 
 
 # ---- the worker (runs in every rank) -------------------------------------------------------------
@@ -159,13 +154,8 @@ def check_exact_accuracy(fn: Callable | str | None, *,
     or 4, and 10 not by 4), calls ``fn(model, X, y)`` and compares the result with one process's
     accuracy on the whole set; then checks that the ranks together evaluated every example
     exactly once. A last case gives a model with a Dropout layer, in train mode: the function
-    must evaluate it in eval mode and leave it in the mode it arrived in.
-
-    ``fn``: the learner's function, importable by worker processes, or ``"module:function"``;
-    None: not answered yet. ``sizes``: evaluation-set sizes to try; ``timeout``: seconds for each
-    world size (a function that hangs fails, it does not hang); ``strict``: raise
-    ``AssertionError`` on a wrong answer. Returns the verdict (truthy when right); the first
-    failing case is printed.
+    must evaluate it in eval mode and leave it in the mode it arrived in. ``sizes``:
+    evaluation-set sizes to try.
     """
     return check_in_ranks(
         "exact_accuracy", fn, "my_eval:exact_accuracy", _run_cases, (tuple(sizes), 8),
@@ -188,7 +178,7 @@ _SHARDS_HINT = ("each epoch the sampler shuffles all n indices into one order th
 
 
 class _SamplerRefused(RuntimeError):
-    """Raised when the learner's function iterates a ``DistributedSampler``."""
+    pass
 
 
 def _refuse(sampler):
@@ -196,8 +186,7 @@ def _refuse(sampler):
 
 
 def _call(fn: Callable, *args) -> list[int]:
-    """The learner's shard as a list of ints. Iterating any ``DistributedSampler`` raises
-    ``_SamplerRefused`` meanwhile: the exercise is to produce its order, not to ask it."""
+    """The learner's shard as a list of ints; iterating a ``DistributedSampler`` is refused."""
     with mock.patch.object(DistributedSampler, "__iter__", _refuse):
         got = call_bounded(fn, *args)
     return [int(i) for i in got]
@@ -232,7 +221,6 @@ def _mismatch(shards: list[list[int]], want: list[list[int]], n: int) -> str:
 
 
 def _shards_failure(fn: Callable, n: int, world: int, seed: int, epochs: int) -> str | None:
-    """Every rank's shard of every epoch, as the learner's ``fn`` gives them; what is wrong."""
     per_epoch = []
     for epoch in range(epochs):
         shards = []
@@ -307,10 +295,8 @@ def check_epoch_shards(fn: Callable | None, *, sizes: tuple[int, ...] = (10, 11,
     ``__iter__`` raises during the call). Pure: run in this process, each call under a time
     limit.
 
-    ``fn``: the learner's function; None: not answered yet. ``sizes``: dataset sizes to try (10
-    and 11 are not divisible by 3 or 4, 1001 by 2, 3, 4); ``world_sizes``: numbers of ranks to
-    simulate; ``epochs``: epochs per case (0, 1, ...); ``strict``: raise ``AssertionError`` on a
-    wrong answer. Returns the verdict (truthy when right); the first failing case is printed.
+    ``sizes``: dataset sizes to try (10 and 11 are not divisible by 3 or 4, 1001 by 2, 3, 4);
+    ``world_sizes``: numbers of ranks to simulate; ``epochs``: epochs per case (0, 1, ...).
     """
     return check_cases(
         "epoch_shards", fn, [(n, world) for n in sizes for world in world_sizes],
@@ -333,8 +319,6 @@ _ENTRY_HINT = ("each rank joins the process group the launcher describes, reads 
                "step, prints on one rank only, and leaves the group before it returns.")
 #: the case: 24 examples, 4 per rank per step (2 ranks: 3 steps an epoch, 3 ranks: 2), 3 epochs
 _ENTRY_N, _ENTRY_B, _ENTRY_EPOCHS, _ENTRY_LR = 24, 4, 3, 0.5
-#: float64: a right answer differs from one process by the order of a sum only
-_ENTRY_RTOL, _ENTRY_ATOL = 1e-9, 1e-12
 
 
 class _IndexedData(torch.utils.data.Dataset):
@@ -378,21 +362,20 @@ def _trained(model: nn.Module, X: torch.Tensor, y: torch.Tensor,
 
 def _global_steps(orders: list[list[list[int]]]) -> list[list[int]]:
     """The global batches: at each step, every rank's next ``_ENTRY_B`` indices, together."""
-    steps = []
-    for shards in orders:                                   # one epoch: every rank's shard
-        for start in range(0, len(shards[0]), _ENTRY_B):
-            steps.append([i for shard in shards for i in shard[start:start + _ENTRY_B]])
-    return steps
+    return [[i for shard in shards for i in shard[start:start + _ENTRY_B]]
+            for shards in orders                           # one epoch: every rank's shard
+            for start in range(0, len(shards[0]), _ENTRY_B)]
 
 
 def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.allclose(x, z, rtol=_ENTRY_RTOL, atol=_ENTRY_ATOL)
+    """Equal to float64 rounding: a right answer differs by the order of a sum only."""
+    return len(a) == len(b) and all(torch.allclose(x, z, rtol=1e-9, atol=1e-12)
                                     for x, z in zip(a, b))
 
 
 def _judge_entry(rank: int, world: int, got: list[torch.Tensor], seen: list[int],
                  printed: str, model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> str | None:
-    """What is wrong with this rank's run (None: nothing): data read, weights, printing."""
+    """What is wrong with this rank's run: data read, weights, printing."""
     where = f"world_size={world}, rank {rank}"
     E, n = _ENTRY_EPOCHS, _ENTRY_N
     share = n // world
@@ -441,11 +424,8 @@ def _judge_entry(rank: int, world: int, got: list[torch.Tensor], seen: list[int]
 
 def _entry_cases(spec: Callable | tuple[str, str, str]) -> str | None:
     """In every rank: run the learner's ``train`` as a launcher would start it; what is wrong.
-
-    The harness's group is left first (the learner's function joins its own, from the
-    environment, on a port rank 0 chose), and a group of the same ranks is formed again
-    afterwards so that every rank returns the same verdict (the lowest rank's problem).
-    """
+    The harness's group is left first (the learner's function joins its own on a port rank 0
+    chose) and formed again after, so that every rank returns the same verdict."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ports = [find_free_port(), find_free_port()] if rank == 0 else [None, None]
     dist.broadcast_object_list(ports, src=0)
@@ -505,10 +485,8 @@ def check_recipe_entry(fn: Callable | str | None, *, world_sizes: tuple[int, ...
     dataset on every rank, the same order every epoch, gradients never averaged (each rank
     alone), printing on every rank, the group left behind.
 
-    ``fn``: importable by worker processes, or ``"module:function"`` (a file written with
-    ``%%writefile my_recipe.py``); None: not answered yet. ``world_sizes``: one launch for all;
-    ``timeout``: seconds for each world size; ``strict``: raise ``AssertionError`` on a wrong
-    answer.
+    ``fn``: from a file written with ``%%writefile my_recipe.py``; ``world_sizes``: one launch
+    for all.
     """
     return check_in_ranks(
         "recipe entry point", fn, "my_recipe:train", _entry_cases, (), world_sizes=world_sizes,

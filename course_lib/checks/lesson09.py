@@ -1,9 +1,9 @@
-"""Checkers for the exercises of lesson 09 (surviving failures): ``check_syncbn(cls)``, the
-learner's SyncBatchNorm in real worker processes on shards of different sizes against one
-``nn.BatchNorm2d`` on the global batch, and ``check_resume(capture, restore)``, a training run
-stopped mid-way and restored into fresh objects, bitwise the uninterrupted run. Worker processes
-import the learner's class by module and name, so it must live in a file (in the notebook: a
-cell starting with ``%%writefile my_syncbn.py``).
+"""Checkers for the exercises of lesson 09 (surviving failures).
+
+Worker processes import the learner's class by module and name, so it must live in a file (in
+the notebook: a cell starting with ``%%writefile my_syncbn.py``). An answer left None is "not
+answered yet"; ``strict``: raise ``AssertionError`` on a wrong answer. Each checker returns the
+verdict (truthy when right) and prints the first failing case.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from ._core import ExerciseResult, call_bounded, failure, unanswered, verdict
-from .harness import UNANSWERED, agree, check_in_ranks, load_answer
+from ._core import ExerciseResult, call_bounded, failure, verdict
+from .harness import UNANSWERED, agree, check_cases, check_in_ranks, load_answer
 
 __all__ = ["check_resume", "check_syncbn"]
 
@@ -31,39 +31,36 @@ _BN_HINT = ("forward: combine each channel's count, mean and centred sum of squa
             "(times n / (n - 1), n the global count); backward: all-reduce each channel's "
             "[sum dy, sum dy * xhat] and use them, divided by the global count, in dx; the "
             "weight and bias gradients stay this rank's sums (DDP combines them).")
-_BN_TOL = 1e-9                      # float64 throughout
 #: world size -> examples per rank: uneven shards
 _SHARDS = {2: [5, 3], 3: [5, 3, 8], 4: [5, 3, 8, 2]}
 _C = 3                              # channels; inputs are (N, C, 2, 2)
+_DIMS, _SHAPE = (0, 2, 3), (1, -1, 1, 1)  # the dims a channel's statistic covers; its view
 
 
-def _close(a: torch.Tensor | None, b: torch.Tensor) -> bool:
-    return a is not None and a.shape == b.shape and torch.allclose(a, b, rtol=1e-7,
-                                                                   atol=_BN_TOL)
+def _close(a: torch.Tensor | None, b: torch.Tensor) -> bool:    # float64 throughout
+    return a is not None and a.shape == b.shape and torch.allclose(a, b, rtol=1e-7, atol=1e-9)
 
 
 def _normalise(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, w: torch.Tensor,
                b: torch.Tensor) -> torch.Tensor:
     """w * (x - mean) / sqrt(var + eps) + b, per channel of (N, C, H, W)."""
-    shape = (1, -1, 1, 1)
-    return ((x - mean.view(shape)) * torch.rsqrt(var.view(shape) + 1e-5) * w.view(shape)
-            + b.view(shape))
+    return ((x - mean.view(_SHAPE)) * torch.rsqrt(var.view(_SHAPE) + 1e-5) * w.view(_SHAPE)
+            + b.view(_SHAPE))
 
 
 def _bn_forward_hint(out: torch.Tensor, xs: list[torch.Tensor], rank: int, w, b) -> str:
     """Name the popular wrong forward that ``out`` equals, if any."""
     x = xs[rank]
-    dims = (0, 2, 3)
-    local = _normalise(x, x.mean(dims), x.var(dims, unbiased=False), w, b)
-    means = torch.stack([t.mean(dims) for t in xs])                     # (k, C)
-    variances = torch.stack([t.var(dims, unbiased=False) for t in xs])  # (k, C)
-    squares = torch.stack([(t * t).mean(dims) for t in xs])             # (k, C)
+    local = _normalise(x, x.mean(_DIMS), x.var(_DIMS, unbiased=False), w, b)
+    means = torch.stack([t.mean(_DIMS) for t in xs])                     # (k, C)
+    variances = torch.stack([t.var(_DIMS, unbiased=False) for t in xs])  # (k, C)
+    squares = torch.stack([(t * t).mean(_DIMS) for t in xs])             # (k, C)
     m = means.mean(0)
     unweighted = [_normalise(x, m, variances.mean(0), w, b),
                   _normalise(x, m, squares.mean(0) - m * m, w, b)]
     whole = torch.cat(xs)
     n = whole.numel() // _C
-    unbiased = _normalise(x, whole.mean(dims), whole.var(dims, unbiased=False) * n / (n - 1),
+    unbiased = _normalise(x, whole.mean(_DIMS), whole.var(_DIMS, unbiased=False) * n / (n - 1),
                           w, b)
     if _close(out, local):
         return (" It is BatchNorm on this rank's shard alone: the statistics were not "
@@ -80,15 +77,13 @@ def _bn_forward_hint(out: torch.Tensor, xs: list[torch.Tensor], rank: int, w, b)
 def _bn_backward_hint(dx: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, mean, var, w,
                       n_global: int) -> str:
     """Name the popular wrong input gradient that ``dx`` equals, if any."""
-    shape = (1, -1, 1, 1)
-    invstd = torch.rsqrt(var + 1e-5).view(shape)
-    xhat = (x - mean.view(shape)) * invstd
-    scale = invstd * w.view(shape)
-    dims = (0, 2, 3)
+    invstd = torch.rsqrt(var + 1e-5).view(_SHAPE)
+    xhat = (x - mean.view(_SHAPE)) * invstd
+    scale = invstd * w.view(_SHAPE)
     n_local = x.numel() // _C
     constants = scale * dy
-    local = [scale * (dy - (dy.sum(dims) / count).view(shape)
-                      - xhat * ((dy * xhat).sum(dims) / count).view(shape))
+    local = [scale * (dy - (dy.sum(_DIMS) / count).view(_SHAPE)
+                      - xhat * ((dy * xhat).sum(_DIMS) / count).view(_SHAPE))
              for count in (n_local, n_global)]
     if _close(dx, constants):
         return (" It treats the mean and the variance as constants: every example of the "
@@ -132,10 +127,8 @@ def _syncbn_cases(spec, steps: int, seed: int) -> str | None:
         whole = torch.cat(xs).requires_grad_()                # (N, C, 2, 2) the global batch
         want = reference(whole)
         want.backward(torch.cat(dys))
-        lo = sum(sizes[:rank])
-        mine_rows = slice(lo, lo + sizes[rank])
+        mine_rows = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
         x = xs[rank].clone().requires_grad_()
-
         try:
             out = mine(x)
             out.backward(dys[rank])
@@ -148,18 +141,16 @@ def _syncbn_cases(spec, steps: int, seed: int) -> str | None:
             grads = torch.stack([nan if p.grad is None else p.grad
                                  for p in (mine.weight, mine.bias)])    # (2, C)
             dist.all_reduce(grads)                            # DDP's job: combine the ranks'
-            dims = (0, 2, 3)
-            n = whole.numel() // _C
-            mean, var = whole.detach().mean(dims), whole.detach().var(dims, unbiased=False)
+            mean, var = whole.detach().mean(_DIMS), whole.detach().var(_DIMS, unbiased=False)
             biased_var = 0.9 * biased_var + 0.1 * var    # running_var, had it kept the biased
-            if not _close(out.detach(), want.detach()[mine_rows]):
+            got, expected = out.detach(), want.detach()[mine_rows]
+            if not _close(got, expected):
                 failure_text = (f"{where}: the output differs from BatchNorm2d on the global "
-                                f"batch (largest difference "
-                                f"{(out.detach() - want.detach()[mine_rows]).abs().max():.2e})."
-                                + _bn_forward_hint(out.detach(), xs, rank, w, b))
+                                f"batch (largest difference {(got - expected).abs().max():.2e})."
+                                + _bn_forward_hint(got, xs, rank, w, b))
             elif not _close(x.grad, whole.grad[mine_rows]):
                 hint = "" if x.grad is None else _bn_backward_hint(
-                    x.grad, xs[rank], dys[rank], mean, var, w, n)
+                    x.grad, xs[rank], dys[rank], mean, var, w, whole.numel() // _C)
                 failure_text = (f"{where}: the input gradient differs from BatchNorm2d's on "
                                 f"the global batch.{hint}")
             elif not (_close(grads[0], reference.weight.grad)
@@ -174,10 +165,9 @@ def _syncbn_cases(spec, steps: int, seed: int) -> str | None:
                                 f"{reference.running_mean.tolist()} (momentum 0.1 towards the "
                                 f"global mean).")
             elif not _close(mine.running_var, reference.running_var):
-                hint = ""
-                if _close(mine.running_var, biased_var):
-                    hint = (" It moved towards the biased variance: running_var keeps the "
-                            "unbiased one, var * n / (n - 1), n the global count.")
+                hint = (" It moved towards the biased variance: running_var keeps the unbiased "
+                        "one, var * n / (n - 1), n the global count."
+                        if _close(mine.running_var, biased_var) else "")
                 failure_text = (f"{where}: running_var {mine.running_var.tolist()}, expected "
                                 f"{reference.running_var.tolist()}.{hint}")
         failure_text = agree(failure_text)                    # every rank stops, or none
@@ -197,11 +187,9 @@ def check_syncbn(cls: type | str | None, *, world_sizes: tuple[int, ...] = (2, 3
     whole batch: this rank's rows of the output and of the input gradient, the weight and bias
     gradients summed over the ranks (as DDP combines them), and the running statistics.
 
-    ``cls``: the learner's class, importable by worker processes, or ``"module:Class"``; None:
-    not answered yet. ``steps``: training steps (the running statistics move twice);
-    ``timeout``: seconds for each world size (a layer that hangs fails, it does not hang);
-    ``strict``: raise ``AssertionError`` on a wrong answer. Returns the verdict (truthy when
-    right); the first failing case is printed.
+    ``cls``: the learner's class, importable by worker processes, or ``"module:Class"``.
+    ``steps``: training steps (the running statistics move twice); ``timeout``: seconds for each
+    world size (a layer that hangs fails, it does not hang).
     """
     return check_in_ranks(
         "SyncBatchNorm", cls, "my_syncbn:SyncBatchNorm", _syncbn_cases, (steps, 3),
@@ -215,7 +203,6 @@ def check_syncbn(cls: type | str | None, *, world_sizes: tuple[int, ...] = (2, 3
 
 # ---- check_resume --------------------------------------------------------------------------------
 
-_RESUME_NAME = "resume"
 _RESUME_HINT = ("capture: model.state_dict(), optimizer.state_dict(), scheduler.state_dict(), "
                 "the epoch, torch.get_rng_state() and random.getstate(); restore: load each "
                 "back (torch.set_rng_state, random.setstate) and return the epoch.")
@@ -340,27 +327,20 @@ def check_resume(capture: Callable | None, restore: Callable | None, *,
     scrambles the random states, builds new objects from another seed, restores, finishes, and
     requires the final weights and momentum buffers to be bitwise the uninterrupted run's.
 
-    ``capture``, ``restore``: the learner's functions; None: not answered yet. ``stops``: the
-    epochs (of 4) after which the run is stopped; ``strict``: raise ``AssertionError`` on a wrong
-    answer. Returns the verdict (truthy when right); the first failing case is printed.
+    ``stops``: the epochs (of 4) after which the run is stopped.
     """
     if capture is None or restore is None:
-        return verdict(_RESUME_NAME, None, "write capture(...) and restore(...) and pass both "
-                       "here.", strict)
-    if not callable(capture) or not callable(restore):
-        return verdict(_RESUME_NAME, False, "expected two functions, capture and restore.",
+        return verdict("resume", None, "write capture(...) and restore(...) and pass both here.",
                        strict)
+    if not callable(capture) or not callable(restore):
+        return verdict("resume", False, "expected two functions, capture and restore.", strict)
     torch_state, python_state = torch.get_rng_state(), random.getstate()
     try:
-        for stop in stops:
-            try:
-                problem = _resume_failure(capture, restore, stop)
-            except NotImplementedError:
-                return unanswered(_RESUME_NAME, strict)
-            if problem is not None:
-                return verdict(_RESUME_NAME, False, f"{problem} Hint: {_RESUME_HINT}", strict)
+        return check_cases(
+            "resume", capture, [(restore, stop) for stop in stops], _resume_failure, missing="",
+            expected="", hint=_RESUME_HINT, strict=strict,
+            passed=f"stopped after epochs {list(stops)} of {_EPOCHS} and resumed into fresh "
+                   f"objects: bitwise the uninterrupted run.")
     finally:  # the notebook's own random streams, as they were
         torch.set_rng_state(torch_state)
         random.setstate(python_state)
-    return verdict(_RESUME_NAME, True, f"stopped after epochs {list(stops)} of {_EPOCHS} and "
-                   f"resumed into fresh objects: bitwise the uninterrupted run.", strict)

@@ -1,16 +1,12 @@
-"""Checkers for the exercises of lesson 10 (timing plots and the alpha-beta model), each
-described in its docstring: ``check_time_collective`` (the benchmark loop of a collective, on
-every rank of 2 and 3 gloo processes), ``check_bus_bandwidth`` (of a raw results row, as
-nccl-tests defines it in its ``doc/PERFORMANCE.md``), ``check_ring_time``,
-``check_alpha_beta_fit``, ``check_predicted_comm`` and ``check_slower_rank_wait``.
+"""Checkers for the exercises of lesson 10 (timing plots and the alpha-beta model).
 
 Each oracle is written apart from the library function it judges (the tests check that both
-agree): the stand-in collective's own record of when each sample's calls started and ended, not
-``course_lib.timing.time_sample``; the ring's schedule walked step by step (``2 (p - 1)`` chunks
-of ``n / p`` bytes: ``link_bytes_by_schedule``, ``ring_time_by_schedule``, ``comm_by_schedule``)
-and a median by sorting, not ``cost_model``'s closed formulas; ``numpy.linalg.lstsq`` on rows
-scaled by ``1 / t_i`` (``lstsq_relative_fit``), not ``cost_model.fit_ring``; two loops run on a
-clock (``wait_by_clocks``), not ``step_comm.slower_rank_wait``.
+agree): the stand-in collective's own record of its calls, not ``timing.time_sample``; the
+ring's schedule walked step by step and a median by sorting, not ``cost_model``'s closed
+formulas; ``numpy.linalg.lstsq`` on rows scaled by ``1 / t_i``, not ``cost_model.fit_ring``; two
+loops run on a clock, not ``step_comm.slower_rank_wait``. Every checker prints its verdict (the
+first failing case, with the usual mistake that explains it when one does) and returns it
+(truthy when right); ``strict=True`` raises ``AssertionError`` on a wrong answer.
 """
 from __future__ import annotations
 
@@ -29,7 +25,7 @@ from ..distributed import current_device, launch
 from ..distributed.env import _pin_to_cores
 from ..distributed.recording import COLLECTIVES, record_collectives
 from ._core import ExerciseResult, call_or_verdict, verdict
-from .harness import UNANSWERED, agree, check_in_ranks, load_answer, worker_spec
+from .harness import StopRank, agree, call_answer, check_in_ranks, load_answer, worker_spec
 
 __all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",
            "check_ring_time", "check_slower_rank_wait", "check_time_collective",
@@ -37,7 +33,6 @@ __all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm"
            "median_by_sorting", "planned_sleep", "ring_time_by_schedule", "time_all_reduce",
            "wait_by_clocks"]
 
-_NAME = "bus_bandwidth"
 _HINT = ("the bus bandwidth is the bytes one rank's link carries in a ring, per second of the "
          "row's typical operation: count what a rank sends in the ring's steps, and compare "
          "with bytes / time.")
@@ -50,8 +45,7 @@ def link_bytes_by_schedule(n_bytes: float, p: int) -> float:
     ``n / p`` bytes per step (real numbers, as nccl-tests counts them, whether or not p divides
     n).
     """
-    steps = [n_bytes / p for _ in range(p - 1)]       # reduce-scatter
-    steps += [n_bytes / p for _ in range(p - 1)]      # all-gather
+    steps = [n_bytes / p for _ in range(2 * (p - 1))]     # reduce-scatter, then all-gather
     return sum(steps)
 
 
@@ -64,14 +58,12 @@ def median_by_sorting(xs: list[float]) -> float:
 
 def _expected(row: dict) -> float:
     """The oracle: link bytes per second of the median operation, in GB/s."""
-    return link_bytes_by_schedule(row["bytes"], row["world_size"]) / \
-        median_by_sorting(row["seconds"]) / 1e9
+    return link_bytes_by_schedule(row["bytes"], row["world_size"]) / median_by_sorting(
+        row["seconds"]) / 1e9
 
 
 def _cases() -> list[dict]:
-    """Raw rows as a results file holds them: several rank counts (3 among them), sizes p does
-    not divide, odd and even sample counts, an outlier that moves the mean but not the median,
-    and a fast sample that is not the median."""
+    """Raw rows of a results file: sizes p does not divide, odd and even sample counts, outliers."""
     specs = [(2, 4096, [0.0011, 0.0009, 0.0010]),
              (3, 1000, [2.0e-4, 2.1e-4, 9.0e-4, 1.9e-4]),            # even count, an outlier
              (4, 1_048_576, [0.0040, 0.0031, 0.0052, 0.0033, 0.0035]),
@@ -83,10 +75,14 @@ def _cases() -> list[dict]:
             for p, n, seconds in specs]
 
 
-def _named(usual: dict[str, object], close: Callable[[object], bool], otherwise: str) -> str:
-    """"That is <why>." for the first usual mistake whose value ``close`` accepts, else
-    ``otherwise`` (the hint)."""
-    return next((f"That is {why}." for why, value in usual.items() if close(value)), otherwise)
+def _named(usual: dict[str, object], got: object, otherwise: str, rel_tol: float = 1e-9,
+           abs_tol: float = 1e-15) -> str:
+    """"That is <why>." for the first usual mistake whose value (a number, or a tuple of them)
+    ``got`` equals to the tolerances, else ``otherwise`` (the hint)."""
+    def near(value) -> bool:
+        pairs = zip(got, value) if isinstance(got, tuple) else [(got, value)]
+        return all(math.isclose(g, v, rel_tol=rel_tol, abs_tol=abs_tol) for g, v in pairs)
+    return next((f"That is {why}." for why, value in usual.items() if near(value)), otherwise)
 
 
 def _diagnose(row: dict, got: float) -> str:
@@ -109,34 +105,24 @@ def _diagnose(row: dict, got: float) -> str:
         "with seconds multiplied by reps: row['seconds'] is already per operation":
             n / (med * row.get("reps", 1)) * factor / 1e9,
     }
-    return _named(usual, lambda value: math.isclose(got, value, rel_tol=1e-6), _HINT)
+    return _named(usual, got, _HINT, rel_tol=1e-6, abs_tol=0.0)
 
 
 def check_bus_bandwidth(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
-    """Exercise: ``fn(row)`` is the bus bandwidth of a raw results row, in GB/s.
+    """Exercise: ``fn(row)`` is the bus bandwidth of a raw results row, in GB/s, as nccl-tests
+    defines it (its ``doc/PERFORMANCE.md``).
 
     Run on rows of 2, 3, 4, 5 and 8 ranks, sizes they do not divide, odd and even numbers of
     samples with outliers; each call gets its own copy of the row. Relative tolerance 1e-6.
-    The first failing case is printed with the usual mistake that explains it, if one does.
     """
     cases = _cases()
     shown = [{k: row[k] for k in ("world_size", "bytes", "seconds")} for row in cases]
     return _check_each(
-        _NAME, fn, strict, [((row,), f"the row {s}") for row, s in zip(cases, shown)], _HINT,
-        _bus_problem,
+        "bus_bandwidth", fn, strict, [((row,), f"the row {s}") for row, s in zip(cases, shown)],
+        _HINT,
+        _one_number(_expected, _diagnose, at="for", unit=" GB/s", got_unit="", named="GB/s",
+                    rel_tol=1e-6, abs_tol=0.0),
         f"matches nccl-tests' bus bandwidth on {len(cases)} rows (2 to 8 ranks).")
-
-
-def _bus_problem(got: object, shown: str, row: dict) -> str | None:
-    want = _expected(row)
-    try:
-        got = float(got)  # a 0-d tensor or numpy number is fine
-    except (TypeError, ValueError):
-        return (f"returned {got!r} ({type(got).__name__}) for {shown}; expected one number, "
-                "in GB/s.")
-    if not math.isclose(got, want, rel_tol=1e-6):
-        return f"for {shown}: expected {want:.6g} GB/s, got {got:.6g}. {_diagnose(row, got)}"
-    return None
 
 
 def _check_each(name: str, fn: Callable | None, strict: bool, cases: list, hint: str,
@@ -156,17 +142,21 @@ def _check_each(name: str, fn: Callable | None, strict: bool, cases: list, hint:
     return verdict(name, True, passed, strict)
 
 
-def _in_seconds(want: Callable[..., float], diagnose: Callable[..., str]) -> Callable:
-    """The ``problem`` of a checker of a time: ``got`` against ``want(*args)``, 1e-9 relative."""
+def _one_number(want: Callable[..., float], diagnose: Callable[..., str], at: str = "on",
+                unit: str = " s", got_unit: str = " s", named: str = "seconds",
+                rel_tol: float = 1e-9, abs_tol: float = 1e-15) -> Callable:
+    """The ``problem`` of a checker of one number (a time unless told): ``got`` against
+    ``want(*args)``; ``diagnose(*args, got)`` names a usual mistake."""
     def problem(got: object, shown: str, *args) -> str | None:
         expected = want(*args)
         try:
             got = float(got)   # a 0-d tensor or numpy number is fine
         except (TypeError, ValueError):
-            return (f"returned {got!r} ({type(got).__name__}) on {shown}; expected one number, "
-                    "in seconds.")
-        if not math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-15):
-            return f"on {shown}: expected {expected:.6g} s, got {got:.6g} s. {diagnose(*args, got)}"
+            return (f"returned {got!r} ({type(got).__name__}) {at} {shown}; expected one "
+                    f"number, in {named}.")
+        if not math.isclose(got, expected, rel_tol=rel_tol, abs_tol=abs_tol):
+            return (f"{at} {shown}: expected {expected:.6g}{unit}, got {got:.6g}{got_unit}. "
+                    f"{diagnose(*args, got)}")
         return None
     return problem
 
@@ -186,8 +176,7 @@ def ring_time_by_schedule(n_bytes: float, p: int, alpha: float, beta: float) -> 
 
 
 def _ring_cases() -> list[tuple[float, int, float, float]]:
-    """(n_bytes, p, alpha, beta): 2 to 8 ranks (3 among them), sizes p does not divide, one
-    rank (nothing to send), alpha or beta alone."""
+    """(n_bytes, p, alpha, beta): sizes p does not divide, one rank, alpha or beta alone."""
     return [(4096, 2, 100e-6, 0.5e-9), (10**6 + 1, 3, 30e-6, 2e-9), (64 * 2**20, 8, 5e-6, 0.02e-9),
             (1000, 5, 10e-6, 1e-9), (2**20, 4, 0.0, 1e-9), (2**20, 3, 50e-6, 0.0),
             (123_457, 7, 3e-6, 0.1e-9), (2**20, 1, 50e-6, 1e-9)]
@@ -209,8 +198,7 @@ def _ring_diagnose(n: float, p: int, alpha: float, beta: float, got: float) -> s
             2 * (p - 1) * (alpha + (n // p) * beta),
         "alpha and beta swapped": 2 * (p - 1) * (beta + n / p * alpha),
     }
-    return _named(usual, lambda value: math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-15),
-                  _RING_HINT)
+    return _named(usual, got, _RING_HINT)
 
 
 def check_ring_time(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -218,20 +206,18 @@ def check_ring_time(fn: Callable | None, *, strict: bool = False) -> ExerciseRes
     of ``n_bytes`` over p ranks.
 
     Run on 1 to 8 ranks, sizes the ranks do not divide, alpha or beta zero; relative tolerance
-    1e-9 against the ring's schedule walked step by step. The first failing case is printed with
-    the usual mistake that explains it, if one does.
+    1e-9 against the ring's schedule walked step by step (not asked by the lesson; for homework).
     """
     cases = _ring_cases()
     return _check_each(
         "ring_time", fn, strict, [((n, p, a, b), f"n_bytes={n}, p={p}, alpha={a:g}, beta={b:g}")
                                   for n, p, a, b in cases], _RING_HINT,
-        _in_seconds(ring_time_by_schedule, _ring_diagnose),
+        _one_number(ring_time_by_schedule, _ring_diagnose),
         f"matches the ring's schedule on {len(cases)} cases (1 to 8 ranks).")
 
 
 # ---- the alpha-beta fit --------------------------------------------------------------------------
 
-_FIT = "alpha_beta_fit"
 _FIT_HINT = ("the ring's time is a straight line in n: minimise the sum over the points of "
              "((model - measured) / measured) ** 2, the error relative to each measured time "
              "(not to the model's time, not in log space), then read alpha and beta off its "
@@ -264,20 +250,15 @@ def _alpha_beta(a: float, b: float, p: int) -> tuple[float, float]:
 
 
 def _fit_cases() -> list[tuple[list[float], list[float], int]]:
-    """(sizes, times, p): exact ring times at 2, 3 and 8 ranks, then noisy ones at 2 and 4 ranks
-    (a fixed pattern of up to 8 % slower samples, as a loaded machine adds), where an unweighted
-    line follows the largest messages and misses alpha."""
+    """(sizes, times, p): exact ring times, then noisy ones (up to 8 % slower samples, as a
+    loaded machine adds), where an unweighted line follows the largest messages."""
     sizes = [4096 * 4 ** i for i in range(8)]                 # 4 KB to 64 MB
     noise = [1.00, 1.06, 1.01, 1.08, 1.00, 1.05, 1.02, 1.07]
-    cases = []
-    for p, alpha, beta, wobble in ((2, 120e-6, 0.5e-9, False), (3, 30e-6, 2e-9, False),
-                                   (8, 5e-6, 0.02e-9, False), (2, 140e-6, 0.48e-9, True),
-                                   (4, 60e-6, 1e-9, True)):
-        times = [2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta for n in sizes]
-        if wobble:
-            times = [t * f for t, f in zip(times, noise)]
-        cases.append((list(sizes), times, p))
-    return cases
+    lines = [(2, 120e-6, 0.5e-9, False), (3, 30e-6, 2e-9, False), (8, 5e-6, 0.02e-9, False),
+             (2, 140e-6, 0.48e-9, True), (4, 60e-6, 1e-9, True)]        # (p, alpha, beta, noisy)
+    return [(list(sizes), [(2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta)
+                           * (f if noisy else 1.0) for n, f in zip(sizes, noise)], p)
+            for p, alpha, beta, noisy in lines]
 
 
 def _fit_diagnose(sizes: list[float], times: list[float], p: int,
@@ -300,8 +281,7 @@ def _fit_diagnose(sizes: list[float], times: list[float], p: int,
         " so b = 2 (p - 1) / p beta": (_alpha_beta(*weighted, p)[0],
                                        weighted[1] / (2 * (p - 1))),
     }
-    return _named(usual, lambda value: all(math.isclose(g, v, rel_tol=1e-6)
-                                           for g, v in zip(got, value)), _FIT_HINT)
+    return _named(usual, got, _FIT_HINT, rel_tol=1e-6, abs_tol=0.0)
 
 
 def check_alpha_beta_fit(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -311,13 +291,13 @@ def check_alpha_beta_fit(fn: Callable | None, *, strict: bool = False) -> Exerci
 
     Run on exact ring times at 2, 3 and 8 ranks and on noisy ones at 2 and 4 ranks; each call
     gets its own copies of the lists. Relative tolerance 1e-6 against ``numpy.linalg.lstsq`` on
-    the rows scaled by ``1 / t_i`` (``lstsq_relative_fit``); the first failing case is printed
-    with the usual mistake that explains it.
+    the rows scaled by ``1 / t_i`` (``lstsq_relative_fit``).
     """
     cases = _fit_cases()
     return _check_each(
-        _FIT, fn, strict, [(case, f"p={case[2]}, {len(case[0])} sizes from {case[0][0]} to "
-                                  f"{case[0][-1]} bytes") for case in cases], _FIT_HINT,
+        "alpha_beta_fit", fn, strict, [(case, f"p={case[2]}, {len(case[0])} sizes from "
+                                              f"{case[0][0]} to {case[0][-1]} bytes")
+                                       for case in cases], _FIT_HINT,
         _fit_problem, f"matches the relative-error fit on {len(cases)} cases (2 to 8 ranks, exact "
                       "and noisy times).")
 
@@ -353,8 +333,7 @@ def comm_by_schedule(message_bytes: list[float], p: int, alpha: float, beta: flo
 
 
 def _comm_cases() -> list[tuple[list[float], int, float, float]]:
-    """(message_bytes, p, alpha, beta): LeNet-like and ResNet-like buckets at 2 to 8 ranks (3
-    among them, where the 2-rank formula is wrong), one message, none, one rank."""
+    """(message_bytes, p, alpha, beta): LeNet- and ResNet-like buckets, one message, none, p=1."""
     lenet = [600, 24, 9600, 64, 192000, 480, 40320, 336]
     resnet = [9_468_000, 25_270_000, 8_730_000]
     return [(lenet, 3, 300e-6, 0.7e-9), (resnet, 4, 50e-6, 1e-9), (lenet, 2, 300e-6, 0.7e-9),
@@ -378,8 +357,7 @@ def _comm_diagnose(msgs: list[float], p: int, alpha: float, beta: float, got: fl
         "whole messages in every ring step: each step sends n / p bytes":
             sum(2 * (p - 1) * (alpha + n * beta) for n in msgs),
     }
-    return _named(usual, lambda value: math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-15),
-                  _COMM_HINT)
+    return _named(usual, got, _COMM_HINT)
 
 
 def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -387,8 +365,7 @@ def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> Exerci
     step's all-reduces: one ring all-reduce per message, one after another.
 
     Run on lists of 0 to 11 messages at 1 to 8 ranks; each call gets its own copy of the list.
-    Relative tolerance 1e-9 against every message's ring schedule walked step by step; the
-    first failing case is printed with the usual mistake that explains it, if one does.
+    Relative tolerance 1e-9 against every message's ring schedule walked step by step.
     """
     cases = _comm_cases()
 
@@ -399,7 +376,7 @@ def check_predicted_comm(fn: Callable | None, *, strict: bool = False) -> Exerci
 
     return _check_each(
         "predicted_comm", fn, strict, [(case, shown(*case)) for case in cases], _COMM_HINT,
-        _in_seconds(comm_by_schedule, _comm_diagnose),
+        _one_number(comm_by_schedule, _comm_diagnose),
         f"matches every message's ring schedule on {len(cases)} steps (0 to 11 messages, 1 to "
         "8 ranks).")
 
@@ -425,9 +402,7 @@ def wait_by_clocks(durations: list[list[float]]) -> float:
 
 
 def _wait_cases() -> list[list[list[float]]]:
-    """durations[rank][step]: one rank slower at every step (no wait), the slower rank
-    alternating, 3 ranks taking turns, and 3 and 4 ranks of uneven steps (5 and 7 steps, so
-    that ranks and steps cannot be swapped unnoticed)."""
+    """durations[rank][step]; ranks and steps differ in number, so a swap does not go unnoticed."""
     return [[[1.0, 1.0], [2.0, 3.0]],
             [[1.0, 3.0], [3.0, 1.0]],
             [[3.0, 1.0, 1.0], [1.0, 3.0, 1.0], [1.0, 1.0, 3.0]],
@@ -455,8 +430,7 @@ def _wait_diagnose(durations: list[list[float]], got: float) -> str:
             wait_by_clocks([list(c) for c in zip(*durations)]) if steps > 1 and ranks > 1
             else math.nan,
     }
-    return _named(usual, lambda value: math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-12),
-                  _WAIT_HINT)
+    return _named(usual, got, _WAIT_HINT, abs_tol=1e-12)
 
 
 def check_slower_rank_wait(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -465,15 +439,14 @@ def check_slower_rank_wait(fn: Callable | None, *, strict: bool = False) -> Exer
     step costs over meeting once at the end of the loop.
 
     Run on 2 to 4 ranks and 2 to 7 steps; each call gets its own copy of the lists. Tolerance
-    1e-9 relative against two loops run on a clock (``wait_by_clocks``); the first failing case
-    is printed with the usual mistake that explains it, if one does.
+    1e-9 relative against two loops run on a clock (``wait_by_clocks``).
     """
     cases = _wait_cases()
     return _check_each(
         "slower_rank_wait", fn, strict,
         [((c,), f"durations={c}" if len(c[0]) < 4 else
           f"{len(c)} ranks x {len(c[0])} steps, durations={c}") for c in cases], _WAIT_HINT,
-        _in_seconds(wait_by_clocks, _wait_diagnose),
+        _one_number(wait_by_clocks, _wait_diagnose),
         f"matches two loops run on a clock on {len(cases)} cases (2 to 4 ranks, 2 to 7 steps).")
 
 
@@ -507,9 +480,8 @@ def planned_sleep(call: int, rank: int) -> float:
 
 
 class _StandIn:
-    """What the learner's function times: a call sleeps as ``planned_sleep`` says (no
-    collective inside, so a fast rank does not wait for the slow one), counts itself and
-    notes when it started and ended."""
+    """What the learner's function times: a call sleeps as ``planned_sleep`` says (no collective
+    inside: a fast rank does not wait for the slow one) and notes when it started and ended."""
 
     def __init__(self, rank: int):
         self.rank, self.calls, self.starts, self.ends = rank, 0, [], []
@@ -542,8 +514,7 @@ def _calls_problem(calls: int) -> str | None:
 
 
 def _order_problem(records: list) -> str | None:
-    """A barrier missing before a sample, or a collective between two timed calls (``records``:
-    the collectives called, each with how many calls of op came before it)."""
+    """A barrier missing before a sample, or a collective between two timed calls."""
     timed = range(_WARMUP + 1, _WARMUP + _SAMPLES * _LOOPS)
     inside = [r for r in records if r.context in timed and (r.context - _WARMUP) % _LOOPS]
     if inside:
@@ -566,9 +537,8 @@ def _order_problem(records: list) -> str | None:
 
 
 def _per_call(starts: list[float], ends: list[float]) -> list[float]:
-    """Seconds per call of each sample: from the start of its first call to the end of its
-    last, over the calls. A right loop's clock brackets that span and adds microseconds; a
-    moment the machine took the core between two calls is in both."""
+    """Seconds per call of each sample: its first call's start to its last call's end, over the
+    calls (a right loop's clock brackets that span, and a moment the machine took the core)."""
     first = [_WARMUP + s * _LOOPS for s in range(_SAMPLES)]
     return [(ends[i + _LOOPS - 1] - starts[i]) / _LOOPS for i in first]
 
@@ -579,8 +549,7 @@ def _slowest_median(per_rank: list[list[float]]) -> float:
 
 
 def _value_problem(got: float, rank: int, per_rank: list[list[float]]) -> str | None:
-    """``got`` against the slowest rank's median time per call, from what the stand-in's calls
-    really took on every rank; a usual mistake named when one lies nearer."""
+    """``got`` against the slowest rank's median time per call; a usual mistake when nearer."""
     world = len(per_rank)
     by_sample = list(zip(*per_rank))                             # (samples, ranks)
     slowest = [max(ts) for ts in by_sample]
@@ -616,8 +585,8 @@ def _value_problem(got: float, rank: int, per_rank: list[list[float]]) -> str | 
 
 
 def _time_collective_cases(spec) -> str | None:
-    """One rank of ``check_time_collective``: the learner's function on the stand-in, then its
-    calls, its collectives, its number (the same on every rank?) against the stand-in's times."""
+    """One rank of ``check_time_collective``: calls, collectives, the same number on every rank,
+    and that number against the stand-in's times."""
     fn, error = load_answer(spec)
     if error:
         return error
@@ -626,12 +595,9 @@ def _time_collective_cases(spec) -> str | None:
     names = COLLECTIVES + (("monitored_barrier",) if hasattr(dist, "monitored_barrier") else ())
     try:
         with record_collectives(names, context=lambda: op.calls) as records:
-            got = fn(op, _WARMUP, _SAMPLES, _LOOPS)
-    except NotImplementedError:
-        return UNANSWERED
-    except Exception as e:  # noqa: BLE001 - the learner's error, said in words (peers stop too)
-        return f"world_size={world}, rank {rank}: your function raised {type(e).__name__}: " \
-               f"{' '.join(str(e).split())}"
+            got = call_answer("your function", fn, op, _WARMUP, _SAMPLES, _LOOPS)
+    except StopRank as e:  # the learner's error, said in words (peers stop too)
+        return f"world_size={world}, rank {rank}: {e}"
     try:
         got = float(got)                                     # a 0-d tensor or numpy number
     except (TypeError, ValueError):
@@ -667,21 +633,15 @@ def check_time_collective(fn: Callable | str | None, *, world_sizes: tuple[int, 
     the median over the samples, the same number on every rank.
 
     ``op`` is a stand-in that sleeps a few milliseconds per call (``planned_sleep``) and times
-    itself: the first ``warmup`` calls are slow, one rank is slower than the others in some
-    samples (with no collective inside, the others do not wait for it), and one sample stalls
-    on every rank. Judged, in one launch of 2 and 3 ranks (gloo), against the slowest rank's
-    median of the samples' spans (the first call's start to the last call's end, as the calls
-    themselves noted them): the number of calls (no warm-up, one call per sample, ...),
-    a ``dist.barrier`` before each sample and no collective between two timed calls (the
-    barrier is judged by where it is called, not by the times: the all-reduce of each sample
-    lines the ranks up again, and a missing barrier changes the times too little to tell), the
-    same number on every rank, and the number itself, with the usual mistakes named (the mean,
-    one rank's own time, the sum over the ranks, a whole sample's time). Whether the GPU is
-    synchronized is not judged: on a CPU it changes nothing.
-
-    ``fn``: the learner's function, importable by worker processes, or ``"module:function"``;
-    None: not answered yet. ``timeout``: seconds for each world size; ``strict``: raise
-    ``AssertionError`` on a wrong answer.
+    itself: the warm-up calls are slow, one rank is slower than the others in some samples (no
+    collective inside: the others do not wait for it), one sample stalls on every rank. Judged
+    in one launch of 2 and 3 gloo ranks against the slowest rank's median of the samples' spans
+    (as the calls noted them): the number of calls, a ``dist.barrier`` before each sample and no
+    collective between two timed calls (judged by where they are called: a missing barrier
+    changes the times too little to tell), the same number on every rank, and the number
+    itself, the usual mistakes named (the mean, one rank's own time, the sum over the ranks, a
+    whole sample's time). GPU synchronization is not judged: on a CPU it changes nothing.
+    ``fn``: importable by worker processes, or ``"module:function"``; None: not answered yet.
     """
     return check_in_ranks(
         "time_collective", fn, "my_timing:time_collective", _time_collective_cases, (),
@@ -697,8 +657,7 @@ def check_time_collective(fn: Callable | str | None, *, world_sizes: tuple[int, 
 
 def _time_all_reduce_worker(spec, sizes: list[int], loops: list[int], warmup: int,
                             samples: int) -> dict[int, float] | str | None:
-    """One rank of ``time_all_reduce``: the learner's loop around ``dist.all_reduce`` of each
-    size; rank 0 returns {bytes: seconds per call}, or what went wrong."""
+    """One rank of ``time_all_reduce``; rank 0 returns {bytes: seconds per call}, or an error."""
     fn, error = load_answer(spec)
     if error:
         return error
@@ -715,15 +674,11 @@ def time_all_reduce(fn: Callable | str, sizes: list[int], loops: list[int], *,
                     timeout: float = 300.0) -> dict[int, float]:
     """The learner's benchmark loop (``check_time_collective``'s ``fn``) on a real collective:
     ``dist.all_reduce`` of float32 zeros of each size in ``sizes`` (bytes), ``loops[i]`` calls
-    per sample, over ``world_size`` ranks (gloo on a CPU, NCCL with a GPU per rank).
-
-    Returns:
-        {bytes: the seconds per call ``fn`` returned on rank 0}.
-
-    Raises:
-        ValueError: ``fn`` is neither a function workers can import nor ``"module:function"``,
-            or ``sizes`` and ``loops`` differ in length or hold a non-positive number.
-        RuntimeError: the workers could not import ``fn``.
+    per sample, over ``world_size`` ranks (gloo on a CPU, NCCL with a GPU per rank). Returns
+    {bytes: the seconds per call ``fn`` returned on rank 0}. Raises ValueError when ``fn`` is
+    neither a function workers can import nor ``"module:function"``, or ``sizes`` and ``loops``
+    differ in length or hold a non-positive number; RuntimeError when the workers could not
+    import ``fn``.
     """
     spec = worker_spec(fn, "my_timing:time_collective")
     if isinstance(spec, str):

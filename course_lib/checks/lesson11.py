@@ -1,8 +1,11 @@
 """Checkers for the exercises of lesson 11 (sharded data parallelism), run in real worker
-processes against one unsharded process: ``check_zero(cls)``, a ZeRO-1 optimizer class, and
-``check_fsdp(cls)``, a simplified FSDP unit (a Linear layer kept as one flat, padded shard per
-rank). Worker processes import the class by module and name, so it must live in a file (in the
-notebook: ``%%writefile my_zero.py``); pass it as a class or as ``"my_zero:ZeRO1"``.
+processes against one unsharded process.
+
+Worker processes import the class by module and name, so it must live in a file (in the
+notebook: ``%%writefile my_zero.py``); pass it as a class or as ``"my_zero:ZeRO1"``; None is
+"not answered yet". ``steps``: optimizer or training steps; ``timeout``: seconds for each world
+size (a class that hangs fails, it does not hang); ``strict``: raise ``AssertionError`` on a
+wrong answer.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from torch import nn
 
 from ._core import ExerciseResult
 from ._zero_cases import MODELS as _ZERO_MODELS
-from .harness import UNANSWERED, check_in_ranks, describe, load_answer
+from .harness import UNANSWERED, StopRank, call_answer, check_in_ranks, describe, load_answer
 
 __all__ = ["check_fsdp", "check_zero"]
 
@@ -47,11 +50,9 @@ def _zero_cases(spec, steps: int, seed: int) -> str | None:
             net = build()
             ref = copy.deepcopy(net)
             try:
-                zero = cls(net.parameters(), opt_cls, **options)
-            except NotImplementedError:
-                return UNANSWERED
-            except Exception as e:
-                return f"{where}: your constructor raised {type(e).__name__}: {e}"
+                zero = call_answer("your constructor", cls, net.parameters(), opt_cls, **options)
+            except StopRank as e:
+                return f"{where}: {e}"
             oracle = opt_cls(ref.parameters(), **options)
             g = torch.Generator().manual_seed(seed + 1)
             for step in range(steps):
@@ -74,11 +75,9 @@ def _zero_cases(spec, steps: int, seed: int) -> str | None:
                 agree = all(torch.equal(everyone[0], t) for t in everyone)
                 for (name, p), q, p0 in zip(net.named_parameters(), ref.parameters(), old):
                     if not torch.allclose(p, q, rtol=1e-6, atol=1e-7):
-                        why = ""
-                        if torch.equal(p, p0) or not agree:
-                            why = (" It did not change on this rank, or the ranks no longer "
-                                   "agree: did each owner broadcast its updated parameters "
-                                   "to every rank?")
+                        why = (" It did not change on this rank, or the ranks no longer agree: "
+                               "did each owner broadcast its updated parameters to every rank?"
+                               if torch.equal(p, p0) or not agree else "")
                         return (f"{where}, after step {step}: parameter {name} is "
                                 f"{describe(p)}, the unsharded optimizer gives {describe(q)}.{why}")
             # the state: each rank holds its own shard's only, the shards balanced by size
@@ -117,11 +116,6 @@ def check_zero(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
     with momentum), and compares every parameter after every step. Then: your ``self.optim`` (the
     local optimizer) must hold state for this rank's parameters only, every trainable parameter
     on exactly one rank, the ranks' shares of elements balanced.
-
-    ``cls``: your class (importable by worker processes) or ``"module:ClassName"``; None: not
-    answered yet. ``steps``: optimizer steps per case; ``timeout``: seconds for each world size (a
-    class that hangs fails, it does not hang); ``strict``: raise ``AssertionError`` on a wrong
-    answer.
     """
     return check_in_ranks(
         "ZeRO1", cls, "my_zero:ZeRO1", _zero_cases, (steps, 3), world_sizes=world_sizes,
@@ -146,8 +140,7 @@ _SIZES = [(16, 12), (12, 5)]
 
 
 def _shard_of(linear: nn.Linear, world: int, rank: int, grad: bool = False) -> torch.Tensor:
-    """Slice ``rank`` of [weight.flatten(), bias] (or their .grad) padded with zeros to a
-    multiple of ``world``: a new tensor, not a view of the whole."""
+    """Slice ``rank`` of [weight.flatten(), bias] (or their .grad) padded with zeros, a copy."""
     w, b = (linear.weight.grad, linear.bias.grad) if grad else (linear.weight, linear.bias)
     flat = torch.cat([w.detach().flatten(), b.detach()])  # (n,): n = out * in + out
     size = math.ceil(len(flat) / world)
@@ -180,11 +173,9 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
     layers = [nn.Linear(a, b) for a, b in _SIZES]
     ref = nn.Sequential(layers[0], nn.Tanh(), layers[1])
     try:
-        units = [cls(copy.deepcopy(layer)) for layer in layers]
-    except NotImplementedError:
-        return UNANSWERED
-    except Exception as e:
-        return f"{where}: your constructor raised {type(e).__name__}: {e}"
+        units = [call_answer("your constructor", cls, copy.deepcopy(layer)) for layer in layers]
+    except StopRank as e:
+        return f"{where}: {e}"
     ref = copy.deepcopy(ref)
     del layers
     net = nn.Sequential(units[0], nn.Tanh(), units[1])
@@ -245,9 +236,8 @@ def _fsdp_cases(spec, steps: int, seed: int) -> str | None:
                         f"{None if got is None else tuple(got.shape)}, expected {len(want)} "
                         "elements.")
             if not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
-                why = ""
-                if torch.allclose(got, want * world, rtol=1e-4, atol=1e-6):
-                    why = f" It is {world} times too large: the sum, not the average."
+                why = (f" It is {world} times too large: the sum, not the average."
+                       if torch.allclose(got, want * world, rtol=1e-4, atol=1e-6) else "")
                 return (f"{where}, step {step}: the gradient of Linear({a}, {b})'s shard is "
                         f"{describe(got)}, the whole-batch gradient gives {describe(want)}.{why}")
         opt.step()
@@ -268,10 +258,6 @@ def check_fsdp(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2,
     with one process on the whole batch: each shard's ``.grad`` must be the slice of the
     whole-batch gradient (the average over ranks). Between forward and backward, no full weight
     may stay alive (gathered, used, freed).
-
-    ``cls``: your class (importable by worker processes) or ``"module:ClassName"``; None: not
-    answered yet. ``steps``: training steps; ``timeout``: seconds for each world size;
-    ``strict``: raise ``AssertionError`` on a wrong answer.
     """
     return check_in_ranks(
         "ShardedLinear", cls, "my_fsdp:ShardedLinear", _fsdp_cases, (steps, 5),

@@ -1,11 +1,6 @@
-"""Checkers for the exercises of lesson 12 (model and pipeline parallelism).
-
-``check_stage``: a pipeline stage's ``forward_one`` and ``backward_one`` (a subclass of
-``PipelineStageBase``) run ``ScheduleGPipe`` and ``Schedule1F1B`` in worker processes, each
-stage's gradients against one process on the whole batch. ``check_one_f_one_b``: the learner's
-1F1B orders for every stage, played together by ``simulate_schedule``, then compared with
-``one_f_one_b_order``; a valid order that is not 1F1B is told what it costs (more activations in
-flight, or a longer step) and where it first differs, never 1F1B's whole order (the answer).
+"""Checkers for the exercises of lesson 12 (model and pipeline parallelism). Each returns the
+verdict (truthy when right) and prints the first failing case; ``strict=True`` raises
+``AssertionError`` on a wrong answer.
 """
 from __future__ import annotations
 
@@ -60,9 +55,7 @@ def _span(orders: list[list], p: int, m: int) -> float:
 
 
 def _first_divergence(got: list, want: list) -> str:
-    """Where ``got`` first leaves ``want``: the step and the kind of op each runs there (both
-    passed ``check_order``, so at the first difference one runs a forward, the other a backward).
-    """
+    """Where ``got`` first leaves ``want`` (both valid orders: there one runs F, the other B)."""
     k = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
     return (f"at step {k} (counting from 0) 1F1B runs {_KIND[want[k][0]]}, yours "
             f"{_KIND[got[k][0]]} ({got[k][0]}{got[k][1]})")
@@ -91,9 +84,11 @@ def check_one_f_one_b(fn: Callable | None, *, strict: bool = False) -> ExerciseR
 
     The answer is a list of ``("F", i)`` / ``("B", i)``. For p from 1 to 5 stages and m from 1 to
     8 micro-batches (fewer than, as many as and more than the stages), the orders of all stages
-    are played together: every operation exactly once, no backward before its forward, no
-    deadlock, then the order must be 1F1B's. The first failing case is printed. ``None``, or a
-    function that still raises ``NotImplementedError``, is "not answered yet".
+    are played together (``simulate_schedule``): every operation exactly once, no backward
+    before its forward, no deadlock, then the order must be 1F1B's. A valid order that is not is
+    told what it costs (more activations in flight, or a longer step) and where it first
+    differs, never 1F1B's whole order (the answer). ``None``, or a function that still raises
+    ``NotImplementedError``, is "not answered yet".
     """
     if fn is None:
         return verdict(_NAME, None, "define your function and pass it here.", strict)
@@ -146,8 +141,7 @@ def _stage_model(seed: int = 0) -> nn.Sequential:
 
 
 def _stage_cases(spec) -> str | None:
-    """In every rank: the learner's stage runs one step of each case; its gradients against
-    one process on the whole batch. None, UNANSWERED or what was wrong."""
+    """In every rank: one step of each case; the stage's gradients against one process."""
     cls, error = load_answer(spec, "class")
     if error:
         return error
@@ -207,8 +201,7 @@ def check_stage(cls: Callable | str | None, *, world_sizes: tuple[int, ...] = (2
 
     ``cls``: your class (importable by worker processes) or ``"module:ClassName"``; None: not
     answered yet. ``world_sizes``: numbers of processes (stages) to try; ``timeout``: seconds for
-    each world size (a stage that never sends fails, it does not hang); ``strict``: raise
-    ``AssertionError`` on a wrong answer.
+    each world size (a stage that never sends fails, it does not hang).
     """
     return check_in_ranks(
         "MyStage", cls, "my_stage:MyStage", _stage_cases, (), world_sizes=world_sizes,
