@@ -1,12 +1,12 @@
-"""Comparing variants of one piece of work, beside ``course_lib.timing`` (which re-exports it):
-``compare`` interleaves their samples in one process (each sample timed by ``time_sample``),
-``bootstrap_ratio`` gives each ratio an interval (``bootstrap_difference`` and
-``bootstrap_median`` the same for a difference and one median), ``Comparison`` holds the
-result and names a winner only when the interval excludes 1.
+"""Comparing variants of one piece of work (re-exported by ``course_lib.timing``): ``compare``
+interleaves samples timed by ``time_sample``; ``bootstrap_ratio`` (``_difference``,
+``_median``) gives intervals; ``Comparison`` names a winner only when the interval excludes 1.
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import random
 import statistics
 import time
@@ -35,24 +35,27 @@ def _quantile(sorted_xs: list[float], q: float) -> float:
 
 def _percentile_interval(resample: Callable[[random.Random], float], confidence: float,
                          resamples: int, seed: int) -> tuple[float, float]:
-    """The percentile bootstrap interval of a statistic: ``resample(rng)`` computes it once on
-    a resampled data set; the interval holds the middle ``confidence`` of ``resamples`` draws."""
+    """The middle ``confidence`` of ``resamples`` draws of ``resample(rng)`` (the statistic on a
+    resampled data set): the percentile bootstrap interval."""
     rng = random.Random(seed)
     values = sorted(resample(rng) for _ in range(resamples))
     tail = (1 - confidence) / 2
     return _quantile(values, tail), _quantile(values, 1 - tail)
 
 
-def _check_rounds(a: list[float], b: list[float], what: str) -> None:
-    """Two lists taken round by round (``a[i]`` and ``b[i]`` in the same round), or an error."""
+def _paired(op: Callable[[float, float], float], a: list[float], b: list[float], what: str,
+            confidence: float, resamples: int, seed: int) -> tuple[float, float, float]:
+    """``op(median(a), median(b))`` and its interval, rounds (``a[i]`` with ``b[i]``) resampled
+    whole: the same indices serve both lists."""
     if len(a) != len(b) or not a:
         raise ValueError(f"{what} needs two equally long, non-empty lists of samples (one per "
                          f"round), got {len(a)} and {len(b)}.")
 
-
-def _resampled_rounds(rng: random.Random, n: int) -> list[int]:
-    """``n`` rounds drawn with replacement: the same indices serve both lists of a pair."""
-    return [rng.randrange(n) for _ in range(n)]
+    def resample(rng: random.Random) -> float:
+        idx = [rng.randrange(len(a)) for _ in a]
+        return op(statistics.median(a[i] for i in idx), statistics.median(b[i] for i in idx))
+    return (op(statistics.median(a), statistics.median(b)),
+            *_percentile_interval(resample, confidence, resamples, seed))
 
 
 def bootstrap_ratio(a: list[float], b: list[float], *, paired: bool = True,
@@ -69,20 +72,14 @@ def bootstrap_ratio(a: list[float], b: list[float], *, paired: bool = True,
         ``(ratio, low, high)``.
     """
     if paired:
-        _check_rounds(a, b, "bootstrap_ratio")
+        return _paired(operator.truediv, a, b, "bootstrap_ratio", confidence, resamples, seed)
+    if not a or not b:
+        raise ValueError(f"bootstrap_ratio needs two non-empty lists of samples, got "
+                         f"{len(a)} and {len(b)}.")
 
-        def resample(rng: random.Random) -> float:
-            idx = _resampled_rounds(rng, len(a))
-            return (statistics.median(a[i] for i in idx)
-                    / statistics.median(b[i] for i in idx))
-    else:
-        if not a or not b:
-            raise ValueError(f"bootstrap_ratio needs two non-empty lists of samples, got "
-                             f"{len(a)} and {len(b)}.")
-
-        def resample(rng: random.Random) -> float:
-            return (statistics.median(rng.choices(a, k=len(a)))
-                    / statistics.median(rng.choices(b, k=len(b))))
+    def resample(rng: random.Random) -> float:
+        return (statistics.median(rng.choices(a, k=len(a)))
+                / statistics.median(rng.choices(b, k=len(b))))
     return (statistics.median(a) / statistics.median(b),
             *_percentile_interval(resample, confidence, resamples, seed))
 
@@ -91,13 +88,7 @@ def bootstrap_difference(a: list[float], b: list[float], *, confidence: float = 
                          resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """``median(a) - median(b)`` and its percentile bootstrap interval, rounds paired (as
     ``bootstrap_ratio``): ``(difference, low, high)``."""
-    _check_rounds(a, b, "bootstrap_difference")
-
-    def resample(rng: random.Random) -> float:
-        idx = _resampled_rounds(rng, len(a))
-        return statistics.median(a[i] for i in idx) - statistics.median(b[i] for i in idx)
-    return (statistics.median(a) - statistics.median(b),
-            *_percentile_interval(resample, confidence, resamples, seed))
+    return _paired(operator.sub, a, b, "bootstrap_difference", confidence, resamples, seed)
 
 
 def bootstrap_median(xs: list[float], *, confidence: float = 0.95, resamples: int = 2000,
@@ -137,15 +128,10 @@ def time_sample(fn: Callable[[], object], loops: int, *,
 class Comparison:
     """The result of ``compare``: samples, medians, ratios with intervals, a verdict.
 
-    Attributes:
-        names: the variants, in the order given; ``baseline`` is one of them.
-        baseline: the variant every ratio divides by.
-        seconds: name -> seconds per call, one sample per round (round i of every variant
-            was taken in the same round, interleaved).
-        loops: name -> calls per sample.
-        order: the variants in the order their samples ran (round after round).
-        confidence: the level of the intervals.
-        stamp: the machine's load when the comparison started (``wait_for_quiet``), or None.
+    ``names``: the variants, in the order given, ``baseline`` (the one every ratio divides by)
+    among them; ``seconds``: name -> seconds per call, one sample per round (interleaved);
+    ``loops``: name -> calls per sample; ``order``: the variants in the order their samples ran;
+    ``confidence``: the intervals' level; ``stamp``: the ``wait_for_quiet`` load stamp, or None.
     """
 
     names: list[str]
@@ -229,39 +215,30 @@ class Comparison:
 def compare(variants: dict[str, Callable[[], object]], *, samples: int = 15,
             min_sample_seconds: float = 0.05, warmup: int = 2, calibration_calls: int = 5,
             max_loops: int = 10_000, baseline: str | None = None, confidence: float = 0.95,
-            device: torch.device | str | None = None,
-            before: Callable[[], None] | None = None,
-            reduce: Callable[[float], float] | None = None,
-            stamp: LoadStamp | None = None,
+            device: torch.device | str | None = None, before: Callable[[], None] | None = None,
+            reduce: Callable[[float], float] | None = None, stamp: LoadStamp | None = None,
             clock: Callable[[], float] = time.perf_counter) -> Comparison:
     """Time ``variants`` interleaved and compare each with the baseline.
 
     1. Each variant is called ``warmup`` times, then ``calibration_calls`` times one by one;
-       the median of those calls sizes its loop: ``ceil(min_sample_seconds / median)`` calls
-       (at most ``max_loops``), so that a sample lasts well above the timer's resolution and
-       the scheduler's time slice.
-    2. ``samples`` rounds; each round times one sample (one loop) of every variant, starting
-       with a different variant each round (A B C, B C A, C A B, ...), so that a slow moment of
-       the machine hurts every variant alike and none always runs first.
+       their median sizes its loop: ``ceil(min_sample_seconds / median)`` calls (at most
+       ``max_loops``), so a sample lasts well above the timer's resolution and time slice.
+    2. ``samples`` rounds, each timing one loop of every variant, starting with a different
+       variant each round (A B C, B C A, C A B, ...): a slow moment hurts every variant alike.
     3. Each ratio to the baseline gets a percentile bootstrap interval, rounds resampled whole
        (``bootstrap_ratio``); ``Comparison.verdict`` names a winner only when it excludes 1.
 
     Args:
-        variants: name -> the work to time, called with no arguments (one alone is
-            timed, its ratio to itself 1).
+        variants: name -> the work to time, called with no arguments (one alone is timed,
+            its ratio to itself 1).
         samples: rounds (samples per variant); 10 or more for a useful interval.
-        min_sample_seconds: the least a sample should last.
-        warmup: untimed calls of each variant first.
-        calibration_calls: timed single calls whose median sizes the loop.
-        max_loops: at most this many calls per sample.
+        min_sample_seconds, max_loops: the least a sample should last; the most calls in it.
+        warmup, calibration_calls: untimed calls first; timed single calls sizing the loop.
         baseline: the variant ratios divide by (default the first).
         confidence: the level of the intervals.
-        device: synchronized before and after each sample (None: every GPU, a no-op on a CPU).
-        before: called before each sample (a ``dist.barrier``, so ranks start together).
-        reduce: applied to each measured time, the calibration's median included (the largest
-            over ranks, so a step is as slow as its slowest rank and every rank loops alike).
+        device, before, reduce, clock: as ``time_sample`` takes them (``reduce`` also applies
+            to the calibration's median, so every rank loops alike); tests pass a fake clock.
         stamp: the ``wait_for_quiet`` stamp to keep with the result.
-        clock: the clock (seconds); tests pass a fake one.
 
     Returns:
         A ``Comparison``.
@@ -278,9 +255,8 @@ def compare(variants: dict[str, Callable[[], object]], *, samples: int = 15,
                          f"min_sample_seconds={min_sample_seconds}, calibration_calls="
                          f"{calibration_calls}, max_loops={max_loops}.")
 
-    def timed(fn: Callable[[], object], loops: int) -> float:
-        return time_sample(fn, loops, device=device, before=before, reduce=reduce, clock=clock)
-
+    timed = functools.partial(time_sample, device=device, before=before, reduce=reduce,
+                              clock=clock)
     loops = {}
     for name in names:
         for _ in range(warmup):

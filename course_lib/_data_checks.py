@@ -1,17 +1,14 @@
 """Is a Fashion-MNIST file genuine? The checks and error texts behind ``course_lib.data``.
 
-Every IDX file the course reads is checked once: its header (magic number, 28x28 images, the
-byte count the header announces), its labels (0..9), its example count (at most 60,000 / 10,000;
-a smaller set is taken as a deliberate subset), and, for a full-size file, the md5 of its
-uncompressed content against the published one. The verdict is cached per file (path, size,
-modification time) in memory and in a small stamp file beside the files, so a notebook pays for
-the check once, not at every load.
-
-A damaged file is named with where it came from and where to fetch a genuine one: never "copy
-it again" from a source that is itself damaged.
+Every IDX file is checked once: its header (magic number, 28x28 images, the byte count it
+announces), labels in 0..9, at most 60,000 / 10,000 examples (fewer: a deliberate subset), and
+for a full-size file the md5 of its uncompressed content. The verdict is cached per file (path,
+size, modification time) in memory and in a stamp file beside it. A damaged file is named with
+where it came from and where to fetch a genuine one (never "copy it again" from a damaged source).
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -20,10 +17,9 @@ import struct
 import zlib
 from pathlib import Path
 
-#: {file: (examples in the full set, md5 of the uncompressed file, md5 of torchvision's .gz)}.
-#: The .gz md5s are torchvision's ``FashionMNIST.resources`` (what its download checks); the
-#: uncompressed md5s are those of the same files after ``gunzip``. Debian's package recompresses
-#: the files (other .gz bytes, the same content), so the uncompressed content is what is checked.
+#: {file: (examples in the full set, md5 of the uncompressed file, md5 of torchvision's .gz)}:
+#: the .gz md5s are torchvision's ``FashionMNIST.resources``. Debian's package recompresses the
+#: files (other .gz bytes, the same content), so the uncompressed content is what is checked.
 PUBLISHED = {
     "train-images-idx3-ubyte": (60000, "f4a8712d7a061bf5bd6d2ca38dc4d50a",
                                 "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
@@ -71,8 +67,8 @@ def idx_problem(data: bytes, name: str) -> str | None:
     full, md5, _ = PUBLISHED[name]
     if n > full:
         return f"it holds {n} examples; the genuine file holds {full}"
-    if not images and n and max(data[head:]) > 9:
-        top = max(data[head:])
+    top = max(data[head:], default=0)
+    if not images and top > 9:
         return (f"label {top} of example {data.index(top, head) - head} is outside the classes "
                 "0..9")
     if n == full:
@@ -108,46 +104,62 @@ def damaged(path: Path, problem: str, origin: Path | None = None) -> str:
     """The message for a damaged file: which file, what is wrong, where it came from, what to
     fetch instead (never "copy it again" from a damaged source)."""
     name = path.name.removesuffix(".gz")
-    text = f"Fashion-MNIST file {path} is damaged: {problem}."
-    if origin is None:
-        if path.parent == DEBIAN_DIR:
-            text += " It is the Debian package's own file: nothing was copied from it."
-        else:
-            text += (" It is the only copy the course knows of (no source is recorded): do not "
-                     "delete it before you have a genuine one.")
-        return f"{text} {fetch_advice(name)} Put it in place of {path}."
-    try:
-        origin_problem = idx_problem(read_content(origin), name) if origin.is_file() else None
-    except DamagedDataError as e:
-        origin_problem = str(e).split("is damaged: ", 1)[-1].rstrip(".")
-    if not origin.is_file():
+    text, replace = f"Fashion-MNIST file {path} is damaged: {problem}.", path
+    if origin is None and path.parent == DEBIAN_DIR:
+        text += " It is the Debian package's own file: nothing was copied from it."
+    elif origin is None:
+        text += (" It is the only copy the course knows of (no source is recorded): do not "
+                 "delete it before you have a genuine one.")
+    elif not origin.is_file():
         text += f" It was prepared from {origin}, which is gone: this is the only copy."
-        return f"{text} {fetch_advice(name)} Put it in place of {path}."
-    if origin_problem:
+    else:
+        try:
+            origin_problem = idx_problem(read_content(origin), name)
+        except DamagedDataError as e:
+            origin_problem = str(e).split("is damaged: ", 1)[-1].rstrip(".")
+        if not origin_problem:
+            return (f"{text} It was prepared from {origin}, which checks out as genuine: delete "
+                    f"{path} (only that copy; the original stays) and run again to prepare it "
+                    "afresh.")
         text += (f" It was prepared from {origin}, which is damaged too ({origin_problem}): "
                  "preparing it again from there would copy the same damage.")
-        return f"{text} {fetch_advice(name)} Put it in place of {origin}."
-    return (f"{text} It was prepared from {origin}, which checks out as genuine: delete {path} "
-            f"(only that copy; the original stays) and run again to prepare it afresh.")
+        replace = origin
+    return f"{text} {fetch_advice(name)} Put it in place of {replace}."
 
 
-def _stamp_of(path: Path) -> tuple[int, int]:
+def file_stamp(path: Path) -> list[int]:
+    """``[size, mtime_ns]``: a file replaced since has another."""
     st = path.stat()
-    return st.st_size, st.st_mtime_ns
+    return [st.st_size, st.st_mtime_ns]
+
+
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; ``{}`` when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_atomic(path: Path, content: bytes | str) -> None:
+    """Write through a temporary file, then rename: a crash never leaves half a file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.part")
+    try:
+        tmp.write_bytes(content) if isinstance(content, bytes) else tmp.write_text(content)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def verify_folder(raw: Path, names: tuple[str, ...], origins: dict[str, Path]) -> None:
     """Check the uncompressed IDX files ``names`` in ``raw`` (``origins``: where each was
-    prepared from); raise ``DamagedDataError`` for the first damaged one. Cheap when nothing
-    changed: the verdict is cached per path, size and modification time."""
-    try:
-        stamps = json.loads((raw / STAMP).read_text())
-    except (OSError, ValueError):
-        stamps = {}
+    prepared from); raise ``DamagedDataError`` for the first damaged one. Cached per file."""
+    stamps = read_json(raw / STAMP)
     counts, changed = {}, False
     for name in names:
         path = raw / name
-        size, mtime = _stamp_of(path)
+        size, mtime = file_stamp(path)
         key = (str(path.resolve()), size, mtime)
         if key in _verified or stamps.get(name) == [size, mtime]:
             _verified.add(key)
@@ -161,17 +173,13 @@ def verify_folder(raw: Path, names: tuple[str, ...], origins: dict[str, Path]) -
         with open(path, "rb") as f:
             counts[name] = struct.unpack(">I", f.read(8)[4:])[0]
     for prefix in ("train", "t10k"):
-        n_img, n_lab = counts.get(f"{prefix}-images-idx3-ubyte"), counts.get(
-            f"{prefix}-labels-idx1-ubyte")
+        n_img = counts.get(f"{prefix}-images-idx3-ubyte")
+        n_lab = counts.get(f"{prefix}-labels-idx1-ubyte")
         if n_img is not None and n_lab is not None and n_img != n_lab:
             raise DamagedDataError(
                 f"Fashion-MNIST files in {raw} do not match: {prefix}-images-idx3-ubyte holds "
                 f"{n_img} images but {prefix}-labels-idx1-ubyte {n_lab} labels. "
                 f"{fetch_advice(prefix + '-images-idx3-ubyte')} Do the same for the labels.")
     if changed:
-        tmp = raw / f"{STAMP}.{os.getpid()}.part"
-        try:
-            tmp.write_text(json.dumps(stamps, indent=1))
-            tmp.replace(raw / STAMP)
-        except OSError:  # a read-only folder: the in-memory verdict still holds
-            tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # read-only: the in-memory verdict still holds
+            write_atomic(raw / STAMP, json.dumps(stamps, indent=1))

@@ -19,8 +19,7 @@ def use_threads(devices: Sequence[torch.device], parallel: bool | None) -> bool:
     """Threads when asked; by default only for distinct GPUs (hardware that works at once)."""
     if parallel is not None:
         return parallel
-    return len(devices) > 1 and len(set(devices)) == len(devices) and all(
-        d.type == "cuda" for d in devices)
+    return 1 < len(devices) == len(set(devices)) and all(d.type == "cuda" for d in devices)
 
 
 @torch.no_grad()
@@ -60,7 +59,7 @@ def _count_correct(net: Callable, X: torch.Tensor, y: torch.Tensor) -> int:
 
 
 def _ratio(correct: int, total: int) -> float:
-    if total == 0:
+    if not total:
         raise ValueError("evaluate_accuracy got no examples: the data iterator is empty.")
     return correct / total
 
@@ -74,11 +73,10 @@ def _evaluate_sharded(net, data_iter: Iterable, devices: list[torch.device],
                          "pass one net per device, or a single net.")
     correct, total = 0, 0
     for X, y in data_iter:
-        X_shards, y_shards = scatter(X, devices), scatter(y, devices)  # a short batch may use
-        k = len(X_shards)                                             # fewer devices
-        counts = parallel_apply([_count_correct] * k,
-                                [(nets[i], X_shards[i], y_shards[i]) for i in range(k)],
-                                devices=devices[:k], threads=use_threads(devices[:k], parallel))
-        correct += sum(counts)                                        # ints: exact
+        X_shards, y_shards = scatter(X, devices), scatter(y, devices)
+        k = len(X_shards)                                 # a short batch may use fewer devices
+        correct += sum(parallel_apply([_count_correct] * k, list(zip(nets, X_shards, y_shards)),
+                                      devices=devices[:k],
+                                      threads=use_threads(devices[:k], parallel)))  # ints: exact
         total += y.numel()
     return _ratio(correct, total)

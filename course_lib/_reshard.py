@@ -1,7 +1,6 @@
-"""Sharded checkpoints: N ranks' dim-0 rows onto M ranks (what DCP's load does for FSDP's
-``Shard(0)``), and a sharded model with its optimizer saved and resumed with DCP on any number of
-ranks (``save_sharded`` / ``resume_sharded``); beside ``course_lib.deploy``, which re-exports
-them. Lesson 13.
+"""Sharded checkpoints (lesson 13; re-exported by ``course_lib.deploy``): N ranks' dim-0 rows
+onto M ranks, as DCP's load does for FSDP's ``Shard(0)``, and a sharded model with its optimizer
+saved and resumed with DCP on any number of ranks.
 """
 from __future__ import annotations
 
@@ -14,11 +13,9 @@ __all__ = ["read_plan", "reshard", "resume_sharded", "save_sharded", "shard_rows
 
 
 def shard_rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
-    """The ``world_size`` dim-0 shards of ``tensor`` as torch's ``fully_shard`` holds them.
-
-    FSDP2 shards with ``torch.chunk``: pieces of ``ceil(rows / world_size)`` rows, the last one
-    shorter; ``chunk`` may return fewer pieces than asked (2 rows on 3 ranks: 2 pieces), so the
-    ranks past the end hold an empty ``(0, ...)`` tensor.
+    """The ``world_size`` dim-0 shards of ``tensor`` as torch's ``fully_shard`` holds them:
+    ``torch.chunk``'s pieces of ``ceil(rows / world_size)`` rows, and for the ranks past the end
+    (``chunk`` may return fewer pieces: 2 rows on 3 ranks) an empty ``(0, ...)`` tensor.
     """
     if world_size < 1:
         raise ValueError(f"shard_rows: world_size must be at least 1, got {world_size}.")
@@ -97,10 +94,9 @@ def reshard(shards: list[Mapping[str, torch.Tensor]], world_size: int
 def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
     """Save a sharded model and its optimizer with DCP: every rank writes its own rows.
 
-    ``get_state_dict`` gives both state dicts as this rank holds them (the parameters' DTensors;
-    the optimizer's state keyed by parameter name, its moments sharded like their parameters),
-    without a copy; ``dcp.save`` writes them to the directory ``path``, one file per rank and a
-    ``.metadata``. Every rank of the group calls it (it runs collectives).
+    ``get_state_dict`` gives both state dicts as this rank holds them, without a copy (the
+    optimizer's moments keyed by parameter name, sharded like them); ``dcp.save`` writes one
+    file per rank and a ``.metadata`` into the directory ``path``. Every rank calls it.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -110,12 +106,10 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
 
 
 def resume_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
-    """Load ``save_sharded``'s directory into ``model`` and ``optimizer``, sharded on this group.
-
-    The group may have another number of ranks than the one that saved. ``get_state_dict`` gives
-    the state dicts of this layout to fill (on a fresh optimizer it first creates its state);
-    ``dcp.load`` reads into them the saved rows this rank holds; ``set_state_dict`` puts them in
-    place, the optimizer's ``param_groups`` (its learning rate) included. Every rank calls it.
+    """Load ``save_sharded``'s directory into ``model`` and ``optimizer``, sharded on this group
+    (which may have another number of ranks): ``dcp.load`` reads the saved rows this rank holds
+    into this layout's state dicts, ``set_state_dict`` puts them in place, the optimizer's
+    ``param_groups`` (its learning rate) included. Every rank calls it.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict

@@ -4,15 +4,11 @@ PyTorch counterpart: ``torchvision.datasets.FashionMNIST`` with a ``DataLoader``
 ``load_data_fashion_mnist``. Both read the "prepared raw folder" this module makes:
 ``<root>/FashionMNIST/raw/`` holding the four uncompressed IDX files.
 
-Search order for the files: the ``root`` argument, ``$FASHION_MNIST_DIR``, the repository's
-``data/`` folder, the Debian package ``dataset-fashion-mnist`` (``/usr/share/datasets/``), and
-only then torchvision's download. A prepared copy records its source (path, size, modification
-time): when the source is replaced, the next load prepares it again.
-
-Every file is checked before it is used (``_data_checks``): its IDX header and size, labels in
-0..9, and for the full set the md5 of its content against the published one. A damaged file is
-refused with its name, where it came from and where to fetch a genuine one; the verdict is
-cached per file, so the check costs once.
+Search order: the ``root`` argument, ``$FASHION_MNIST_DIR``, the repository's ``data/``, the
+Debian package ``dataset-fashion-mnist`` (``/usr/share/datasets/``), then torchvision's
+download. A prepared copy records its source (path, size, modification time), so a replaced
+source is prepared again. Every file is checked once before use (``_data_checks``: header,
+size, labels, md5); a damaged one is refused with its name, origin and where to fetch a genuine one.
 """
 from __future__ import annotations
 
@@ -26,21 +22,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import _data_checks
 from ._data_checks import DEBIAN_DIR, DamagedDataError, damaged, idx_problem, read_content
-from ._data_checks import verify_folder as _verify_folder
+from ._data_checks import file_stamp as _stamp
 from .config import QUICK_TEST_SIZE, QUICK_TRAIN_SIZE, quick_mode
 
-__all__ = [
-    "DEBIAN_DIR",
-    "DamagedDataError",
-    "REPO_DATA",
-    "TEXT_LABELS",
-    "TensorBatches",
-    "find_fashion_mnist",
-    "get_fashion_mnist_labels",
-    "load_fashion_mnist",
-    "shown_path",
-]
+__all__ = ["DEBIAN_DIR", "DamagedDataError", "REPO_DATA", "TEXT_LABELS", "TensorBatches",
+           "find_fashion_mnist", "get_fashion_mnist_labels", "load_fashion_mnist", "shown_path"]
 
 TEXT_LABELS = ["t-shirt", "trouser", "pullover", "dress", "coat",
                "sandal", "shirt", "sneaker", "bag", "ankle boot"]
@@ -64,13 +52,9 @@ def get_fashion_mnist_labels(labels: Sequence[int] | torch.Tensor) -> list[str]:
 def _raw_files_in(path: Path) -> dict[str, Path] | None:
     """The four IDX files (plain or .gz) in ``path``, ``path/raw`` or ``path/FashionMNIST/raw``."""
     for folder in (path / "FashionMNIST" / "raw", path / "raw", path):
-        found = {}
-        for name in FILES:
-            for candidate in (folder / name, folder / f"{name}.gz"):
-                if candidate.is_file():
-                    found[name] = candidate
-                    break
-        if len(found) == len(FILES):
+        found = {name: next((c for c in (folder / name, folder / f"{name}.gz") if c.is_file()),
+                            None) for name in FILES}
+        if all(found.values()):
             return found
     return None
 
@@ -83,54 +67,37 @@ def _writable(path: Path) -> bool:
     return os.access(path, os.W_OK)
 
 
-#: In a prepared raw folder: where each file was prepared from, with the source's size and
-#: modification time, so that a replaced source is noticed and prepared again.
+#: In a prepared raw folder: each file's source, its size and modification time (a replaced
+#: source is prepared again).
 _SOURCES = ".course_sources.json"
 
 
-def _stamp(path: Path) -> list[int]:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns]
-
-
 def _read_sources(raw: Path) -> dict[str, dict]:
-    try:
-        return json.loads((raw / _SOURCES).read_text())
-    except (OSError, ValueError):
-        return {}
+    return _data_checks.read_json(raw / _SOURCES)
 
 
 def _changed_sources(raw: Path) -> dict[str, Path]:
     """The files of ``raw`` whose recorded source still exists but was replaced since (another
     size or modification time): {name: source}. A source that is gone leaves its copy alone."""
-    changed = {}
-    for name, rec in _read_sources(raw).items():
-        src = Path(rec.get("source", ""))
-        if name in FILES and src.is_file() and _stamp(src) != rec.get("stamp"):
-            changed[name] = src
-    return changed
+    recorded = ((name, Path(rec.get("source", "")), rec) for name, rec in
+                _read_sources(raw).items())
+    return {name: src for name, src, rec in recorded
+            if name in FILES and src.is_file() and _stamp(src) != rec.get("stamp")}
 
 
 def _copy_one(src: Path, dst: Path) -> None:
-    """Decompress (or copy) ``src`` to ``dst`` if its content checks out (``idx_problem``),
-    through a temporary file, then rename."""
+    """Decompress (or copy) ``src`` to ``dst`` if its content checks out (``idx_problem``)."""
     content = read_content(src)  # a broken .gz: DamagedDataError naming src
     problem = idx_problem(content, dst.name)
     if problem:  # nothing is copied from a damaged source
         raise DamagedDataError(damaged(src, problem))
-    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.part")
-    tmp.write_bytes(content)
-    tmp.replace(dst)  # atomic: a crash never leaves a half-written file under its name
+    _data_checks.write_atomic(dst, content)
 
 
 def _prepare(files: dict[str, Path], source: Path, in_place: bool) -> Path:
-    """A torchvision root whose ``FashionMNIST/raw`` holds the four files uncompressed.
-
-    The prepared copy goes next to the source when ``in_place`` (a folder the user named),
-    otherwise into the repository's ``data/`` (or the user cache when that is read-only). Each
-    copy's source is recorded (path, size, modification time): a source replaced later is
-    prepared again instead of the old copy being read for ever.
-    """
+    """A torchvision root whose ``FashionMNIST/raw`` holds the four files uncompressed: next to
+    the source when ``in_place`` (a folder the user named), else in the repository's ``data/``
+    (or the user cache when that is read-only). Each copy's source is recorded (``_SOURCES``)."""
     raw_here = source / "FashionMNIST" / "raw"
     if all(p.parent == raw_here and p.suffix != ".gz" for p in files.values()):
         changed = _changed_sources(raw_here)  # prepared earlier: is a source newer?
@@ -151,9 +118,7 @@ def _prepare(files: dict[str, Path], source: Path, in_place: bool) -> Path:
                 continue
             _copy_one(src, dst)
             sources[name] = rec
-        tmp = raw / f"{_SOURCES}.{os.getpid()}.part"
-        tmp.write_text(json.dumps(sources, indent=1))
-        tmp.replace(raw / _SOURCES)
+        _data_checks.write_atomic(raw / _SOURCES, json.dumps(sources, indent=1))
         return root
     raise PermissionError(
         f"Found Fashion-MNIST in {source} but could not write a prepared copy to {source}, "
@@ -167,7 +132,7 @@ def _verified(root: Path) -> Path:
     raw = root / "FashionMNIST" / "raw"
     origins = {name: Path(rec["source"]) for name, rec in _read_sources(raw).items()
                if rec.get("source")}
-    _verify_folder(raw, FILES, origins)
+    _data_checks.verify_folder(raw, FILES, origins)
     return root
 
 
@@ -175,25 +140,21 @@ def _download(root: Path) -> None:
     """torchvision's download, the last resort (needs the internet)."""
     import torchvision
 
-    torchvision.datasets.FashionMNIST(root=str(root), train=True, download=True)
-    torchvision.datasets.FashionMNIST(root=str(root), train=False, download=True)
+    for train in (True, False):
+        torchvision.datasets.FashionMNIST(root=str(root), train=train, download=True)
 
 
 def find_fashion_mnist(root: str | os.PathLike | None = None, *, download: bool = True) -> Path:
-    """Find Fashion-MNIST locally and return a torchvision root for it.
+    """Find Fashion-MNIST locally and return a folder ``R`` such that
+    ``torchvision.datasets.FashionMNIST(R, download=False)`` works.
 
     Args:
         root: a folder to look in first (the files directly, in ``raw/``, or in
             ``FashionMNIST/raw/``; plain or gzipped).
         download: whether torchvision may download the files when nothing local is found.
-
-    Returns:
-        A folder ``R`` such that ``torchvision.datasets.FashionMNIST(R, download=False)`` works.
     """
     # (what it is, where, whether a prepared copy may be written next to it)
-    candidates: list[tuple[str, Path, bool]] = []
-    if root is not None:
-        candidates.append(("the root argument", Path(root).expanduser(), True))
+    candidates = [("the root argument", Path(root).expanduser(), True)] if root is not None else []
     if os.environ.get("FASHION_MNIST_DIR"):
         candidates.append(("$FASHION_MNIST_DIR", Path(os.environ["FASHION_MNIST_DIR"]), True))
     candidates.append(("the repository's data/ folder", REPO_DATA, True))
@@ -266,8 +227,7 @@ def _unreadable(raw: Path, what: str, error: Exception) -> ValueError:
 
 @lru_cache(maxsize=4)
 def _load_split(root: str, train: bool, version: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images uint8 (N, 28, 28), labels int64 (N,)) of one split, read once per process and
-    per ``version`` of the files (``_version``: sizes and modification times)."""
+    """(images uint8 (N, 28, 28), labels int64 (N,)) of one split, read once per ``version``."""
     import torchvision
 
     try:
@@ -282,12 +242,11 @@ def _check_sizes(batch_size, resize) -> tuple[int, int | None]:
     """batch_size and resize as integers >= 1, checked at the call, not at the first batch."""
     def integer(name, value):
         try:
-            n = operator.index(value)
+            if not isinstance(value, bool) and operator.index(value) >= 1:
+                return operator.index(value)
         except TypeError:
-            n = None
-        if n is None or isinstance(value, bool) or n < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        return n
+            pass
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
     return integer("batch_size", batch_size), None if resize is None else integer("resize", resize)
 
 
@@ -298,8 +257,7 @@ class TensorBatches:
     Images stay uint8 (a quarter of the memory) and become float in [0, 1] per batch.
 
     Args:
-        X: uint8 images (N, 28, 28) or (N, 1, 28, 28).
-        y: int64 labels (N,).
+        X, y: uint8 images (N, 28, 28) or (N, 1, 28, 28); int64 labels (N,).
         batch_size: examples per batch; the last batch may be smaller.
         shuffle: reshuffle the order at every pass.
         device: where batches are produced (the data is moved there once).
@@ -324,9 +282,8 @@ class TensorBatches:
         self.generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ())))
 
     def __len__(self) -> int:
-        if self.drop_last:
-            return len(self.y) // self.batch_size
-        return (len(self.y) + self.batch_size - 1) // self.batch_size
+        n, b = len(self.y), self.batch_size
+        return n // b if self.drop_last else -(-n // b)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = len(self.y)
@@ -352,16 +309,14 @@ def load_fashion_mnist(batch_size: int, *, resize: int | None = None,
     ``X`` is float in [0, 1] of shape (B, 1, 28, 28) (or (B, 1, resize, resize)); ``y`` int64.
 
     Args:
-        batch_size: examples per batch.
-        resize: optional side length to resize the images to.
-        root: folder to look in first (see ``find_fashion_mnist``).
+        batch_size, resize: examples per batch; optional side length to resize the images to.
+        root, download: as ``find_fashion_mnist`` takes them.
         fast: True: ``TensorBatches`` over in-memory tensors (on ``device``). False: the plain
             torchvision ``Dataset`` + ``DataLoader`` with ``ToTensor``, for comparison.
         device: where the fast path keeps the data and produces batches (default CPU).
         quick: use a small slice (first 2048 train / 1024 test examples); default: quick mode.
         num_workers: DataLoader worker processes (only with ``fast=False``).
         seed: seed of the training-set shuffle (fast path only).
-        download: let torchvision download when nothing is found locally.
         drop_last: leave out a short last training batch (the test set keeps every example).
     """
     import torchvision
@@ -371,9 +326,7 @@ def load_fashion_mnist(batch_size: int, *, resize: int | None = None,
 
     data_root = str(find_fashion_mnist(root, download=download))
     quick = quick_mode() if quick is None else quick
-    n_train = QUICK_TRAIN_SIZE if quick else None
-    n_test = QUICK_TEST_SIZE if quick else None
-
+    n_train, n_test = (QUICK_TRAIN_SIZE, QUICK_TEST_SIZE) if quick else (None, None)
     if fast:
         version = _version(data_root)
         X_tr, y_tr = _load_split(data_root, True, version)
@@ -384,10 +337,8 @@ def load_fashion_mnist(batch_size: int, *, resize: int | None = None,
                                   device=device, resize=resize)
         return train_iter, test_iter
 
-    trans = [torchvision.transforms.ToTensor()]
-    if resize:
-        trans.insert(0, torchvision.transforms.Resize(resize))
-    trans = torchvision.transforms.Compose(trans)
+    T = torchvision.transforms
+    trans = T.Compose(([T.Resize(resize)] if resize else []) + [T.ToTensor()])
     train = torchvision.datasets.FashionMNIST(data_root, train=True, transform=trans)
     test = torchvision.datasets.FashionMNIST(data_root, train=False, transform=trans)
     if quick:

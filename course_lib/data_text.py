@@ -1,11 +1,9 @@
 """Real text for the GPT of lesson 14, found offline, and a byte-level tokenizer.
 
 The corpus is the King James Version of the Bible (1611; public domain), about 4.3 MB of English,
-as the Debian package ``bible-kjv`` ships it (``apt-get install bible-kjv``; ``make setup`` does).
-Any other plain-text file serves as well. PyTorch counterpart: none (torchtext is retired); the
-byte tokenizer is what nanoGPT's ``shakespeare_char`` does with characters.
-
-Search order, as ``course_lib.data`` does for Fashion-MNIST: the ``root`` argument,
+as the Debian package ``bible-kjv`` ships it (``make setup`` installs it); any plain-text file
+serves as well. PyTorch counterpart: none (torchtext is retired); the byte tokenizer is what
+nanoGPT's ``shakespeare_char`` does with characters. Search order: the ``root`` argument,
 ``$COURSE_TEXT``, the repository's ``data/text/``, the Debian package (its text written once into
 ``data/text/kjv.txt``, or the user cache when ``data/`` is read-only).
 """
@@ -18,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from ._data_checks import write_atomic
 
 __all__ = ["HELD_OUT", "TEXT_ENV", "ByteTokenizer", "batch_schedule", "find_text", "load_text",
            "split_tokens", "text_batch"]
@@ -66,11 +66,8 @@ def _from_debian(program: str) -> Path:
     for folder in (REPO_TEXT, _CACHE_TEXT):
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            target = folder / _BIBLE_NAME
-            partial = folder / (_BIBLE_NAME + f".{os.getpid()}.partial")
-            partial.write_bytes(text)
-            partial.replace(target)   # atomic: a reader never sees half a file
-            return target
+            write_atomic(folder / _BIBLE_NAME, text)   # a reader never sees half a file
+            return folder / _BIBLE_NAME
         except OSError:
             continue
     raise OSError(f"find_text: neither {REPO_TEXT} nor {_CACHE_TEXT} is writable; pass "
@@ -78,17 +75,9 @@ def _from_debian(program: str) -> Path:
 
 
 def find_text(root: str | os.PathLike | None = None) -> Path:
-    """Find the course's text corpus locally and return the path of a plain-text file.
-
-    Args:
-        root: a text file, or a folder holding ``*.txt`` (``kjv.txt`` first), to use first.
-
-    Returns:
-        The path of a UTF-8 text file.
-    """
-    candidates: list[tuple[str, Path]] = []
-    if root is not None:
-        candidates.append(("the root argument", Path(root).expanduser()))
+    """The path of the course's UTF-8 text corpus, found locally; ``root``: a text file, or a
+    folder holding ``*.txt`` (``kjv.txt`` first), to use first."""
+    candidates = [("the root argument", Path(root).expanduser())] if root is not None else []
     if os.environ.get(TEXT_ENV):
         candidates.append((f"${TEXT_ENV}", Path(os.environ[TEXT_ENV]).expanduser()))
     candidates += [("the repository's data/text/ folder", REPO_TEXT),
@@ -118,12 +107,8 @@ def find_text(root: str | os.PathLike | None = None) -> Path:
 
 def load_text(root: str | os.PathLike | None = None, *,
               max_bytes: int | None = None) -> torch.Tensor:
-    """The corpus (see ``find_text``) as byte token ids: a 1-D ``torch.long`` tensor.
-
-    Args:
-        root: where to look first (see ``find_text``).
-        max_bytes: keep only the first ``max_bytes`` bytes (a quick run); ``None`` keeps all.
-    """
+    """The corpus (``root`` as ``find_text`` takes it) as byte token ids: a 1-D ``torch.long``
+    tensor; ``max_bytes``: keep only the first ``max_bytes`` bytes (a quick run)."""
     if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 2):
         raise ValueError(f"load_text: max_bytes must be an integer >= 2 or None, got "
                          f"{max_bytes!r}.")
@@ -168,11 +153,8 @@ def split_tokens(tokens: torch.Tensor,
 
 def batch_schedule(tokens: torch.Tensor, batch_size: int, seq_len: int, *,
                    seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The batches of a run, in order: ``text_batch`` with one generator seeded ``seed``.
-
-    A later lesson that draws its batches the same way (on every rank) trains on exactly the
-    baseline's text, step for step.
-    """
+    """The batches of a run, in order: ``text_batch`` with one generator seeded ``seed`` (drawn
+    the same way on every rank, a later lesson trains on exactly the baseline's text)."""
     g = torch.Generator().manual_seed(seed)
     while True:
         yield text_batch(tokens, batch_size, seq_len, generator=g)

@@ -1,25 +1,19 @@
 """After training: a trained model loaded on any device, partly frozen for fine-tuning, shrunk.
 
-PyTorch counterparts: ``torch.load(..., map_location=...)`` and ``Module.load_state_dict``
-(``strict=False`` for a partial load: ``load_matching``);
-``torch.nn.modules.utils.consume_prefix_in_state_dict_if_present`` (the ``module.`` that a DDP
-or DataParallel wrapper adds to every key; ``match_keys`` also takes torch.compile's
-``_orig_mod.``, nested and mixed prefixes); ``requires_grad_`` for freezing; and int8
-quantization with torchao (``torchao.quantization.quantize_``), the package PyTorch now
-recommends for it: ``torch.ao.quantization.quantize_dynamic`` warns that it is deprecated.
-Beside it, re-exported here: ``_quantize`` (``state_dict_bytes``, ``quantize_int8``,
-``int8_layers``) and ``_reshard``: ``shard_rows`` / ``read_plan`` / ``reshard``, the dim-0 rows
-torch's ``fully_shard`` gives each rank, which saved rows each rank of a new layout reads (DCP's
-load planner), and a checkpoint saved by N ranks laid out for M (what
-``torch.distributed.checkpoint.load`` does); ``save_sharded`` / ``resume_sharded``, a sharded
-model and its optimizer saved and resumed with DCP.
-Read more: https://pytorch.org/tutorials/beginner/saving_loading_models.html,
+PyTorch counterparts: ``torch.load(..., map_location=...)``, ``Module.load_state_dict``
+(``strict=False``: ``load_matching``), ``consume_prefix_in_state_dict_if_present`` (the
+``module.`` of DDP or DataParallel; ``match_keys`` also takes torch.compile's ``_orig_mod.``,
+nested and mixed), ``requires_grad_`` for freezing, and int8 quantization with torchao
+(``torchao.quantization.quantize_``; ``torch.ao.quantization.quantize_dynamic`` is deprecated).
+Re-exported here: ``_quantize`` (``state_dict_bytes``, ``quantize_int8``, ``int8_layers``) and
+``_reshard`` (``shard_rows`` / ``read_plan`` / ``reshard``: the rows ``fully_shard`` gives each
+rank, what each rank of a new layout reads, as DCP's load planner does, and a checkpoint of N
+ranks laid out for M; ``save_sharded`` / ``resume_sharded``: a sharded model and its optimizer
+with DCP). Read more: https://pytorch.org/tutorials/beginner/saving_loading_models.html,
 https://docs.pytorch.org/ao/stable/ and notebook 13.
 
-A foundation (it imports only ``course_lib.devices``): a machine that serves a model needs none
-of the training recipe. The recipe's own ``load_checkpoint`` restores a whole training state to
-resume; this module loads weights for inference and fine-tuning, and the quantization helpers
-are thin wrappers over torchao, not a reimplementation.
+A foundation (it imports only ``course_lib.devices``): serving a model needs none of the
+training recipe, whose ``load_checkpoint`` restores a whole training state to resume.
 """
 from __future__ import annotations
 
@@ -37,53 +31,25 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from ._quantize import int8_layers, quantize_int8, state_dict_bytes  # noqa: F401 - public here
-from ._reshard import (  # noqa: F401 - public here
-    read_plan,
-    reshard,
-    resume_sharded,
-    save_sharded,
-    shard_rows,
-)
+from ._reshard import read_plan, reshard, resume_sharded, save_sharded, shard_rows  # noqa: F401
 from .devices import Device, as_device, try_gpu
 
-__all__ = [
-    "WRAPPER_PREFIXES",
-    "IncompatibleKeys",
-    "StateDictFit",
-    "fit_state_dict",
-    "freeze_all_but",
-    "int8_layers",
-    "load_file",
-    "load_for_inference",
-    "load_matching",
-    "load_weights",
-    "match_keys",
-    "quantize_int8",
-    "read_plan",
-    "reshard",
-    "resume_sharded",
-    "save_sharded",
-    "shard_rows",
-    "state_dict_bytes",
-    "strip_prefix",
-]
+__all__ = ["WRAPPER_PREFIXES", "IncompatibleKeys", "StateDictFit", "fit_state_dict",
+           "freeze_all_but", "int8_layers", "load_file", "load_for_inference", "load_matching",
+           "load_weights", "match_keys", "quantize_int8", "read_plan", "reshard", "resume_sharded",
+           "save_sharded", "shard_rows", "state_dict_bytes", "strip_prefix"]
 
 #: What wrappers put in front of every key: DDP and DataParallel (``module.``), torch.compile
 #: (``_orig_mod.``).
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
-# ------------------------------------------------------------------------------------------------
-# Loading: any checkpoint, onto any device
-# ------------------------------------------------------------------------------------------------
+# --- Loading: any checkpoint, onto any device -----------------------------------------------------
 
 def strip_prefix(state_dict: Mapping[str, Any], prefix: str = "module.") -> dict[str, Any]:
-    """A copy of ``state_dict`` with the leading ``prefix`` removed from every key that has it.
-
-    Torch's ``consume_prefix_in_state_dict_if_present`` does the work (in place, on the copy),
-    so keys without the prefix, and a ``module.`` in the middle of a key, stay as they are, and
-    the ``_metadata`` that ``load_state_dict`` reads is renamed too. The tensors are not copied.
-    """
+    """A copy of ``state_dict`` (not of its tensors) with the leading ``prefix`` removed from
+    every key that has it, by torch's ``consume_prefix_in_state_dict_if_present``: other keys,
+    and a ``module.`` mid-key, stay as they are; ``_metadata`` is renamed too."""
     out = copy.copy(state_dict)  # an OrderedDict keeps its _metadata attribute
     if hasattr(state_dict, "_metadata"):
         out._metadata = copy.copy(state_dict._metadata)
@@ -116,13 +82,10 @@ class IncompatibleKeys(NamedTuple):
 
 
 def _model_key(key: str, own: Container[str]) -> str | None:
-    """The key of the model that the file's ``key`` names, or None.
-
-    ``key`` itself if the model has it; otherwise ``key`` less its leading wrapper prefixes
-    (``WRAPPER_PREFIXES``), removed one at a time until the model has it: ``module.`` of DDP,
-    ``_orig_mod.`` of torch.compile, nested in either order. Only the START of a key is ever
-    removed, so a submodule really called ``module`` (``block.module.weight``) keeps its name,
-    and a model whose own first submodule is ``module`` loads a plain file as it is.
+    """The key of the model that the file's ``key`` names, or None: ``key`` itself if the model
+    has it, else less its leading ``WRAPPER_PREFIXES``, one at a time (nested in either order).
+    Only the START is removed: a submodule really called ``module`` (``block.module.weight``)
+    keeps its name, and a model whose first submodule is ``module`` loads a plain file as is.
     """
     while key not in own:
         prefix = next((w for w in WRAPPER_PREFIXES if key.startswith(w)), None)
@@ -156,10 +119,8 @@ def match_keys(keys: Iterable[str], own: Container[str]) -> dict[str, str | None
 
 
 def _renamed(state: Mapping[str, Any], own: Mapping[str, Any]) -> tuple[dict, str]:
-    """``state`` with each key renamed to the model key it names (others kept as they are),
-    its ``_metadata`` (module versions, which ``load_state_dict`` reads) renamed alike; and the
-    prefixes removed, ``" and "`` between different ones.
-    """
+    """``state`` with each key (and its ``_metadata``: module versions) renamed to the model key
+    it names, others kept; and the prefixes removed, ``" and "`` between different ones."""
     named = match_keys(state, own)
     out = collections.OrderedDict((named[k] or k, v) for k, v in state.items())
     removed = sorted({k[: len(k) - len(t)] for k, t in named.items() if t and t != k})
@@ -177,18 +138,15 @@ def _renamed(state: Mapping[str, Any], own: Mapping[str, Any]) -> tuple[dict, st
 
 
 def _load_file(path: str | os.PathLike, map_location, what: str, fix: str) -> Any:
-    """``torch.load(path, map_location, weights_only=True)`` with errors that say what is wrong.
-
-    A damaged file (cut short by a kill, overwritten, not a torch file) is named as such;
-    torch's own advice to retry with ``weights_only=False`` is not repeated: loading a damaged
-    or foreign file with arbitrary code execution enabled is never the fix.
-    """
+    """``torch.load(path, map_location, weights_only=True)`` with errors that say what is wrong;
+    never torch's advice to retry with ``weights_only=False`` (arbitrary code execution enabled
+    on a damaged or foreign file is never the fix)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{what}: no file at {path}; {fix}.")
-    size = os.path.getsize(path)
+    size, fix = os.path.getsize(path), fix[0].upper() + fix[1:]
     if size == 0:
         raise ValueError(f"{what}: {path} is empty (0 bytes): a write was cut short or "
-                         f"the file was truncated. {fix[0].upper() + fix[1:]}.")
+                         f"the file was truncated. {fix}.")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -198,27 +156,19 @@ def _load_file(path: str | os.PathLike, map_location, what: str, fix: str) -> An
                 f"containers (a whole model or optimizer object?), which a safe load "
                 f"(weights_only=True) refuses. Save a state dict instead "
                 f"(torch.save(model.state_dict(), path)).") from None
-        raise ValueError(f"{what}: {path} ({size} bytes) is damaged or is not a file that "
-                         f"torch.save wrote ({type(e).__name__}). {fix[0].upper() + fix[1:]}."
-                         ) from None
+        detail = type(e).__name__
     except Exception as e:  # noqa: BLE001 - whatever torch's reader trips on: the file is bad
-        raise ValueError(f"{what}: {path} ({size} bytes) is damaged or is not a file that "
-                         f"torch.save wrote ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else 'no detail'}). "
-                         f"{fix[0].upper() + fix[1:]}.") from None
+        detail = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}"
+    raise ValueError(f"{what}: {path} ({size} bytes) is damaged or is not a file that "
+                     f"torch.save wrote ({detail}). {fix}.")
 
 
 def load_file(path: str | os.PathLike, *, map_location: Device | None = "cpu",
               what: str = "load_file", fix: str | None = None) -> Any:
     """What ``torch.save`` wrote to ``path``, read safely (``weights_only=True``) onto
-    ``map_location``; a missing, empty or damaged file raises an error that says which.
-
-    Args:
-        path: the file.
-        map_location: where every tensor goes, whatever device wrote it (default the CPU).
-        what: who is asking, for the messages (``"--resume"``, say).
-        fix: what to do about a missing or damaged file, for the messages.
-    """
+    ``map_location`` (default the CPU, whatever device wrote it); a missing, empty or damaged
+    file raises an error that says which, naming ``what`` asked (``"--resume"``, say) and
+    ``fix``, what to do about it."""
     return _load_file(path, map_location, what, fix or "pass the path of a file written "
                       "with torch.save (a checkpoint or a state dict)")
 
@@ -245,10 +195,9 @@ def fit_state_dict(model: nn.Module, source: str | os.PathLike | Mapping, *,
 
     ``source`` is a file written by ``torch.save`` (read with ``weights_only=True`` onto
     ``device``), a state dict, or a checkpoint dict whose ``"model"`` is the state dict. Each
-    key is matched to the model's keys on its own (``match_keys``): as it is, or less the
-    wrapper prefixes at its start (``module.`` from DDP or DataParallel, ``_orig_mod.`` from
-    torch.compile, nested in either order), so a model's own submodule named ``module`` keeps
-    its name and a file with mixed prefixes fits too. Nothing is loaded.
+    key is matched on its own (``match_keys``): as it is, or less the wrapper prefixes at its
+    start (``module.`` from DDP or DataParallel, ``_orig_mod.`` from torch.compile, nested), so
+    a file with mixed prefixes fits too. Nothing is loaded.
 
     Raises:
         ValueError: two keys of the file name the same key of the model; or the file is
@@ -274,19 +223,15 @@ def load_weights(model: nn.Module, source: str | os.PathLike | Mapping, *,
 
     Args:
         model: the plain (unwrapped) model, built as the checkpoint's model was.
-        source: a file written by ``torch.save`` (read with ``map_location=device``), a state
-            dict, or a checkpoint dict whose ``"model"`` is the state dict (the recipe's).
-            Wrapper prefixes at the start of a key (``module.`` from DDP or DataParallel,
-            ``_orig_mod.`` from torch.compile) are removed where the model's keys do not carry
-            them (``fit_state_dict``).
+        source: a file (read with ``map_location=device``), a state dict or a checkpoint
+            holding ``"model"``; wrapper prefixes removed as ``fit_state_dict`` does.
         device: where the model goes (default ``try_gpu()``).
 
     Returns:
         ``model``, moved to ``device``, with the weights loaded.
 
     Raises:
-        ValueError: keys or shapes do not fit, or the file is empty or damaged; the message
-            says which and what to do.
+        ValueError: keys or shapes do not fit, or the file is empty or damaged (says which).
     """
     device = try_gpu() if device is None else as_device(device)
     fit = fit_state_dict(model, source, device=device, what="load_weights")
@@ -313,27 +258,21 @@ def load_matching(model: nn.Module, source: str | os.PathLike | Mapping
                   ) -> IncompatibleKeys:
     """Load the tensors of ``source`` that name a key of ``model``; report the others.
 
-    What fine-tuning needs (a pretrained body, a new head) from any checkpoint: each key of the
-    file is matched on its own, as it is or less the wrapper prefixes at its start (``module.``,
-    ``_orig_mod.``, nested: ``match_keys``); the tensors that match are copied into the model
-    (which stays on its device), the model's other tensors keep their values. Torch's
-    ``load_state_dict(strict=False)`` with ``consume_prefix_in_state_dict_if_present`` first,
-    except that mixed and nested prefixes match too, and a shape that differs is refused
-    BEFORE anything is copied (torch copies what fits, then raises: a half-loaded model).
-
-    Args:
-        model: the model to load into (any device).
-        source: a file written by ``torch.save`` (read with ``weights_only=True``), a state
-            dict, or a checkpoint dict whose ``"model"`` is the state dict; never changed.
+    What fine-tuning needs (a pretrained body, a new head) from any checkpoint: each key of
+    ``source`` (as ``fit_state_dict`` takes it; never changed) is matched on its own
+    (``match_keys``); the tensors that match are copied into the model (which stays on its
+    device), its other tensors keep their values. Torch's ``load_state_dict(strict=False)``
+    after ``consume_prefix_in_state_dict_if_present``, except that mixed and nested prefixes
+    match too, and a shape that differs is refused BEFORE anything is copied (torch copies what
+    fits, then raises: a half-loaded model).
 
     Returns:
         ``(missing_keys, unexpected_keys)``: the model's keys that kept their values, and the
         file's keys (as written there) that name no key of the model.
 
     Raises:
-        ValueError: a matched tensor's shape differs from the model's (every such key is
-            named, with both shapes; the model is unchanged), or two keys of the file name the
-            same key of the model.
+        ValueError: a matched tensor's shape differs (each named, with both shapes; the model
+            is unchanged), or two keys of the file name the same key of the model.
     """
     where = next(itertools.chain(model.parameters(), model.buffers()), torch.empty(0)).device
     fit = fit_state_dict(model, source, device=where, what="load_matching")
@@ -350,32 +289,23 @@ def load_matching(model: nn.Module, source: str | os.PathLike | Mapping
 
 def load_for_inference(model: nn.Module, source: str | os.PathLike | Mapping, *,
                        device: Device | None = None) -> nn.Module:
-    """``load_weights``, then ``eval()`` mode and no gradients: ready to predict on ``device``.
-
-    Eval mode matters as much as the weights: dropout off, batch norm on its running
-    statistics. ``requires_grad_(False)`` lets the inference keep no graph.
-    """
+    """``load_weights``, then ``eval()`` mode (dropout off, batch norm on its running
+    statistics: as much a part as the weights) and no gradients (no graph kept)."""
     model = load_weights(model, source, device=device)
     return model.eval().requires_grad_(False)
 
 
-# ------------------------------------------------------------------------------------------------
-# Fine-tuning: train a part, keep the rest bitwise
-# ------------------------------------------------------------------------------------------------
+# --- Fine-tuning: train a part, keep the rest bitwise ---------------------------------------------
 
 def freeze_all_but(model: nn.Module, *keep: str) -> list[str]:
-    """Freeze every parameter except those of the submodules or parameters named in ``keep``.
+    """Freeze every parameter except those of the submodules or parameters named in ``keep``;
+    return the names of the parameters left trainable.
 
     ``freeze_all_but(net, "fc2")`` leaves ``fc2.weight`` and ``fc2.bias`` trainable. A frozen
-    parameter gets ``requires_grad=False`` AND its ``.grad`` set to ``None``: torch's optimizers
-    skip a parameter whose ``.grad`` is ``None``, but not one whose ``.grad`` is a tensor, even
-    a zero one (what an earlier backward and ``zero_grad(set_to_none=False)`` leave): SGD with
-    weight decay adds ``weight_decay * p`` to that zero and momentum keeps the step going, so
-    the "frozen" weights would still move. With ``.grad`` None, any optimizer, also one given
-    every parameter, leaves the frozen ones bitwise unchanged.
-
-    Returns:
-        The names of the parameters left trainable.
+    parameter gets ``requires_grad=False`` AND ``.grad = None``: optimizers skip a parameter
+    whose ``.grad`` is ``None``, not one whose ``.grad`` is a zero tensor (left by an earlier
+    backward and ``zero_grad(set_to_none=False)``), which weight decay and momentum still move.
+    So any optimizer, even one given every parameter, leaves the frozen ones bitwise unchanged.
     """
     names = [name for name, _ in model.named_parameters()]
 

@@ -15,18 +15,8 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = [
-    "Device",
-    "as_device",
-    "cpu_cores",
-    "cpu_threads",
-    "devices",
-    "hardware_summary",
-    "num_gpus",
-    "synchronize",
-    "try_all_gpus",
-    "try_gpu",
-]
+__all__ = ["Device", "as_device", "cpu_cores", "cpu_threads", "devices", "hardware_summary",
+           "num_gpus", "synchronize", "try_all_gpus", "try_gpu"]
 
 
 #: What the course accepts as a device: ``torch.device("cuda:1")``, ``"cpu"``, or a GPU index.
@@ -49,9 +39,7 @@ def try_gpu(i: int = 0) -> torch.device:
     """GPU ``i`` if it exists, otherwise the CPU."""
     if i < 0:
         raise ValueError(f"try_gpu expects a GPU index >= 0, got {i}.")
-    if num_gpus() >= i + 1:
-        return torch.device(f"cuda:{i}")
-    return torch.device("cpu")
+    return torch.device(f"cuda:{i}") if num_gpus() >= i + 1 else torch.device("cpu")
 
 
 def try_all_gpus() -> list[torch.device]:
@@ -61,20 +49,12 @@ def try_all_gpus() -> list[torch.device]:
 
 
 def devices(n: int, *, warn: bool = False) -> list[torch.device]:
-    """Exactly ``n`` devices: the real GPUs first, then repeats of what exists.
+    """Exactly ``n`` (an integer >= 1) devices: the real GPUs first, then repeats of what exists.
 
-    With fewer than ``n`` GPUs, the list repeats devices (on a CPU-only machine: ``n`` times the
+    With fewer than ``n`` GPUs the list repeats devices (on a CPU-only machine ``n`` times the
     CPU): such a run proves that the algorithm is correct, not that it is fast. The lessons print
-    the list they get, which shows the repeats; ``warn=True`` also emits a ``UserWarning``
-    (off by default: a warning prints on a notebook's stderr as "FILE:LINE: UserWarning", noise
-    in every lesson that asks for devices).
-
-    Args:
-        n: how many devices the lesson wants (>= 1).
-        warn: warn when devices repeat.
-
-    Returns:
-        A list of ``n`` ``torch.device`` objects.
+    the list, which shows the repeats; ``warn=True`` also emits a ``UserWarning`` (off by
+    default: on a notebook's stderr it is noise in every lesson that asks for devices).
     """
     try:
         count = operator.index(n)  # any integer type (numpy's too), never a float or a bool
@@ -92,18 +72,14 @@ def devices(n: int, *, warn: bool = False) -> list[torch.device]:
         warnings.warn_explicit(
             f"Asked for {n} devices but this machine has {what}; returning {n} devices that "
             f"repeat {sorted({str(d) for d in real})}. The lesson runs and shows correctness, "
-            "not speed.",
-            UserWarning, filename="course_lib/devices.py",
-            lineno=inspect.currentframe().f_lineno, module=__name__,
-        )
+            "not speed.", UserWarning, filename="course_lib/devices.py",
+            lineno=inspect.currentframe().f_lineno, module=__name__)
     return out
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for queued work on ``device`` (all GPUs if None); a no-op on the CPU.
-
-    CUDA kernels run asynchronously: without this, a timer measures only the launch.
-    """
+    """Wait for queued work on ``device`` (all GPUs if None); a no-op on the CPU. CUDA kernels
+    run asynchronously: without this, a timer measures only the launch."""
     if device is None:
         for i in range(num_gpus()):
             torch.cuda.synchronize(i)
@@ -123,11 +99,9 @@ def cpu_cores() -> int:
 
 @contextlib.contextmanager
 def cpu_threads(n: int) -> Iterator[None]:
-    """Cap torch's intra-op threads at ``n`` for the body; restore the previous cap after.
-
-    One worker per core is the honest "device" on a CPU: a worker thread or process that
-    shares the cores with others takes ``cores // workers`` threads.
-    """
+    """Cap torch's intra-op threads at ``n`` for the body; restore the previous cap after (a
+    worker sharing the cores with others takes ``cores // workers``: one per core is the honest
+    "device" on a CPU)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -148,20 +122,13 @@ def _cpu_name() -> str:
 
 
 def hardware_summary() -> str:
-    """One block of text naming the CPU, its cores, the GPUs and the torch version.
-
-    The first cell of every notebook prints it, so stored outputs say what measured them.
-    """
-    lines = [
-        f"CPU:     {_cpu_name()} ({cpu_cores()} cores usable, "
-        f"{torch.get_num_threads()} torch threads)",
-        f"GPUs:    {num_gpus()}",
-    ]
+    """One block of text naming the CPU, its cores, the GPUs and the torch version (the first
+    cell of every notebook prints it, so stored outputs say what measured them)."""
+    lines = [f"CPU:     {_cpu_name()} ({cpu_cores()} cores usable, "
+             f"{torch.get_num_threads()} torch threads)", f"GPUs:    {num_gpus()}"]
     for i in range(num_gpus()):
         props = torch.cuda.get_device_properties(i)
         lines.append(f"  cuda:{i} {props.name}, {props.total_memory / 2**30:.0f} GiB")
-    lines += [
-        f"torch:   {torch.__version__} (CUDA build: {torch.version.cuda or 'none'})",
-        f"python:  {platform.python_version()} on {platform.system()} {platform.machine()}",
-    ]
+    lines += [f"torch:   {torch.__version__} (CUDA build: {torch.version.cuda or 'none'})",
+              f"python:  {platform.python_version()} on {platform.system()} {platform.machine()}"]
     return "\n".join(lines)

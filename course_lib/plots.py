@@ -32,26 +32,20 @@ def plot_history(history: dict[str, list[float]], *, title: str | None = None,
     ax = ax if ax is not None else fig.add_subplot()
     for name, values in history.items():
         ax.plot(range(1, len(values) + 1), values, marker="o", ms=3, label=name)
-    ax.set_xlabel("epoch")
+    ax.set(xlabel="epoch", title=title or "")
     ax.grid(alpha=0.3)
     ax.legend()
-    if title:
-        ax.set_title(title)
     fig.tight_layout()
     return fig
 
 
 class TrainingPlot:
-    """Live per-epoch plot of loss and accuracies.
+    """Live per-epoch plot of loss and accuracies, titled ``title``.
 
-    ``plot.update(epoch, train_loss=..., train_acc=..., test_acc=...)`` appends the values and,
-    in a notebook, redraws the figure in place through one display handle. Outside a notebook, or
-    with ``live=False``, it only records and displays nothing. ``plot.history`` holds every
-    series; ``plot.close()`` leaves the final figure when live.
-
-    Args:
-        title: figure title.
-        live: draw while training (default: only inside a Jupyter kernel).
+    ``plot.update(epoch, train_loss=..., train_acc=..., test_acc=...)`` appends the values to
+    ``plot.history`` and, when ``live`` (default: inside a Jupyter kernel), redraws the figure in
+    place through one display handle; otherwise nothing is displayed. ``plot.close()`` leaves
+    the final figure when live.
     """
 
     def __init__(self, title: str | None = None, live: bool | None = None):
@@ -96,8 +90,7 @@ class TrainingPlot:
             self._handle.update(self._image())
 
     def close(self) -> None:
-        """Draw the final state once more when ``live``; with ``live=False`` nothing is ever
-        displayed (``plot.figure()`` gives the figure to whoever wants it)."""
+        """Draw the final state once more when ``live`` (else ``plot.figure()`` gives it)."""
         if self.live:
             self._draw()
 
@@ -128,6 +121,18 @@ def draw_parallelism(num_devices: int = 2) -> plt.Figure:
             ax.text(x + w / 2, 0.15, f"device {i}", ha="center", fontsize=8, weight="bold")
         return cols
 
+    def allreduce(ax, cols, ys):  # red two-way arrows between neighbouring columns
+        for i in range(k - 1):
+            x0 = cols[i][0] + cols[i][1]
+            for y in ys:
+                arrow(ax, (x0, y), (x0 + 0.6, y), style="<|-|>", color="crimson")
+
+    def caption(ax, text, title):
+        ax.text(5, 0.7, text, ha="center", fontsize=8, color="crimson")
+        ax.set_title(title, fontsize=10)
+        ax.set(xlim=(0, 10), ylim=(0, 5.6))
+        ax.axis("off")
+
     # data parallelism: every device holds all layers and 1/k of the batch; every layer's
     # gradients are allreduced (red), not just one
     cols = columns(ax_d, 0.6)
@@ -136,14 +141,9 @@ def draw_parallelism(num_devices: int = 2) -> plt.Figure:
         arrow(ax_d, (x + w / 2, 4.6), (x + w / 2, 4.3))
         for j, name in enumerate(layers):
             box(ax_d, x, 3.6 - j * 0.8, w, 0.7, name, colors[1 + j % 3])
-    for i in range(k - 1):
-        x0 = cols[i][0] + cols[i][1]
-        for j in range(len(layers)):
-            y = 3.6 - j * 0.8 + 0.35
-            arrow(ax_d, (x0, y), (x0 + 0.6, y), style="<|-|>", color="crimson")
-    ax_d.text(5, 0.7, "every layer's gradients allreduced (red):\nthe replicas stay identical",
-              ha="center", fontsize=8, color="crimson")
-    ax_d.set_title("data parallelism: split the batch", fontsize=10)
+    allreduce(ax_d, cols, [3.6 - j * 0.8 + 0.35 for j in range(len(layers))])
+    caption(ax_d, "every layer's gradients allreduced (red):\nthe replicas stay identical",
+            "data parallelism: split the batch")
 
     # model parallelism: layers spread over devices, activations flow between them
     cols = columns(ax_m, 0.8)
@@ -156,9 +156,8 @@ def draw_parallelism(num_devices: int = 2) -> plt.Figure:
         (x0, w0), (x1, w1) = cols[where[j]], cols[where[j + 1]]
         arrow(ax_m, (x0 + w0 / 2, 4.3 - j * 0.9), (x1 + w1 / 2, 4.3 - (j + 1) * 0.9 + 0.7),
               color="crimson" if where[j] != where[j + 1] else "black")
-    ax_m.text(5, 0.7, "whole batch; activations forward and gradients\nback between devices (red)",
-              ha="center", fontsize=8, color="crimson")
-    ax_m.set_title("model parallelism: split the layers", fontsize=10)
+    caption(ax_m, "whole batch; activations forward and gradients\nback between devices (red)",
+            "model parallelism: split the layers")
 
     # within a layer (Megatron-LM): layers go in pairs, the first split by its output units
     # (columns), the second by its input units (rows); device i's partial output of the pair is
@@ -168,19 +167,9 @@ def draw_parallelism(num_devices: int = 2) -> plt.Figure:
         for j, name in enumerate(layers):
             part = "outputs" if j % 2 == 0 else "inputs"
             box(ax_t, x, 4.3 - j * 0.9, w, 0.7, f"{name}\n{part} {i + 1}/{k}", colors[1 + j % 3])
-    for i in range(k - 1):
-        x0 = cols[i][0] + cols[i][1]
-        for j in range(1, len(layers), 2):             # after each pair only
-            y = 4.3 - j * 0.9 - 0.1
-            arrow(ax_t, (x0, y), (x0 + 0.6, y), style="<|-|>", color="crimson")
-    ax_t.text(5, 0.7, "whole batch; layers in pairs (columns, then rows):\n"
-              "one all-reduce after each pair in the forward pass (red)", ha="center",
-              fontsize=8, color="crimson")
-    ax_t.set_title("split within each layer", fontsize=10)
-    for ax in (ax_d, ax_m, ax_t):
-        ax.set_xlim(0, 10)
-        ax.set_ylim(0, 5.6)
-        ax.axis("off")
+    allreduce(ax_t, cols, [4.3 - j * 0.9 - 0.1 for j in range(1, len(layers), 2)])  # per pair
+    caption(ax_t, "whole batch; layers in pairs (columns, then rows):\n"
+            "one all-reduce after each pair in the forward pass (red)", "split within each layer")
     fig.tight_layout()
     return fig
 
@@ -208,21 +197,17 @@ def draw_async_queue(launch_s: float = 0.1, kernel_s: float = 1.0, n: int = 4) -
         ax.text(x + side * gap, 2.0, label, ha="left" if side > 0 else "right", va="bottom",
                 fontsize=8, color=color)
     ax.set_yticks([0.4, 1.4], ["GPU runs", "CPU queues"])
-    ax.set_ylim(0, 2.6)
-    ax.set_xlim(-0.05, synced * 1.08)
-    ax.set_xlabel("time (illustrative units)")
+    ax.set(ylim=(0, 2.6), xlim=(-0.05, synced * 1.08), xlabel="time (illustrative units)")
     ax.set_title("a CUDA call returns when the kernel is queued, not when it has run", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def draw_ring(tables: list[tuple[str, list[list[str]]]], n: int) -> plt.Figure:
-    """One panel per step of a ring allreduce over n devices (lesson 02).
-
-    ``tables`` holds ``(title, table)`` pairs: the start, the n-1 reduce-scatter steps, then the
-    n-1 all-gather steps; ``table[i][c]`` names the devices whose values chunk c on device i has
-    summed so far ("-" for none). Rows are devices, columns chunks; darker means more summed.
-    """
+    """One panel per step of a ring allreduce over n devices (lesson 02): ``tables`` holds
+    ``(title, table)`` pairs (the start, the n-1 reduce-scatter steps, the n-1 all-gather steps);
+    ``table[i][c]`` names the devices whose values chunk c on device i has summed ("-": none).
+    Rows are devices, columns chunks; darker means more summed."""
     fig, axes = plt.subplots(2, n, figsize=(2.4 * n, 5.4))
     panels = [axes[0][j] for j in range(n)] + [axes[1][j] for j in range(1, n)]
     axes[1][0].axis("off")
@@ -244,13 +229,10 @@ def draw_ring(tables: list[tuple[str, list[list[str]]]], n: int) -> plt.Figure:
 
 def draw_cost_model(ps: list[int], panels: dict[str, dict[str, list[float]]], *,
                     title: str = "") -> plt.Figure:
-    """Modelled seconds of each all-reduce against the number of devices, one panel per message
-    size (lesson 02), both axes logarithmic.
-
-    ``panels`` maps a panel title (the message size) to ``{algorithm: [seconds per p]}``, as
-    ``course_lib.bench.cost_model.allreduce_model_curves`` returns; a name starting with
-    "bound" is drawn as a dashed black line (a lower bound, not an algorithm).
-    """
+    """Modelled seconds of each all-reduce against the number of devices, one log-log panel per
+    message size (lesson 02): ``panels`` maps it to ``{algorithm: [seconds per p]}``
+    (``bench.cost_model.allreduce_model_curves``); a name starting with "bound" is drawn as a
+    dashed black line (a lower bound, not an algorithm)."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.0), squeeze=False)
     markers = "osD^vx"
     for ax, (panel, curves) in zip(axes[0], panels.items()):
@@ -264,8 +246,7 @@ def draw_cost_model(ps: list[int], panels: dict[str, dict[str, list[float]]], *,
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(ps, [str(p) for p in ps])
-        ax.set_xlabel("devices n")
-        ax.set_ylabel("modelled time of one all-reduce (us)")
+        ax.set(xlabel="devices n", ylabel="modelled time of one all-reduce (us)")
         ax.set_title(panel, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -299,13 +280,11 @@ def draw_held_per_rank(bars: dict[str, dict[str, float]], *, unit: str = "MiB",
 def draw_memory_per_rank(panels: dict[str, dict[str, dict[str, list[float]]]],
                          worlds: list[int], *, unit: str = "MiB",
                          formulas: dict[str, str] | None = None, title: str = "") -> plt.Figure:
-    """Memory per rank against the number of ranks (lesson 11), one panel per model.
-
-    ``panels`` maps a panel title to ``{kind: {"formula", "held", "peak": [size per world]}}``
-    (``examples.sharded_workers.curves``): the formula as a line, what a rank holds after a step
-    as filled markers, the peak during a step as open markers. Markers of different kinds are
-    nudged sideways so that equal values stay visible. ``formulas``: a legend text per kind.
-    """
+    """Memory per rank against the number of ranks (lesson 11), one panel per model: ``panels``
+    maps its title to ``{kind: {"formula", "held", "peak": [size per world]}}``
+    (``examples.sharded_workers.curves``): the formula as a line, held after a step as filled
+    markers, the peak as open ones, nudged sideways per kind so that equal values stay visible.
+    ``formulas``: a legend text per kind."""
     fig, axes = plt.subplots(1, len(panels), figsize=(max(8.0, 5.5 * len(panels)), 5.5),
                              squeeze=False, layout="constrained")
     markers = "os^Dv"
@@ -366,13 +345,10 @@ def _markdown_code(source: str) -> dict[str, str]:
 
 def draw_pipeline_timeline(events, *, title: str | None = None, ax: plt.Axes | None = None,
                            unit: str = "ms") -> plt.Figure:
-    """Which stage computes what, when (lesson 11): one row per stage, a bar per operation.
-
-    ``events`` are ``(stage, kind, microbatch, start, end)`` tuples (``PipeEvent``s), kind "F"
-    (forward, light) or "B" (backward, dark), labelled with the micro-batch; the gaps are the
-    bubble. Times are shifted to start at 0 and drawn in ``unit`` ("ms", "s", or "steps" for a
-    simulation's unit times).
-    """
+    """Which stage computes what, when (lesson 11): one row per stage, a bar per operation of
+    ``events``, ``(stage, kind, microbatch, start, end)`` tuples (``PipeEvent``s), kind "F" (light)
+    or "B" (dark); the gaps are the bubble. Times start at 0, in ``unit`` ("ms", "s", or "steps"
+    for a simulation's unit times)."""
     fig = ax.figure if ax is not None else plt.figure(figsize=(10, 2.2))
     ax = ax if ax is not None else fig.add_subplot()
     scale = {"ms": 1e3, "s": 1.0, "steps": 1.0}[unit]
@@ -403,13 +379,9 @@ _COLLECTIVE_FLOW = {"broadcast": "one->all", "reduce": "all->one", "all_reduce":
 
 def draw_collectives(results: list[dict], names: list[str] | None = None) -> plt.Figure:
     """One panel per collective (lesson 06): every rank's tensor before (top row) and after
-    (bottom row), with arrows for who sends to whom (rank 0 is the source or destination).
-
-    ``results[r]`` is what rank r returned from ``course_lib.examples.workers.collectives``: its
-    ``"start"`` value, per collective its value afterwards, and under ``"inputs"`` what a
-    collective started from when that was not ``"start"``. The values drawn are the ones the
-    ranks really held, not a sketch.
-    """
+    (bottom row), arrows for who sends to whom (rank 0 the source or destination). ``results[r]``
+    is what rank r returned from ``examples.workers.collectives`` (``"start"``, each collective's
+    value after it, ``"inputs"`` where one started from another): what the ranks really held."""
     from matplotlib.patches import FancyArrowPatch
 
     names = names or [n for n in _COLLECTIVE_FLOW if n in results[0]]
@@ -438,8 +410,7 @@ def draw_collectives(results: list[dict], names: list[str] | None = None) -> plt
                                          mutation_scale=7, color=f"C{a}", alpha=0.6,
                                          transform=ax.transAxes))
         ax.set_title(name, fontsize=9)
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
+        ax.set(xlim=(0, 1), ylim=(0, 1))
     fig.suptitle(f"{world} ranks: tensor before (top) and after (bottom) each collective",
                  fontsize=10)
     fig.tight_layout()
@@ -468,9 +439,7 @@ def draw_ring_processes(world_size: int, step: int = 0) -> plt.Figure:
         mx, my = (x0 + x1) / 2 * 1.35, (y0 + y1) / 2 * 1.35
         ax.text(mx, my, f"chunk {(r - step) % p}", ha="center", va="center", fontsize=8,
                 color="crimson")
-    ax.set_xlim(-1.6, 1.6)
-    ax.set_ylim(-1.6, 1.6)
-    ax.set_aspect("equal")
+    ax.set(xlim=(-1.6, 1.6), ylim=(-1.6, 1.6), aspect="equal")
     ax.axis("off")
     ax.set_title(f"ring of {p} processes, reduce-scatter step {step}:\neach rank sends one chunk "
                  "to its right neighbour", fontsize=9)
@@ -485,12 +454,9 @@ _SPLIT_COLOURS = {"column": "tab:blue", "row": "tab:orange", "vocabulary": "tab:
 def draw_collective_trace(trace: dict, prefix: str = "blocks.0.", *,
                           title: str | None = None) -> plt.Figure:
     """Where each collective of one training step falls, for the layers whose names start with
-    ``prefix`` (one transformer block by default): a row for forward and one for backward, the
-    layers as boxes in the order they ran (coloured by how they are split), a red mark after
-    each layer whose forward or backward issued a collective.
-
-    ``trace`` is what ``course_lib.examples.tensor_parallel_workers.trace_collectives``
-    returns: the recorded order of layers and the collectives, each tagged with its layer.
+    ``prefix`` (one transformer block by default): rows for forward and backward, the layers as
+    boxes in the order they ran (coloured by how they are split), a red mark after each that
+    issued a collective. ``trace``: ``examples.tensor_parallel_workers.trace_collectives``'s.
     """
     fig, ax = plt.subplots(figsize=(10, 3.2))
     rows, step, width, shown = {"forward": 1.0, "backward": -0.4}, 1.8, 1.25, set()
@@ -518,8 +484,7 @@ def draw_collective_trace(trace: dict, prefix: str = "blocks.0.", *,
               [f"{k}-parallel" if k != "whole" else "whole on every rank" for k in kinds],
               loc="lower center", ncol=len(kinds), fontsize=8, frameon=False,
               bbox_to_anchor=(0.5, -0.12))
-    ax.set_xlim(-1.6, longest * step)
-    ax.set_ylim(-0.9, 1.75)
+    ax.set(xlim=(-1.6, longest * step), ylim=(-0.9, 1.75))
     ax.axis("off")
     if title:
         ax.set_title(title)
@@ -562,9 +527,8 @@ def draw_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> plt.Figure:
         groups = math.prod(shape) // shape[dim]
         ax.set_title(f'"{name}": {groups} group{"s" * (groups > 1)} of {shape[dim]}',
                      fontsize=9, color=colour)
-        ax.set_xlim(-0.5, full[2] - 0.5 + 0.45 * (full[0] - 1) + 0.1)
-        ax.set_ylim(-0.5, full[1] - 0.5 + 0.3 * (full[0] - 1) + 0.1)
-        ax.set_aspect("equal")
+        ax.set(xlim=(-0.5, full[2] - 0.5 + 0.45 * (full[0] - 1) + 0.1),
+               ylim=(-0.5, full[1] - 0.5 + 0.3 * (full[0] - 1) + 0.1), aspect="equal")
         ax.axis("off")
     fig.suptitle(f"mesh {' x '.join(map(str, shape))} ({', '.join(names)}): the ranks of each "
                  "group joined by a line", fontsize=9)
@@ -574,15 +538,10 @@ def draw_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> plt.Figure:
 
 def draw_read_plan(pieces: list[tuple[int, int]], plan: list[list[tuple[int, int, int]]], *,
                    name: str | None = None) -> plt.Figure:
-    """A tensor's rows resharded on load (lesson 13): the saved pieces on top, one bar each,
-    and below them each new rank's rows, split into the reads of ``plan`` and shaded in the
-    colour of the piece each read comes from.
-
-    Args:
-        pieces: the saved pieces, ``(offset, length)`` along dim 0, in saving-rank order.
-        plan: one list per new rank of ``(piece, start, stop)`` (``read_plan``'s answer): rows
-            ``start:stop`` of that piece, counted within it.
-        name: the tensor's name, for the title.
+    """A tensor's rows resharded on load (lesson 13): the saved ``pieces`` (``(offset, length)``
+    along dim 0, in saving-rank order) on top, one bar each, and below them each new rank's rows,
+    split into the reads of ``plan`` (``read_plan``'s answer: per new rank ``(piece, start,
+    stop)``, rows within that piece) shaded in the colour of their piece; ``name`` for the title.
     """
     rows = max((offset + length for offset, length in pieces), default=0)
     n_new = len(plan)
@@ -611,9 +570,7 @@ def draw_read_plan(pieces: list[tuple[int, int]], plan: list[list[tuple[int, int
     ax.axhline(n_new + 0.5, color="grey", lw=0.8)
     ys, names = zip(*labels)
     ax.set_yticks(ys, names)
-    ax.set_xlim(0, max(rows, 1))
-    ax.set_xticks(range(rows + 1))
-    ax.set_xlabel("row of the whole tensor (dim 0)")
+    ax.set(xlim=(0, max(rows, 1)), xticks=range(rows + 1), xlabel="row of the whole tensor (dim 0)")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(f"{name + ': ' if name else ''}{rows} rows saved in {len(pieces)} pieces, read "
                  f"by {n_new} ranks\neach read shaded in the colour of the piece it comes from",

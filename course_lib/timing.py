@@ -2,27 +2,20 @@
 compare variants interleaved, with a confidence interval; say when the machine was busy.
 
 - ``Timer`` and ``benchmark``: one piece of work, synchronized, median of several runs.
-- ``WorkQueue``: a CUDA stream's behaviour on a CPU (``submit`` returns at once, a background
-  thread runs the work in order, ``synchronize`` waits for it), so lesson 00 can show a timer
-  that reads the clock too early on a machine without a GPU.
-- ``compare`` (in ``_compare``, re-exported here): several variants of one piece of work,
-  interleaved in the same process (A B C, B C A, C A B, ...), each sample a loop long enough to
-  rise above the timer's and the scheduler's noise, a bootstrap interval on each ratio, a winner
+- ``WorkQueue``: a CUDA stream's behaviour on a CPU (``submit`` returns at once, a thread runs
+  the work in order, ``synchronize`` waits), so lesson 00 shows a timer that reads too early.
+- ``compare`` (``_compare``, re-exported): variants interleaved (A B C, B C A, ...), each sample
+  a loop long enough to rise above the noise, a bootstrap interval on each ratio, a winner
   named only when its interval excludes 1.
-- ``keep_freed_memory`` and ``page_faults`` (in ``_allocator``, re-exported here): on a CPU,
-  stop the C allocator from handing large freed blocks back to the operating system (which makes
-  the next tensor of that size page-fault its memory in again), and count those faults (lesson
-  12).
-- ``wait_for_quiet``: reads the load average before a measurement, waits (bounded) while the
-  machine is busy, and returns a ``LoadStamp`` that says so in the results.
+- ``keep_freed_memory`` and ``page_faults`` (``_allocator``, re-exported): keep the C
+  allocator from handing freed blocks back to the OS, and count the page faults (lesson 12).
+- ``wait_for_quiet``: a bounded wait while the machine is busy; its ``LoadStamp`` says so.
 
-PyTorch counterpart: ``torch.utils.benchmark.Timer`` (which also synchronizes CUDA, and sizes its
-loops by ``blocked_autorange``) and ``torch.utils.benchmark.Compare``. Lesson 00; lesson 10
-reads the results. Where to read more: Efron & Tibshirani, "An Introduction to the Bootstrap"
-(1993), chapter 13 (percentile intervals); Chen & Revels, "Robust benchmarking in noisy
-environments" (2016), for why the minimum and the median beat the mean. A foundation, below the
-training loops that time their epochs with it; the benchmarks built on it are in
-``course_lib.bench`` (``python -m course_lib.bench NAME``).
+PyTorch counterpart: ``torch.utils.benchmark.Timer`` (which also synchronizes CUDA and sizes its
+loops by ``blocked_autorange``) and ``torch.utils.benchmark.Compare``. Lessons 00 and 10. Read
+more: Efron & Tibshirani, "An Introduction to the Bootstrap" (1993), ch. 13 (percentile
+intervals); Chen & Revels, "Robust benchmarking in noisy environments" (2016). A foundation;
+the benchmarks built on it are in ``course_lib.bench`` (``python -m course_lib.bench NAME``).
 """
 from __future__ import annotations
 
@@ -63,11 +56,10 @@ def matmul_flops(n: int, k: int, m: int) -> int:
 class WorkQueue:
     """A stand-in for a CUDA stream on a CPU: ``submit`` queues work and returns at once.
 
-    One background thread runs the submitted calls one after another, in order, as a GPU runs
-    the kernels of one stream; ``synchronize`` blocks until everything submitted so far has run
-    (``torch.cuda.Stream.synchronize``). An exception raised by queued work is re-raised by the
-    next ``synchronize``, as CUDA reports a kernel's error at the next synchronizing call.
-    ``close`` (or leaving a ``with`` block) stops the thread.
+    One background thread runs the calls in order, as a GPU runs one stream's kernels;
+    ``synchronize`` waits until all submitted so far have run and re-raises an error one raised
+    (as CUDA reports a kernel's error at the next synchronizing call). ``close`` (or leaving a
+    ``with`` block) stops the thread.
     """
 
     def __init__(self) -> None:
@@ -118,13 +110,10 @@ class WorkQueue:
 class Timer:
     """Wall-clock timer that synchronizes ``device`` before each reading.
 
-    Use as a context manager (``with Timer(dev) as t: ...; t.elapsed``) or with
-    ``start()`` / ``stop()``; ``stop`` appends to ``times`` and returns the interval in seconds.
-
-    Args:
-        device: the device whose queued work must finish before the clock is read
-            (None: every GPU; a no-op on a CPU-only machine), or anything with a
-            ``synchronize()`` method: a ``torch.cuda.Stream``, a ``WorkQueue``.
+    Use as a context manager (``with Timer(dev) as t: ...; t.elapsed``) or with ``start()`` /
+    ``stop()``; ``stop`` appends to ``times`` and returns the interval in seconds. ``device``:
+    whose queued work must finish before the clock is read (None: every GPU, a no-op without
+    one), or anything with a ``synchronize()`` method (a ``torch.cuda.Stream``, a ``WorkQueue``).
     """
 
     def __init__(self, device: torch.device | str | WorkQueue | None = None):
@@ -204,9 +193,7 @@ def benchmark(fn: Callable[[], object], *, warmup: int = 2, repeat: int = 5,
                        iqr=q[2] - q[0], times=timer.times)
 
 
-# ------------------------------------------------------------------------------------------------
-# is the machine quiet?
-# ------------------------------------------------------------------------------------------------
+# --- is the machine quiet? ----------------------------------------------------------------------
 
 def load_average() -> list[float] | None:
     """The 1-, 5- and 15-minute load averages (None where the OS does not say)."""
@@ -220,13 +207,9 @@ def load_average() -> list[float] | None:
 class LoadStamp:
     """What the load was when a measurement started, and whether that makes it a busy run.
 
-    Attributes:
-        load: the 1-minute load average when the measurement started (None: unknown).
-        cores: the cores this process may use.
-        threshold: the load above which the machine counts as busy.
-        waited_s: seconds spent waiting for the load to fall.
-        busy: True when the load was still above ``threshold`` after waiting.
-        load_end: the 1-minute load average at the end (``finish()`` sets it).
+    ``load`` and ``load_end``: the 1-minute load average at the start (None: unknown) and at the
+    end (``finish()`` sets it); ``cores`` this process may use; ``threshold`` above which the
+    machine is busy; ``waited_s`` spent waiting; ``busy``: still above it after waiting.
     """
 
     load: float | None
@@ -264,18 +247,16 @@ def wait_for_quiet(threshold: float | None = None, *, max_wait_s: float = 120.0,
                    poll_s: float = 5.0, verbose: bool = True) -> LoadStamp:
     """Wait (at most ``max_wait_s``) until the 1-minute load average is at most ``threshold``.
 
-    A load average above the core count multiplies step times several-fold; a measurement taken
-    then is stamped busy, and a lesson draws no conclusion from it. The wait is bounded: after
-    ``max_wait_s`` the measurement runs anyway, stamped.
+    A load above the core count multiplies step times; a measurement taken then is stamped
+    busy, and a lesson draws no conclusion from it. After ``max_wait_s`` it runs anyway, stamped.
 
     Args:
         threshold: the load above which the machine is busy (default: half the cores, at
             least 1: on 2 cores, more than one core's worth of other work).
         max_wait_s: the longest wait, in seconds (0: do not wait, only stamp).
         poll_s: seconds between readings.
-        verbose: print a line when waiting starts (to stderr; not when the environment sets
-            ``COURSE_WAIT_SILENT=1``, as ``make notebooks`` does: the stamp says how long it
-            waited, and a stored lesson keeps no progress lines).
+        verbose: print a line to stderr when waiting starts (not with ``COURSE_WAIT_SILENT=1``,
+            as ``make notebooks`` sets: a stored lesson keeps no progress lines).
 
     Returns:
         A ``LoadStamp``: put ``stamp.to_json()`` in the results, print ``stamp.message``.

@@ -6,9 +6,8 @@ every lesson's training uses, with the step that differs handed in as a function
   allreduced by hand.
 - ``train_module`` (lesson 05): an ``nn.Module`` (plain, the course's ``DataParallel`` or
   torch's) with ``torch.optim.SGD``.
-- Beside it, re-exported here: ``evaluate_accuracy`` (``_evaluate``: on one device or
-  several), ``SeedSpread`` (``_seed_spread``: a result over several seeds, lesson 04) and
-  ``recalibrate_batch_norm`` (``_batch_norm``: "precise BN", lesson 05).
+- Re-exported: ``evaluate_accuracy`` (``_evaluate``), ``SeedSpread`` (``_seed_spread``: a
+  result over several seeds, lesson 04), ``recalibrate_batch_norm`` ("precise BN", lesson 05).
 
 PyTorch counterpart: the usual ``for X, y in loader: loss.backward(); opt.step()`` loop; for
 several devices, what ``nn.DataParallel`` does inside. Source: d2l's "Multiple GPUs" chapters.
@@ -16,6 +15,7 @@ several devices, what ``nn.DataParallel`` does inside. Source: d2l's "Multiple G
 from __future__ import annotations
 
 import functools
+import itertools
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 
@@ -73,10 +73,8 @@ def run_epoch(step: Step, data_iter: Iterable) -> tuple[float, float]:
 
 class NonFiniteLoss(FloatingPointError):
     """The training loss became inf or NaN: the weights are ruined, training cannot go on.
-
-    Every loop of the course raises it (``run_epoch``, ``fit``, and every rank of
-    ``course_lib.train_ddp`` at the same step); ``where`` says where it happened.
-    """
+    Every loop of the course raises it (``run_epoch``, ``fit``, every rank of ``train_ddp`` at
+    the same step); ``where`` says where it happened."""
 
     def __init__(self, where: str, advice: str = "lower the learning rate (or add warm-up) and "
                  "train again from the start"):
@@ -92,10 +90,9 @@ def fit(step: Step, data_iter: Iterable, evaluate: Callable[[], float], *, num_e
     """The one fit loop: ``num_epochs`` of ``run_epoch``, each timed, then ``evaluate()``.
 
     Args:
-        step: the training step (see ``run_epoch``).
-        data_iter: iterable of ``(X, y)`` batches, iterated once per epoch.
+        step, data_iter: the training step and the ``(X, y)`` batches (see ``run_epoch``).
         evaluate: returns the test accuracy after an epoch (not timed).
-        num_epochs: epochs.
+        num_epochs, title: epochs; the plot's title.
         plot: draw the live plot (default: inside a notebook only).
         on_epoch: called with the epoch number before it starts (e.g. to set train mode).
         lr: the learning rate, named in the message when the loss stops being finite.
@@ -160,35 +157,27 @@ def train_epoch(params: list[torch.Tensor], train_iter: Iterable, lr: float,
 
 def train_single(params: list[torch.Tensor], train_iter: Iterable, test_iter: Iterable, *,
                  num_epochs: int, lr: float, device: Device | None = None,
-                 net: Callable = lenet, plot: bool | None = None,
-                 title: str | None = None,
+                 net: Callable = lenet, plot: bool | None = None, title: str | None = None,
                  lr_lambda: Callable[[int], float] | None = None) -> dict:
     """Train ``net(X, params)`` with SGD on one device: the baseline every lesson compares with.
 
     Args:
         params: parameter tensors on ``device``, requiring grad (updated in place).
         train_iter, test_iter: iterables of ``(X, y)`` batches.
-        num_epochs, lr: epochs and learning rate.
+        num_epochs, lr, plot, title: epochs, learning rate, and the live plot as ``fit`` draws it.
         device: where the batches are moved (None: where ``params`` live).
         net: ``net(X, params) -> logits``; LeNet by default.
-        plot: draw the live plot (default: inside a notebook only).
         lr_lambda: optional schedule, as ``torch.optim.lr_scheduler.LambdaLR`` takes it: step
-            t (0, 1, ... counted over all epochs) uses ``lr * lr_lambda(t)`` (e.g. a linear
-            warm-up). None: ``lr`` at every step.
+            t (0, 1, ... over all epochs) uses ``lr * lr_lambda(t)`` (a warm-up, say).
 
-    Returns:
-        The history of ``fit``.
+    Returns the history of ``fit``.
     """
     device = as_device(device) if device is not None else params[0].device
-    if lr_lambda is None:
-        step = functools.partial(sgd_step, params, lr, device, net)
-    else:
-        steps_done = [0]
+    steps_done = itertools.count()
 
-        def step(X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            step_lr = lr * lr_lambda(steps_done[0])
-            steps_done[0] += 1
-            return sgd_step(params, step_lr, device, net, X, y)
+    def step(X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        step_lr = lr if lr_lambda is None else lr * lr_lambda(next(steps_done))
+        return sgd_step(params, step_lr, device, net, X, y)
     return fit(step, train_iter, lambda: evaluate_accuracy(_bind(net, params), test_iter, device),
                num_epochs=num_epochs, plot=plot, title=title, lr=lr)
 
@@ -306,27 +295,17 @@ def _bind(net: Callable, params: list[torch.Tensor]) -> Callable[[torch.Tensor],
 
 def train_module(net: nn.Module, train_iter: Iterable, test_iter: Iterable, *, num_epochs: int,
                  lr: float, device: Device | None = None, plot: bool | None = None,
-                 title: str | None = None,
-                 lr_lambda: Callable[[int], float] | None = None) -> dict:
+                 title: str | None = None, lr_lambda: Callable[[int], float] | None = None) -> dict:
     """Train an ``nn.Module`` (plain, ``DataParallel`` or ``nn.DataParallel``) with SGD.
 
     The module-based twin of ``train_single``: cross-entropy, ``torch.optim.SGD``, train mode
     during each epoch and the test accuracy in ``eval()`` mode after it; the net is left in
     train mode.
 
-    Args:
-        net: the network; its parameters are updated in place.
-        train_iter, test_iter: iterables of ``(X, y)`` batches.
-        num_epochs, lr: epochs and learning rate.
-        device: where batches are moved (for a data-parallel net: ``device_ids[0]``); None:
-            where the net's first parameter lives.
-        plot: draw the live plot (default: inside a notebook only).
-        lr_lambda: optional schedule, stepped after every optimizer step by
-            ``torch.optim.lr_scheduler.LambdaLR``: step t uses ``lr * lr_lambda(t)`` (e.g. a
-            linear warm-up). None: ``lr`` at every step.
-
-    Returns:
-        The history of ``fit``.
+    Args as ``train_single``'s, except ``net`` (the network, updated in place), ``device``
+    (where batches are moved; for a data-parallel net ``device_ids[0]``; None: where the net's
+    first parameter lives) and ``lr_lambda`` (stepped by ``LambdaLR`` after every optimizer
+    step). Returns the history of ``fit``.
     """
     device = as_device(device) if device is not None else next(net.parameters()).device
     opt = torch.optim.SGD(net.parameters(), lr=lr)
