@@ -1,12 +1,6 @@
-"""The checking machinery every lesson's checkers share: verdicts, values, functions.
-
-Every checker takes the learner's answer (a value or a function), compares it with the course's
-own computation (the oracle), prints a one-line verdict and returns an ``ExerciseResult``. An
-answer left as ``None``, or a function that still raises ``NotImplementedError``, is reported as
-"not answered yet" instead of failing, so notebooks that ship with open
-exercises still run top to bottom. Pass ``strict=True`` to raise ``AssertionError`` on a wrong
-answer (what an autograder wants).
-"""
+"""The checking machinery every lesson's checkers share: verdicts, values, functions (the
+conventions are in ``course_lib.checks``' docstring; a function that still raises
+``NotImplementedError`` is "not answered yet", as an answer left None)."""
 from __future__ import annotations
 
 import json
@@ -81,8 +75,8 @@ class CheckTimeout(Exception):
 
 
 class _Stopped(BaseException):
-    """Raised inside a learner's function that overran, to stop its thread (a BaseException,
-    so that an ``except Exception`` in the learner's code does not swallow it)."""
+    """Stops an overrunning function's thread (not an Exception: the learner's code may catch
+    those)."""
 
 
 #: Seconds a learner's function may take on one input before the checker gives up on it.
@@ -93,27 +87,19 @@ STOP_GRACE = 3.0
 _still_running: list[tuple[threading.Thread, dict]] = []
 
 
-def _ask_to_stop(thread: threading.Thread) -> None:
+def _stop(thread: threading.Thread, box: dict, grace: float) -> bool:
     """Raise ``_Stopped`` inside ``thread`` at its next Python instruction (CPython's
     ``PyThreadState_SetAsyncExc``; a thread blocked inside one C call sees it only when the
-    call returns)."""
+    call returns), again every 0.1 s (its code may catch the first), for up to ``grace``
+    seconds, unless the learner's function is over (``box`` filled); True when it has ended."""
     import ctypes
-
-    if thread.ident is not None and thread.is_alive():
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                                   ctypes.py_object(_Stopped))
-
-
-def _stop(thread: threading.Thread, box: dict, grace: float) -> bool:
-    """Ask ``thread`` to stop, again every 0.1 s (its code may catch the first), for up to
-    ``grace`` seconds, unless the learner's function is over (``box`` filled); True when the
-    thread has ended."""
     import time
 
     deadline = time.monotonic() + grace
     while thread.is_alive() and time.monotonic() < deadline:
-        if not box:
-            _ask_to_stop(thread)
+        if not box and thread.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                       ctypes.py_object(_Stopped))
         thread.join(0.1)
     return not thread.is_alive()
 
@@ -179,19 +165,32 @@ def failure(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {exc}"
 
 
-def call_or_verdict(name: str, strict: bool, fn: Callable, *args: Any,
-                    after: str = "") -> tuple[Any, ExerciseResult | None]:
-    """``call_bounded(fn, *args)`` as checkers call the learner's function: ``(its value,
-    None)``, or ``(None, the verdict)`` if it raised: not answered yet for NotImplementedError,
-    else what it raised followed by ``after`` (where it happened, a hint)."""
+def call_or_failure(fn: Callable, *args: Any,
+                    reraise: type[BaseException] | tuple = ()) -> tuple[Any, str | None]:
+    """``call_bounded(fn, *args)``: ``(its value, None)``, or ``(None, what it raised, in the
+    words of ``failure``)``; an exception of a type in ``reraise`` passes through."""
     try:
         return call_bounded(fn, *args), None
     except KeyboardInterrupt:
         raise
+    except BaseException as exc:  # noqa: B036 - the learner's code failed: said in words
+        if isinstance(exc, reraise):
+            raise
+        return None, failure(exc)
+
+
+def call_or_verdict(name: str, strict: bool, fn: Callable, *args: Any, after: str = "",
+                    before: str = "") -> tuple[Any, ExerciseResult | None]:
+    """``call_bounded(fn, *args)`` as checkers call the learner's function: ``(its value,
+    None)``, or ``(None, the verdict)`` if it raised: not answered yet for NotImplementedError,
+    else what it raised between ``before`` and ``after`` (where it happened, a hint)."""
+    try:
+        value, error = call_or_failure(fn, *args, reraise=NotImplementedError)
     except NotImplementedError:
         return None, unanswered(name, strict)
-    except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-        return None, verdict(name, False, f"{failure(exc)}{after}", strict)
+    if error is not None:
+        return None, verdict(name, False, f"{before}{error}{after}", strict)
+    return value, None
 
 
 def _same(got: Any, want: Any) -> None:
@@ -215,8 +214,7 @@ def check_answer(name: str, answer: Any, expected: Any, *, hint: str = "",
         return verdict(name, None, "replace None with your answer and run the cell again.", strict)
     try:
         if isinstance(expected, torch.Tensor) or isinstance(answer, torch.Tensor):
-            torch.testing.assert_close(torch.as_tensor(answer), torch.as_tensor(expected),
-                                       check_dtype=False)
+            _same(answer, expected)
             ok = True
         elif isinstance(expected, float):
             ok = abs(float(answer) - expected) <= 1e-6 * max(1.0, abs(expected))

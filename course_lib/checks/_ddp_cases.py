@@ -31,9 +31,7 @@ class Reordered(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.head = nn.Linear(6, 3)
-        self.out = nn.Linear(6, 6)
-        self.body = nn.Linear(7, 6)
+        self.head, self.out, self.body = nn.Linear(6, 3), nn.Linear(6, 6), nn.Linear(7, 6)
 
     def forward(self, X):                                          # (B, 7)
         return self.head(torch.tanh(self.out(torch.tanh(self.body(X)))))  # (B, 3)

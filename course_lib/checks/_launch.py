@@ -1,14 +1,7 @@
 """The launch helpers' old home: they live in ``course_lib.checks.harness`` (public, documented in
 ``docs/library.md``); these names stay importable from here for checkers written before."""
 from .harness import (  # noqa: F401 - re-exported under their old path
-    _OVERRAN,
-    _PREFIX,
     UNANSWERED,
-    _in_each_world,
-    _mark,
-    _marked,
-    _new_folder,
-    _overran,
     check_in_ranks,
     first_failure_in_ranks,
     load_answer,

@@ -27,10 +27,10 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 from ._core import GRADE_LOG
 
@@ -79,8 +79,7 @@ class GradeReport:
         """The rows as a fixed-width text table, with a count of each status at the end."""
         width = max([len(r.name) for r in self.rows] + [8])
         lines = [f"{'cell':>4}  {'exercise':<{width}}  {'verdict':<12}  details"]
-        for r in self.rows:
-            lines.append(f"{r.cell:>4}  {r.name:<{width}}  {r.status:<12}  {r.message}")
+        lines += [f"{r.cell:>4}  {r.name:<{width}}  {r.status:<12}  {r.message}" for r in self.rows]
         counts = {s: sum(r.status == s for r in self.rows)
                   for s in ("right", "wrong", "not answered", "error")}
         lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ({self.notebook})")
@@ -96,23 +95,8 @@ def exercises(nb) -> list[Exercise]:
     return found
 
 
-@contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """Set environment variables (the kernel inherits them); restore the old ones after."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _status(ok: bool | None) -> str:
-    return {True: "right", False: "wrong", None: "not answered"}[ok]
+#: A verdict's ``ok`` as the table says it.
+_STATUS = {True: "right", False: "wrong", None: "not answered"}
 
 
 def _first_line(text: str, limit: int = 160) -> str:
@@ -127,21 +111,15 @@ _KERNEL_QUIET = ["--IPKernelApp.log_level=ERROR"]
 
 def grade(path: str | os.PathLike, *, timeout: int = CELL_TIMEOUT, quick: bool = True,
           progress: Callable[[str], None] | None = None) -> GradeReport:
-    """Execute the notebook at ``path`` (a copy; the file is not modified) and grade it.
+    """Execute the notebook at ``path`` (the learner's copy; the file is not modified) and grade
+    it, each cell under ``timeout`` seconds, in quick mode (``COURSE_QUICK=1``: a slice of the
+    data, few epochs) if ``quick``. ``progress`` is called with a line as each exercise cell
+    starts (the command line prints it, so that a minute of running does not look like nothing).
 
-    Args:
-        path: the learner's notebook.
-        timeout: seconds each cell may run.
-        quick: run in quick mode (``COURSE_QUICK=1``: a slice of the data, few epochs).
-        progress: called with a line as each exercise cell starts (the command line prints
-            it, so that a minute of running does not look like nothing).
-
-    Returns:
-        A ``GradeReport``: a row per verdict, in the order the checkers ran (only the cells that
-        declare an exercise count when the notebook declares any: a lesson may run a checker
-        on the course's own code to show what it rejects); a row "error" for
-        each cell that raised (its exception's first line), and for an exercise cell that gave
-        no verdict.
+    Returns a ``GradeReport``: a row per verdict, in the order the checkers ran (only the cells
+    that declare an exercise count when the notebook declares any: a lesson may run a checker
+    on the course's own code to show what it rejects); a row "error" for each cell that raised
+    (its exception's first line), and for an exercise cell that gave no verdict.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -154,9 +132,8 @@ def grade(path: str | os.PathLike, *, timeout: int = CELL_TIMEOUT, quick: bool =
     declared = exercises(nb)
     report = GradeReport(str(path))
     with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:
-        log = Path(tmp) / "verdicts.jsonl"
+        log, work = Path(tmp) / "verdicts.jsonl", Path(tmp) / "work"  # work: the kernel's folder
         log.touch()
-        work = Path(tmp) / "work"              # the kernel's folder: what the cells write
         work.mkdir()
         env = {GRADE_LOG: str(log), "COURSE_QUICK": "1" if quick else "0", "TQDM_DISABLE": "1",
                "MPLBACKEND": "agg", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME",
@@ -164,7 +141,8 @@ def grade(path: str | os.PathLike, *, timeout: int = CELL_TIMEOUT, quick: bool =
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                                 extra_arguments=_KERNEL_QUIET,
                                 resources={"metadata": {"path": str(work)}})
-        with _environment(**env), client.setup_kernel():
+        # the kernel inherits the environment; the grader's own is restored afterwards
+        with mock.patch.dict(os.environ, env), client.setup_kernel():
             seen = 0
             for i, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":
@@ -181,16 +159,15 @@ def grade(path: str | os.PathLike, *, timeout: int = CELL_TIMEOUT, quick: bool =
                 lines = log.read_text(encoding="utf-8").splitlines()
                 verdicts = [json.loads(line) for line in lines[seen:]]
                 seen = len(lines)
-                if not declared or any(e.cell == i for e in declared):
-                    report.rows += [Row(i + 1, v["name"], _status(v["ok"]), v["message"])
+                if not declared or names:
+                    report.rows += [Row(i + 1, v["name"], _STATUS[v["ok"]], v["message"])
                                     for v in verdicts]
                 errors = [o for o in cell.outputs if o.output_type == "error"]
-                for o in errors:
-                    report.rows.append(Row(i + 1, "(cell)", "error",
-                                           _first_line(f"{o.ename}: {o.evalue}")))
+                report.rows += [Row(i + 1, "(cell)", "error", _first_line(f"{o.ename}: {o.evalue}"))
+                                for o in errors]
                 if not verdicts and not errors:
-                    report.rows += [Row(i + 1, e.name, "error", "this exercise cell ran no checker")
-                                    for e in declared if e.cell == i]
+                    report.rows += [Row(i + 1, n, "error", "this exercise cell ran no checker")
+                                    for n in names]
     return report
 
 

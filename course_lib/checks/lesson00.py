@@ -1,14 +1,15 @@
 """Checkers for the exercises of lesson 00 (setup and devices)."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 from ..timing import WorkQueue
-from ._core import ExerciseResult, as_numbers, call_bounded, failure, unanswered, verdict
+from ._core import ExerciseResult, as_numbers, call_or_verdict, check_function, verdict
 
 __all__ = ["check_matmul_flops", "check_time_queued", "check_try_all_gpus"]
 
@@ -16,15 +17,15 @@ __all__ = ["check_matmul_flops", "check_time_queued", "check_try_all_gpus"]
 _FAKE_GPU_COUNTS = (0, 1, 4)
 
 
-def _with_gpus(k: int, fn: Callable[[], list]) -> list:
-    """``fn()`` on a machine that seems to have ``k`` GPUs: ``torch.cuda.device_count`` and
-    ``is_available`` (which ``course_lib.devices.num_gpus`` reads) answer as if it had; both
-    are restored afterwards."""
+@contextlib.contextmanager
+def _gpus(k: int) -> Iterator[None]:
+    """Inside, the machine seems to have ``k`` GPUs: ``torch.cuda.device_count`` and
+    ``is_available`` (which ``course_lib.devices.num_gpus`` reads) answer as if it had."""
     cuda = torch.cuda
     saved = cuda.device_count, cuda.is_available
     cuda.device_count, cuda.is_available = (lambda: k), (lambda: k > 0)
     try:
-        return call_bounded(fn)
+        yield
     finally:
         cuda.device_count, cuda.is_available = saved
 
@@ -43,15 +44,12 @@ def check_try_all_gpus(fn: Callable[[], list] | None, *, strict: bool = False) -
     if fn is None:
         return verdict(name, None, "define your function and pass it here.", strict)
     for k in _FAKE_GPU_COUNTS:
-        want = _with_gpus(k, devices.try_all_gpus)
-        try:
-            got = _with_gpus(k, fn)
-        except KeyboardInterrupt:
-            raise
-        except NotImplementedError:
-            return unanswered(name, strict)
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: a verdict
-            return verdict(name, False, f"on a machine with {k} GPU(s): {failure(exc)}.", strict)
+        where = f"on a machine with {k} GPU(s): "
+        with _gpus(k):
+            want = devices.try_all_gpus()
+            got, failed = call_or_verdict(name, strict, fn, before=where, after=".")
+        if failed is not None:
+            return failed
         try:
             ok = [torch.device(d) for d in got] == want
         except (TypeError, RuntimeError):
@@ -59,8 +57,8 @@ def check_try_all_gpus(fn: Callable[[], list] | None, *, strict: bool = False) -
         if not ok:
             hint = (" With no GPU the answer is [device('cpu')], not []." if k == 0 else
                     " Ask torch.cuda.device_count() (or num_gpus()) how many GPUs there are.")
-            return verdict(name, False, f"on a machine with {k} GPU(s): expected {want}, "
-                           f"received {got!r}.{hint}", strict)
+            return verdict(name, False, f"{where}expected {want}, received {got!r}.{hint}",
+                           strict)
     return verdict(name, True, f"right with {', '.join(map(str, _FAKE_GPU_COUNTS))} GPUs "
                    "(faked).", strict)
 
@@ -80,8 +78,6 @@ def check_matmul_flops(fn: Callable[[int, int, int], int] | None, *,
     """Exercise 00: ``fn(n, k, m)`` returns the FLOPs of one ``(n, k) @ (k, m)`` matmul, checked
     against ``FlopCounterMode`` on square and non-square shapes (an answer right only for square
     matrices, such as ``2 * n**3``, fails)."""
-    from ._core import check_function
-
     cases = [(2, 2, 2), (3, 5, 7), (64, 1, 9), (1, 300, 4), (128, 64, 32)]
     return check_function("matmul flops", fn, matmul_flops_counted, cases,
                           hint="Each of the n*m outputs is a dot product of length k.",
@@ -109,14 +105,8 @@ class _FirstCallQueue(WorkQueue):
 
     def submit(self, fn: Callable[[], object]) -> None:
         if self.submitted == 0 and self.first_call_s:
-            cost = self.first_call_s
-
-            def first() -> None:
-                time.sleep(cost)
-                fn()
-            super().submit(first)
-        else:
-            super().submit(fn)
+            super().submit(lambda: time.sleep(self.first_call_s))
+        super().submit(fn)
         self.submitted += 1
 
 
@@ -126,6 +116,13 @@ def _queued_work() -> None:
         raise RuntimeError("work() was called directly: hand it to the queue with "
                            "queue.submit(work), and time what the queue does")
     time.sleep(_WORK_S)
+
+
+def _timings(fn: Callable, q: _FirstCallQueue, repeat: int) -> list:
+    """The learner's timings, once everything it queued has run."""
+    times = fn(q, _queued_work, repeat)
+    q.synchronize()
+    return times
 
 
 def check_time_queued(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
@@ -141,35 +138,30 @@ def check_time_queued(fn: Callable | None, *, strict: bool = False) -> ExerciseR
     if fn is None:
         return verdict(name, None, "define your function and pass it here.", strict)
     repeat = 3
-    low, high = 0.5 * _WORK_S, _WORK_S + _SLACK_S
-    for case, (first_call_s, pending_s) in (("a fresh queue", (_FIRST_CALL_S, 0.0)),
-                                            ("a queue still busy with earlier work",
-                                             (0.0, _PENDING_S))):
+    for case, first_call_s, pending_s in (("a fresh queue", _FIRST_CALL_S, 0.0),
+                                          ("a queue still busy with earlier work", 0.0,
+                                           _PENDING_S)):
         q = _FirstCallQueue(first_call_s)
         try:
             if pending_s:
                 q.submit(lambda s=pending_s: time.sleep(s))
-            try:
-                times = call_bounded(fn, q, _queued_work, repeat)
-                q.synchronize()
-            except KeyboardInterrupt:
-                raise
-            except NotImplementedError:
-                return unanswered(name, strict)
-            except BaseException as exc:  # noqa: B036 - the learner's code failed: a verdict
-                return verdict(name, False, f"on {case}: {failure(exc)}.", strict)
+            times, failed = call_or_verdict(name, strict, _timings, fn, q, repeat,
+                                            before=f"on {case}: ", after=".")
         finally:
             q.close()
+        if failed is not None:
+            return failed
         times, problem = as_numbers(times, repeat, f"seconds, repeat={repeat}")
         if problem:
             return verdict(name, False, problem, strict)
         shown = ", ".join(f"{t * 1e3:.1f}" for t in times)
-        if min(times) < low:
-            return verdict(name, False, f"on {case} your timings were [{shown}] ms for work "
-                           f"that takes {_WORK_S * 1e3:.0f} ms: the clock was read while the "
-                           "work was still queued. Call queue.synchronize() after submitting "
-                           "and before reading the clock.", strict)
-        if max(times) > high:
+        said = (f"on {case} your timings were [{shown}] ms for work that takes "
+                f"{_WORK_S * 1e3:.0f} ms: ")
+        if min(times) < 0.5 * _WORK_S:
+            return verdict(name, False, f"{said}the clock was read while the work was still "
+                           "queued. Call queue.synchronize() after submitting and before "
+                           "reading the clock.", strict)
+        if max(times) > _WORK_S + _SLACK_S:
             first = f"the one-time cost of the queue's first call ({_FIRST_CALL_S * 1e3:.0f} ms)"
             if 2 * _WORK_S <= max(times) < 2 * _WORK_S + _SLACK_S and min(times) >= 2 * _WORK_S:
                 why = ("more than one work call each: submit the work once per timing (the "
@@ -183,7 +175,6 @@ def check_time_queued(fn: Callable | None, *, strict: bool = False) -> ExerciseR
             else:
                 why = (f"{first}: run the work once, untimed, and wait for it, before timing "
                        "(a warm-up)")
-            return verdict(name, False, f"on {case} your timings were [{shown}] ms for work "
-                           f"that takes {_WORK_S * 1e3:.0f} ms: they include {why}.", strict)
+            return verdict(name, False, f"{said}they include {why}.", strict)
     return verdict(name, True, f"every timing within the work's {_WORK_S * 1e3:.0f} ms (+ "
                    f"scheduling), on a fresh queue and on a busy one.", strict)

@@ -7,13 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._core import (
-    ExerciseResult,
-    _short,
-    call_or_verdict,
-    check_function,
-    verdict,
-)
+from ._core import ExerciseResult, _short, call_or_verdict, check_function, verdict
 
 __all__ = ["check_accuracy_fn", "check_initial_loss", "check_lenet_fn", "check_sgd_fn",
            "check_step_flops", "step_flops_counted"]
@@ -28,10 +22,9 @@ def check_lenet_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResu
     from ..models.lenet import LeNet, init_lenet_params
 
     g = torch.Generator().manual_seed(0)
-    cases = []
-    for seed, n in ((0, 1), (1, 5)):
-        params = [p.detach().double() for p in init_lenet_params(seed=seed)]
-        cases.append((torch.rand(n, 1, 28, 28, generator=g, dtype=torch.float64), params))
+    cases = [(torch.rand(n, 1, 28, 28, generator=g, dtype=torch.float64),
+              [p.detach().double() for p in init_lenet_params(seed=seed)])
+             for seed, n in ((0, 1), (1, 5))]
 
     def oracle(X: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
@@ -41,6 +34,7 @@ def check_lenet_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResu
                           hint="conv -> ReLU -> 2x2 average pool, twice; flatten; "
                                "X @ W3 + b3 -> ReLU; X @ W4 + b4 (no ReLU on the logits).",
                           strict=strict)
+
 
 def check_accuracy_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise 01: ``fn(y_hat, y)`` returns the number of correct predictions.
@@ -73,8 +67,9 @@ def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult
     The oracle is ``torch.optim.SGD(params, lr).step()`` (no momentum, no weight decay) on a copy
     of the same random parameters and gradients, in float64.
     """
+    name = "sgd"
     if fn is None:
-        return verdict("sgd", None, "define your function and pass it here.", strict)
+        return verdict(name, None, "define your function and pass it here.", strict)
     g = torch.Generator().manual_seed(1)
     params = [torch.randn(3, 4, generator=g, dtype=torch.float64).requires_grad_(),
               torch.randn(4, generator=g, dtype=torch.float64).requires_grad_()]
@@ -86,23 +81,20 @@ def check_sgd_fn(fn: Callable | None, *, strict: bool = False) -> ExerciseResult
     passed = list(mine)          # the caller's list: its tensors must change, not be replaced
     torch.optim.SGD(params, lr=0.1).step()           # the oracle: PyTorch's own step
     with torch.enable_grad():
-        _, failed = call_or_verdict("sgd", strict, fn, mine, 0.1)
+        _, failed = call_or_verdict(name, strict, fn, mine, 0.1)
     if failed is not None:
         return failed
     if any(a is not b for a, b in zip(mine, passed)) or len(mine) != len(passed):
-        return verdict("sgd", False, "your step replaced tensors in the list with new ones; "
+        return verdict(name, False, "your step replaced tensors in the list with new ones; "
                        "whoever else holds the parameters (a model, a training loop) would not "
-                       "see the update. Change each tensor of the list itself, in place.",
-                       strict)
-    for p, q in zip(mine, params):
-        if not torch.allclose(p.detach(), q.detach()):
-            return verdict("sgd", False, "the parameters after your step differ from "
-                            "torch.optim.SGD's p - lr * p.grad (did you update in place under "
-                            "torch.no_grad()?)", strict)
+                       "see the update. Change each tensor of the list itself, in place.", strict)
+    if not all(torch.allclose(p.detach(), q.detach()) for p, q in zip(mine, params)):
+        return verdict(name, False, "the parameters after your step differ from "
+                       "torch.optim.SGD's p - lr * p.grad (did you update in place under "
+                       "torch.no_grad()?)", strict)
     if any(p.grad is not None and torch.count_nonzero(p.grad) for p in mine):
-        return verdict("sgd", False, "the step is right but the gradients were not zeroed.",
-                        strict)
-    return verdict("sgd", True, "same parameters as torch.optim.SGD's step, gradients zeroed.",
+        return verdict(name, False, "the step is right but the gradients were not zeroed.", strict)
+    return verdict(name, True, "same parameters as torch.optim.SGD's step, gradients zeroed.",
                    strict)
 
 

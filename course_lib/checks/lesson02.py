@@ -14,7 +14,7 @@ import torch
 
 from ..devices import devices
 from ..distributed.collectives import ring_chunk_bounds
-from ._core import ExerciseResult, call_bounded, check_answer, failure, unanswered, verdict
+from ._core import ExerciseResult, call_or_failure, check_answer, unanswered, verdict
 from .harness import describe
 
 __all__ = ["check_allreduce_fn", "check_butterfly", "check_ring_allreduce", "check_ring_sends"]
@@ -26,34 +26,26 @@ _RING_CASES = [(n, shape) for n in (1, 2, 3, 4, 5, 8)
                for shape in [(1,), (3,), (10,), (7, 3), (1001,)]]
 
 
-def _first_wrong_sum(fn: Callable, cases: Sequence[tuple[int, tuple[int, ...]]],
-                     dtype: torch.dtype = torch.float64, seed: int = 0,
-                     reraise: type[BaseException] | None = None) -> str | None:
+def _first_wrong_sum(fn: Callable, cases: Sequence[tuple[int, tuple[int, ...]]], seed: int = 0,
+                     reraise: type[BaseException] | tuple = ()) -> str | None:
     """Run ``fn`` on each (n devices, shape) case; the first case whose tensors do not all hold
     the sum afterwards, described (input, expected, received), or None. An exception of type
     ``reraise`` (a scaffold's NotImplementedError) is raised instead of described."""
     for n, shape in cases:
         devs = devices(n, warn=False)
         gen = torch.Generator().manual_seed(seed)
-        held = [torch.randn(shape, generator=gen, dtype=dtype).to(d) for d in devs]  # kept here
+        held = [torch.randn(shape, generator=gen, dtype=torch.float64).to(d) for d in devs]
         before = [t.clone() for t in held]
         expected = sum(t.cpu() for t in before)                # the oracle: a plain sum
         where = f"{n} device(s), tensors of shape {shape}"
-        try:
-            call_bounded(fn, list(held))                       # fn may do what it likes to a list
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: a verdict
-            if reraise is not None and isinstance(exc, reraise):
-                raise
-            return f"with {where}: {failure(exc)}."
+        _, error = call_or_failure(fn, list(held), reraise=reraise)  # fn may rebind entries
+        if error is not None:
+            return f"with {where}: {error}."
         untouched = n > 1 and all(torch.equal(t, b) for t, b in zip(held, before))
         for i, t in enumerate(held):
             if t.shape != expected.shape or not torch.allclose(t.cpu(), expected):
-                why = ""
-                if untouched:
-                    why = (" No tensor changed: write into the tensors (t.copy_(...), t += ...),"
-                           " do not rebind list entries (tensors[i] = ...).")
+                why = (" No tensor changed: write into the tensors (t.copy_(...), t += ...), do "
+                       "not rebind list entries (tensors[i] = ...)." if untouched else "")
                 return (f"with {where}: expected device {i}'s tensor to hold the sum "
                         f"{describe(expected)}, received {describe(t)}.{why}")
     return None
@@ -81,12 +73,10 @@ def check_allreduce_fn(fn: Callable | None, *, device_counts: tuple[int, ...] = 
 
 
 def _ring_sums(xs: list[torch.Tensor]) -> torch.Tensor:
-    """What the ring leaves on every device: chunk c added up around the ring from device c.
-
-    In reduce-scatter step s device i sends chunk (i - s) mod n to device i + 1, which adds it
-    to its own: chunk c starts at device c and collects devices c + 1, c + 2, ... in turn, so
-    its sum is x[c - 1] + (... + (x[c + 1] + x[c])), an order of additions no other schedule
-    shares (floating-point addition is commutative but not associative).
+    """What the ring leaves on every device: chunk c starts at device c and collects devices
+    c + 1, c + 2, ... in turn (reduce-scatter step s: device i sends chunk (i - s) mod n to
+    device i + 1, which adds it to its own), so its sum is x[c - 1] + (... + (x[c + 1] + x[c])),
+    an order of additions no other schedule shares (floating-point addition is not associative).
     """
     n, flats = len(xs), [x.reshape(-1) for x in xs]
     out = torch.empty_like(flats[0])
@@ -100,21 +90,14 @@ def _ring_sums(xs: list[torch.Tensor]) -> torch.Tensor:
 
 def _call_on_spread_values(fn: Callable, gen: torch.Generator, n: int,
                            numel: int) -> tuple[list, list, str | None]:
-    """``fn`` on ``n`` devices' float32 tensors of ``numel`` values from 1e-4 to 1e4 in
-    magnitude (a different order of additions rounds differently): (the values, the tensors
-    ``fn`` was given, how it failed or None)."""
+    """``fn`` on n devices' float32 tensors of values 1e-4 to 1e4 in magnitude (another order of
+    additions rounds differently): (the values, the tensors given, how it failed or None)."""
     devs = devices(n, warn=False)
     xs = [torch.randn(numel, generator=gen) * 10.0 ** torch.randint(-4, 5, (numel,),
                                                                     generator=gen)
           for _ in range(n)]                                              # (numel,) float32
     held = [x.to(d, copy=True) for x, d in zip(xs, devs)]
-    try:
-        call_bounded(fn, list(held))
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: B036 - a verdict, never a crash
-        return xs, held, failure(exc)
-    return xs, held, None
+    return xs, held, call_or_failure(fn, list(held))[1]
 
 
 def _first_wrong_schedule(fn: Callable, device_counts: Sequence[int]) -> str | None:
@@ -229,10 +212,8 @@ def check_butterfly(fn: Callable | None, *, device_counts: tuple[int, ...] = (1,
 # ---- counting what the ring sends -------------------------------------------------------------
 
 def _ring_sends(numel: int, n: int) -> list[int]:
-    """Elements each device sends in ``comm.ring_allreduce`` of ``numel`` elements over n.
-
-    Exercise 3's oracle: internal, so that the answer is not one call away from the learner.
-    """
+    """Elements each device sends in ``comm.ring_allreduce`` of ``numel`` elements over n
+    (private: the exercise's answer is not one call away)."""
     size = [end - start for start, end in ring_chunk_bounds(numel, n)]
     # step s of 2 (n - 1): device i sends chunk (i - s) mod n to its right neighbour
     return [sum(size[(i - s) % n] for s in range(2 * (n - 1))) for i in range(n)]

@@ -8,6 +8,7 @@ import torch
 from ._core import (
     ExerciseResult,
     call_bounded,
+    call_or_failure,
     call_or_verdict,
     check_answer,
     failure,
@@ -17,26 +18,26 @@ from ._core import (
 
 __all__ = ["check_balanced_sizes", "check_devices_used", "check_scatter", "check_split_batch"]
 
+
+def _int_sizes(fn: Callable, B: int, n: int) -> list[int]:
+    return [int(s) for s in fn(B, n)]
+
+
 def check_balanced_sizes(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
     """Exercise 03: ``fn(B, n)`` gives n shard sizes summing to B, each B // n or B // n + 1."""
+    name = "balanced_sizes"
     if fn is None:
-        return verdict("balanced_sizes", None, "define your function and pass it here.", strict)
+        return verdict(name, None, "define your function and pass it here.", strict)
     for B, n in [(5, 4), (9, 8), (17, 8), (256, 3), (7, 7), (8, 1), (250, 4)]:
-        try:
-            sizes = [int(s) for s in call_bounded(fn, B, n)]
-        except KeyboardInterrupt:
-            raise
-        except NotImplementedError:
-            return unanswered("balanced_sizes", strict)
-        except BaseException as exc:  # noqa: B036 - reported, never raised
-            return verdict("balanced_sizes", False, f"{failure(exc)} on B={B}, n={n}.", strict)
-        ok = len(sizes) == n and sum(sizes) == B and set(sizes) <= {B // n, B // n + 1}
-        if not ok:
-            return verdict("balanced_sizes", False, f"balanced_sizes({B}, {n}) = {sizes}: "
-                            f"expected {n} sizes, each {B // n} or {B // n + 1}, summing to {B}.",
-                            strict)
-    return verdict("balanced_sizes", True, "every device gets B // n or B // n + 1 examples, on "
-                    "7 inputs.", strict)
+        sizes, failed = call_or_verdict(name, strict, _int_sizes, fn, B, n,
+                                        after=f" on B={B}, n={n}.")
+        if failed is not None:
+            return failed
+        if not (len(sizes) == n and sum(sizes) == B and set(sizes) <= {B // n, B // n + 1}):
+            return verdict(name, False, f"balanced_sizes({B}, {n}) = {sizes}: expected {n} "
+                           f"sizes, each {B // n} or {B // n + 1}, summing to {B}.", strict)
+    return verdict(name, True, "every device gets B // n or B // n + 1 examples, on 7 inputs.",
+                   strict)
 
 
 def check_devices_used(B: int, n: int, answer: int | None, *,
@@ -89,12 +90,8 @@ def _chunks_problem(chunks, whole: torch.Tensor, devs: list[torch.device]) -> st
 
 
 def _mixed_devices(n: int) -> list[torch.device]:
-    """n devices alternating 'meta' and 'cpu': shards on the wrong device show without GPUs.
-
-    A 'meta' tensor has a shape and a dtype but no data, so any ``.to("meta")`` is free. With
-    ``devices(n)`` alone a CPU-only machine names the CPU n times, and a split that never moves
-    its shards (or puts them all on ``devices[0]``) would look right.
-    """
+    """n devices alternating 'meta' (shapes, no data: free to move to) and 'cpu': a shard on the
+    wrong device shows without GPUs, where ``devices(n)`` would name the CPU n times."""
     return [torch.device("meta" if i % 2 == 0 else "cpu") for i in range(n)]
 
 
@@ -130,8 +127,7 @@ def _examples_problem(ids: list[int], B: int) -> str:
 
 
 def _example_batch(B: int, n: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.device]]:
-    """X of shape (B, 2, 3) whose example j starts with the number j, labels 100 + j, and n
-    devices."""
+    """X (B, 2, 3) whose example j starts with the number j, labels 100 + j, and n devices."""
     from ..devices import devices
 
     X = torch.arange(B * 6.0).reshape(B, 2, 3) / 6                       # X[j, 0, 0] == j
@@ -163,18 +159,13 @@ def check_scatter(fn: Callable | None, *, balanced: bool = False,
                                          after=f" on a batch of {B} over {n} devices.")
         if failed is not None:
             return failed
-        problem = _chunks_problem(chunks, X, devs)
-        if problem is None:
-            problem = _sizes_problem([c.shape[0] for c in chunks], B, n, balanced)
+        problem = (_chunks_problem(chunks, X, devs)
+                   or _sizes_problem([c.shape[0] for c in chunks], B, n, balanced))
         if problem is None:                  # again, on devices the CPU-only list cannot tell
-            try:
-                problem = _placement_problem("chunk", call_bounded(fn, X, _mixed_devices(n)),
-                                             _mixed_devices(n))
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # noqa: B036 - a verdict, never a crash
-                problem = (f"{failure(exc)} with devices alternating 'meta' and 'cpu' (move "
-                           "each chunk with .to(devices[i]))")
+            chunks, error = call_or_failure(fn, X, _mixed_devices(n))
+            problem = (_placement_problem("chunk", chunks, _mixed_devices(n)) if error is None
+                       else f"{error} with devices alternating 'meta' and 'cpu' (move each "
+                       "chunk with .to(devices[i]))")
         if problem is not None:
             return verdict(name, False, f"a batch of {B} over {n} devices: {problem}.", strict)
     kind = "balanced chunks" if balanced else "every example once, in order"
@@ -198,11 +189,9 @@ def check_split_batch(fn: Callable | None, *, sizes: str = "balanced",
     (the later ``balanced_split_batch``): each of the n devices gets ``B // n`` or
     ``B // n + 1`` examples. Batches of B >= n examples (1 to 256) over 1 to 8 devices, sizes
     n does not divide and splits that leave devices idle included; each batch is split twice,
-    on ``devices(n)`` for the values and on a list alternating 'meta' and 'cpu' for where each
-    shard lands (``devices(n)`` alone is n times the CPU on a CPU-only machine, where a shard
-    left on the wrong device would go unseen). Names the usual mistakes:
-    a short last shard dropped, a split along another dim, labels cut differently from the
-    images, a shard on the wrong device, ``nn.parallel.scatter`` on a CPU.
+    as ``check_scatter`` does. Names the usual mistakes: a short last shard dropped, a split
+    along another dim, labels cut differently from the images, a shard on the wrong device,
+    ``nn.parallel.scatter`` on a CPU.
     """
     if sizes not in _SPLITS:
         raise ValueError(f"check_split_batch: sizes must be one of {_SPLITS}, got {sizes!r}.")
@@ -213,54 +202,50 @@ def check_split_batch(fn: Callable | None, *, sizes: str = "balanced",
         X, y, devs = _example_batch(B, n)
         where = f"a batch of {B} over {n} devices"
         try:
-            out = call_bounded(fn, X, y, devs)
-            X_shards, y_shards = out
+            X_shards, y_shards = call_bounded(fn, X, y, devs)
         except KeyboardInterrupt:
             raise
         except NotImplementedError:
             return unanswered(name, strict)
         except BaseException as exc:  # noqa: B036 - a verdict, never a crash
-            hint = ""
-            if "non cpu device" in str(exc):
-                hint = (" nn.parallel.scatter accepts GPUs only: cut the tensors yourself, with "
-                        "a split that works on any device, and move each shard to its device.")
             return verdict(name, False, f"{where}: {failure(exc)} (expected (X_shards, "
-                           f"y_shards)).{hint}", strict)
-        problem = None
-        if (isinstance(X_shards, (list, tuple)) and X_shards
-                and all(isinstance(c, torch.Tensor) and c.dim() == 1 for c in X_shards)
-                and not _chunks_problem(X_shards, y, devs)):
-            problem = "returned (y_shards, X_shards): return the images' shards first"
-        problem = problem or _chunks_problem(X_shards, X, devs) or _chunks_problem(y_shards, y,
-                                                                                   devs)
-        if problem is None and len(X_shards) != len(y_shards):
-            problem = f"{len(X_shards)} X shards but {len(y_shards)} y shards"
-        if problem is None:
-            for i, (Xi, yi) in enumerate(zip(X_shards, y_shards)):
-                if Xi.shape[0] != yi.shape[0] or not torch.equal(
-                        _first_example(Xi).cpu().long() + 100, yi.cpu()):
-                    problem = (f"shard {i} holds examples {_first_example(Xi).long().tolist()} "
-                               f"but labels {(yi.cpu() - 100).tolist()} (as example numbers): "
-                               "split X and y with the same sizes")
-                    break
-        if problem is None:
-            got = [c.shape[0] for c in X_shards]
-            if sizes == "balanced":
-                problem = _sizes_problem(got, B, n, balanced=True)
-            else:
-                want = [c.shape[0] for c in torch.chunk(torch.empty(B), n)]  # the oracle
-                if got != want:
-                    problem = (f"shard sizes {got}: expected {want}, the sizes "
-                               "nn.parallel.scatter makes (ceil(B / n) examples each until the "
-                               "batch runs out, no empty shards)")
-        if problem is None:                  # again, on devices the CPU-only list cannot tell
-            problem = _split_placement_problem(fn, X, y, n)
+                           f"y_shards)).{_scatter_hint(exc)}", strict)
+        problem = (_shards_problem(X_shards, y_shards, X, y, devs, sizes)
+                   or _split_placement_problem(fn, X, y, n))  # the CPU-only list cannot tell
         if problem is not None:
             return verdict(name, False, f"{where}: {problem}.", strict)
     kind = "balanced shards" if sizes == "balanced" else "torch.chunk's shards"
     return verdict(name, True, f"{kind}, each example with its label, shard i on devices[i] "
                    f"(a list mixing 'cpu' and 'meta' too), on {len(_SPLIT_CASES)} batches.",
                    strict)
+
+
+def _shards_problem(X_shards, y_shards, X: torch.Tensor, y: torch.Tensor,
+                    devs: list[torch.device], sizes: str) -> str | None:
+    """What is wrong with ``split_batch``'s shards of (X, y) over ``devs``, or None."""
+    if (isinstance(X_shards, (list, tuple)) and X_shards
+            and all(isinstance(c, torch.Tensor) and c.dim() == 1 for c in X_shards)
+            and not _chunks_problem(X_shards, y, devs)):
+        return "returned (y_shards, X_shards): return the images' shards first"
+    problem = _chunks_problem(X_shards, X, devs) or _chunks_problem(y_shards, y, devs)
+    if problem is not None:
+        return problem
+    if len(X_shards) != len(y_shards):
+        return f"{len(X_shards)} X shards but {len(y_shards)} y shards"
+    for i, (Xi, yi) in enumerate(zip(X_shards, y_shards)):
+        if Xi.shape[0] != yi.shape[0] or not torch.equal(
+                _first_example(Xi).cpu().long() + 100, yi.cpu()):
+            return (f"shard {i} holds examples {_first_example(Xi).long().tolist()} but labels "
+                    f"{(yi.cpu() - 100).tolist()} (as example numbers): split X and y with the "
+                    "same sizes")
+    got, B, n = [c.shape[0] for c in X_shards], X.shape[0], len(devs)
+    if sizes == "balanced":
+        return _sizes_problem(got, B, n, balanced=True)
+    want = [c.shape[0] for c in torch.chunk(torch.empty(B), n)]  # the oracle
+    if got != want:
+        return (f"shard sizes {got}: expected {want}, the sizes nn.parallel.scatter makes "
+                "(ceil(B / n) examples each until the batch runs out, no empty shards)")
+    return None
 
 
 def _split_placement_problem(fn: Callable, X: torch.Tensor, y: torch.Tensor,
@@ -273,11 +258,15 @@ def _split_placement_problem(fn: Callable, X: torch.Tensor, y: torch.Tensor,
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: B036 - a verdict, never a crash
-        hint = ""
-        if "non cpu device" in str(exc):
-            hint = (" nn.parallel.scatter accepts GPUs only: cut the tensors yourself, with a "
-                    "split that works on any device, and move each shard to its device.")
         return (f"{failure(exc)} with devices alternating 'meta' and 'cpu' (shard i must go "
-                f"to devices[i] with .to(devices[i])).{hint}")
+                f"to devices[i] with .to(devices[i])).{_scatter_hint(exc)}")
     return (_placement_problem("X shard", X_shards, devs)
             or _placement_problem("y shard", y_shards, devs))
+
+
+def _scatter_hint(exc: BaseException) -> str:
+    """What to do when the learner called ``nn.parallel.scatter``, which refuses the CPU."""
+    if "non cpu device" not in str(exc):
+        return ""
+    return (" nn.parallel.scatter accepts GPUs only: cut the tensors yourself, with a split that "
+            "works on any device, and move each shard to its device.")

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ..devices import cpu_threads, devices
-from ._core import ExerciseResult, call_bounded, check_answer, failure, refused, unanswered, verdict
-from .harness import as_numbers, keeps_kernel_state
+from ._core import ExerciseResult, call_or_failure, check_answer, verdict
+from .harness import as_numbers, check_cases, keeps_kernel_state
 
 __all__ = ["check_lr_for_shard_means", "check_scaled_batch", "check_shard_mean_weights",
            "check_train_batch"]
@@ -56,17 +56,14 @@ def check_scaled_batch(global_batch: int | None, lr: float | None, steps: int | 
                        num_examples: int = 60000, strict: bool = False) -> ExerciseResult:
     """Exercise 04: global batch, linearly scaled learning rate and steps per epoch on k
     devices with ``per_device`` examples each (``base_lr`` was right for ``per_device``)."""
-    answer = None if None in (global_batch, lr, steps) else (global_batch, float(lr), steps)
+    answer = (None if None in (global_batch, lr, steps) else
+              (global_batch, round(float(lr), 9), steps))
     want_batch = per_device * k
-    expected = (want_batch, float(base_lr * k), -(-num_examples // want_batch))
-    if answer is not None:
-        answer = (answer[0], round(answer[1], 9), answer[2])
-        expected = (expected[0], round(expected[1], 9), expected[2])
+    expected = (want_batch, round(float(base_lr * k), 9), -(-num_examples // want_batch))
     return check_answer("batch, lr and steps", answer, expected,
                         hint="(global batch, lr, steps per epoch): the batch grows k times, the "
                         "lr with it (linear scaling, the lr to reach after a warm-up), the "
-                        "steps shrink; round steps up.",
-                        strict=strict)
+                        "steps shrink; round steps up.", strict=strict)
 
 
 # ---- exercise: write train_batch -------------------------------------------------------------
@@ -81,28 +78,11 @@ _TB_HINT = ("each replica must end the step with the one-device gradient of the 
 _TB_CASES = ((1, 6), (2, 8), (2, 7), (3, 10), (4, 10), (4, 5))
 
 
-def _tb_batches(B: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Two float64 minibatches of B random images and labels (two steps catch stale grads)."""
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.rand(B, 1, 28, 28, generator=g, dtype=torch.float64),
-             torch.randint(0, 10, (B,), generator=g)) for _ in range(2)]
-
-
-def _tb_params(seed: int) -> list[torch.Tensor]:
-    """LeNet's parameters in float64, weights large enough to leave the plateau at once."""
-    from ..models.lenet import init_lenet_params
-
-    return [p.detach().double().requires_grad_() for p in init_lenet_params(0.1, seed=seed)]
-
-
 def _tb_variant(params: list[torch.Tensor], X: torch.Tensor, y: torch.Tensor, k: int,
                 lr: float, how: str) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """One step on one device, the right way (``"batch"``) or a popular wrong way.
-
-    ``"batch"``: gradient of the whole batch's mean loss (the oracle); ``"mean of means"``:
-    the average of the k shard means' gradients; ``"sum of means"``: their sum. Returns the
-    new parameters and the mean loss before the step.
-    """
+    """One step on one device: the new parameters and the mean loss before the step. ``how``:
+    the whole batch's mean loss (``"batch"``, the oracle), or a popular wrong way: the average
+    of the k shard means (``"mean of means"``), or their sum (``"sum of means"``)."""
     from ..models.lenet import lenet
 
     ref = [p.detach().clone().requires_grad_() for p in params]
@@ -125,39 +105,40 @@ def _tb_short(t: torch.Tensor) -> str:
 
 
 def _tb_case(fn: Callable, k: int, B: int, lr: float, seed: int) -> str | None:
-    """Two steps of ``fn`` on k devices; the first disagreement with the oracle, or None."""
-    from ..models.lenet import lenet
+    """Two steps of ``fn`` on k devices (two catch stale gradients), LeNet in float64 with
+    weights large enough to leave the plateau at once; the first disagreement, or None."""
+    from ..models.lenet import init_lenet_params, lenet
     from ..parallel.comm import replicate_params
 
     devs = devices(k, warn=False)
-    params = _tb_params(seed)
+    params = [p.detach().double().requires_grad_() for p in init_lenet_params(0.1, seed=seed)]
     replicas = replicate_params(params, devs)
     shards = [len(c) for c in torch.chunk(torch.zeros(B), k)]
     where = f"{k} device(s), batch of {B} (shards {shards})"
-    for step, (X, y) in enumerate(_tb_batches(B, seed + B), start=1):
+    g = torch.Generator().manual_seed(seed + B)
+    batches = [(torch.rand(B, 1, 28, 28, generator=g, dtype=torch.float64),
+                torch.randint(0, 10, (B,), generator=g)) for _ in range(2)]
+    for step, (X, y) in enumerate(batches, start=1):
         with torch.no_grad():
             correct = int((lenet(X, params).argmax(dim=1) == y).sum())
         previous = params
         params, before = _tb_variant(params, X, y, k, lr, "batch")
-        try:
-            out = call_bounded(fn, X.to(devs[0]), y.to(devs[0]), replicas, devs, lr)
-        except (KeyboardInterrupt, NotImplementedError):  # a scaffold: the checker says so
-            raise
-        except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-            return f"{where}, step {step}: {failure(exc)}."
+        out, error = call_or_failure(fn, X.to(devs[0]), y.to(devs[0]), replicas, devs, lr,
+                                     reraise=NotImplementedError)  # the scaffold: not answered
+        if error is not None:
+            return f"{where}, step {step}: {error}."
         for i, replica in enumerate(replicas):
             got = [p.detach().cpu() for p in replica]
             if len(got) != len(params) or any(g.shape != w.shape for g, w in zip(got, params)):
                 return (f"{where}, step {step}: replica {i} no longer holds LeNet's 8 "
                         "parameters in their shapes; update them in place (sgd does).")
-            bad = [j for j, (g, w) in enumerate(zip(got, params)) if not _tb_same(g, w)]
-            if not bad:
-                continue
-            j = bad[0]
-            return (f"{where}, step {step}: replica {i}'s parameter {j} after the step: "
-                    f"expected {_tb_short(params[j])} (one SGD step on the mean loss of the "
-                    f"whole batch, on one device), received {_tb_short(got[j])}."
-                    + _tb_diagnose(got, replicas, previous, (X, y, k, lr), step))
+            j = next((j for j, (g, w) in enumerate(zip(got, params)) if not _tb_same([g], [w])),
+                     None)
+            if j is not None:
+                return (f"{where}, step {step}: replica {i}'s parameter {j} after the step: "
+                        f"expected {_tb_short(params[j])} (one SGD step on the mean loss of "
+                        f"the whole batch, on one device), received {_tb_short(got[j])}."
+                        + _tb_diagnose(got, replicas, previous, (X, y, k, lr), step))
         got_loss, got_correct = out if isinstance(out, (tuple, list)) and len(out) == 2 else (
             None, None)
         if got_loss is None:
@@ -176,28 +157,25 @@ def _tb_case(fn: Callable, k: int, B: int, lr: float, seed: int) -> str | None:
     return None
 
 
-def _tb_same(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return torch.allclose(got, want, rtol=1e-9, atol=1e-12)
+def _tb_same(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
+    return all(torch.allclose(g, w, rtol=1e-9, atol=1e-12) for g, w in zip(got, want))
 
 
 def _tb_diagnose(got: list[torch.Tensor], replicas: list[list[torch.Tensor]],
                  previous: list[torch.Tensor], batch: tuple, step: int) -> str:
     """Name the popular wrong answer that ``got`` matches, if any (``batch``: X, y, k, lr)."""
     X, y, k, lr = batch
-    wrong = {how: _tb_variant(previous, X, y, k, lr, how)[0]
-             for how in ("mean of means", "sum of means")}
-    if all(_tb_same(g, w) for g, w in zip(got, wrong["mean of means"])):
-        return (" That is the step of the average of the shard MEANS: right only when every "
-                "shard has the same size; divide each shard's loss sum by the whole B instead.")
-    if all(_tb_same(g, w) for g, w in zip(got, wrong["sum of means"])):
-        return (" That is the step of the SUM of the shard means: about k times the gradient; "
-                "divide each shard's loss sum by the whole B.")
-    if all(_tb_same(g, w.detach()) for g, w in zip(got, previous)):
+    for how, why in (("mean of means", " That is the step of the average of the shard MEANS: "
+                      "right only when every shard has the same size; divide each shard's loss "
+                      "sum by the whole B instead."),
+                     ("sum of means", " That is the step of the SUM of the shard means: about "
+                      "k times the gradient; divide each shard's loss sum by the whole B.")):
+        if _tb_same(got, _tb_variant(previous, X, y, k, lr, how)[0]):
+            return why
+    if _tb_same(got, [w.detach() for w in previous]):
         return " The parameters did not change: was sgd called on every replica?"
     first = [p.detach().cpu() for p in replicas[0]]
-    if len(replicas) > 1 and any(
-            not all(_tb_same(a, b) for a, b in zip(first, [p.detach().cpu() for p in r]))
-            for r in replicas[1:]):
+    if any(not _tb_same(first, [p.detach().cpu() for p in r]) for r in replicas[1:]):
         return (" The replicas now differ from each other: was every gradient allreduced "
                 "before the step, on every device?")
     if step == 2:
@@ -217,30 +195,18 @@ def check_train_batch(fn: Callable | None, *, lr: float = 0.5,
     and return ``(loss, correct)``. For each case (1 to 4 devices; batches of 5 to 10 that the
     device count does not always divide, one leaving a device without a shard) the checker runs
     two steps of LeNet in float64 and compares every replica with the oracle: one device taking
-    one SGD step on the mean loss of the whole batch.
-
-    Args:
-        fn: the learner's function (it uses the course's ``lenet``); None: not answered yet.
-        lr: the learning rate passed to ``fn``.
-        cases: ``(number of devices, batch size)`` pairs to try.
-        strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
+    one SGD step on the mean loss of the whole batch. ``fn`` uses the course's ``lenet`` (None:
+    not answered yet); ``lr`` is passed to it; ``cases`` are ``(number of devices, batch size)``
+    pairs; ``strict`` raises ``AssertionError`` on a wrong answer. Returns the verdict (truthy
+    when right); the first failing case is printed.
     """
-    missing = "define train_batch(X, y, device_params, devices, lr) and pass it here."
-    if (refusal := refused(_TB_NAME, fn, missing, strict)) is not None:
-        return refusal
     # Tiny tensors: one intra-op thread is faster, and does not stall on a loaded machine. The
     # batch of 5 over 4 devices is meant to leave a device idle: no warning about it here.
-    try:
-        with cpu_threads(1), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="split_batch", category=UserWarning)
-            problem = next((p for seed, (k, B) in enumerate(cases)
-                            if (p := _tb_case(fn, k, B, lr, seed)) is not None), None)
-    except NotImplementedError:
-        return unanswered(_TB_NAME, strict)
-    if problem is not None:
-        return verdict(_TB_NAME, False, f"{problem} Hint: {_TB_HINT}", strict)
-    return verdict(_TB_NAME, True, f"every replica equals one device's step on the whole batch "
-                   f"for (devices, batch) in {list(cases)}, two steps each.", strict)
+    with cpu_threads(1), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="split_batch", category=UserWarning)
+        return check_cases(
+            _TB_NAME, fn, [(k, B, lr, seed) for seed, (k, B) in enumerate(cases)], _tb_case,
+            missing="define train_batch(X, y, device_params, devices, lr) and pass it here.",
+            expected="a function", hint=_TB_HINT, strict=strict,
+            passed=f"every replica equals one device's step on the whole batch for (devices, "
+                   f"batch) in {list(cases)}, two steps each.")

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..devices import cpu_threads, devices
-from ._core import ExerciseResult, call_bounded, check_answer, failure, refused, unanswered, verdict
+from ._core import ExerciseResult, call_or_failure, check_answer, refused, unanswered, verdict
 from .harness import keeps_kernel_state
 
 __all__ = ["check_bn_examples_seen", "check_data_parallel_fn", "check_module_calls"]
@@ -69,12 +69,10 @@ def _dp_case(fn: Callable, k: int, B: int, seed: int) -> str | None:
     devs = devices(k, warn=False)
     net, oracle = _dp_model(seed), _dp_model(seed)
     net.to(devs[0])
-    calls: list[int] = []
-    callers: list[tuple[nn.Module, threading.Thread]] = []   # who made each call, in which thread
+    calls: list[tuple[int, nn.Module, threading.Thread]] = []  # batch size, caller, its thread
 
     def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-        calls.append(inputs[0].shape[0])
-        callers.append((module, threading.current_thread()))
+        calls.append((inputs[0].shape[0], module, threading.current_thread()))
 
     net.register_forward_hook(hook)   # replicas share the module's hooks: it fires on each
     X = torch.rand(B, 1, 6, 6, dtype=torch.float64,
@@ -83,12 +81,10 @@ def _dp_case(fn: Callable, k: int, B: int, seed: int) -> str | None:
     want.square().sum().backward()
     shards = sorted(len(c) for c in torch.chunk(torch.zeros(B), k))
     where = f"{k} device(s), batch of {B}"
-    try:
-        got = call_bounded(fn, net, X.to(devs[0]), devs)
-    except (KeyboardInterrupt, NotImplementedError):   # NotImplementedError: the scaffold
-        raise
-    except BaseException as exc:  # noqa: B036 - the learner's code failed: say how, where
-        return f"{where}: {failure(exc).rstrip('.')}."
+    got, error = call_or_failure(fn, net, X.to(devs[0]), devs,
+                                 reraise=NotImplementedError)  # the scaffold: not answered
+    if error is not None:
+        return f"{where}: {error.rstrip('.')}."
     if not torch.is_tensor(got):
         return (f"{where}: expected one tensor of shape {tuple(want.shape)} on {devs[0]}, "
                 f"received {type(got).__name__}" + (" (gather the outputs into one tensor)."
@@ -99,10 +95,10 @@ def _dp_case(fn: Callable, k: int, B: int, seed: int) -> str | None:
                 "be computed once, the last short shard too.")
     if got.device != devs[0]:
         return f"{where}: the output is on {got.device}; gather it onto devices[0] = {devs[0]}."
-    if sorted(calls) != shards:
-        return (f"{where}: the module's copies were called on batches of {sorted(calls)}; "
+    if (sizes := sorted(size for size, _, _ in calls)) != shards:
+        return (f"{where}: the module's copies were called on batches of {sizes}; "
                 f"expected one call per shard, {shards} (torch.chunk sizes).")
-    if len(shards) > 1 and (problem := _replicas_in_threads(callers, net, len(shards))):
+    if len(shards) > 1 and (problem := _replicas_in_threads(calls, net, len(shards))):
         return f"{where}: {problem}"
     if not torch.allclose(got.detach().cpu(), want.detach(), rtol=1e-9, atol=1e-12):
         return f"{where}: the output differs from the module applied to the whole batch."
@@ -121,16 +117,16 @@ def _dp_case(fn: Callable, k: int, B: int, seed: int) -> str | None:
     return None
 
 
-def _replicas_in_threads(callers: list[tuple[nn.Module, threading.Thread]], net: nn.Module,
+def _replicas_in_threads(calls: list[tuple[int, nn.Module, threading.Thread]], net: nn.Module,
                          n_shards: int) -> str | None:
     """With several shards: each ran on its own replica (not the module), in its own thread."""
-    if any(module is net for module, _ in callers):
+    if any(module is net for _, module, _ in calls):
         return ("the module itself was called on a shard; DataParallel calls one copy per "
                 "shard, so that each device holds its own copy of the weights.")
-    if len({id(module) for module, _ in callers}) < n_shards:
+    if len({id(module) for _, module, _ in calls}) < n_shards:
         return "one copy of the module ran several shards; replicate makes one copy per shard."
-    # The Thread objects stay referenced in ``callers``, so distinct threads are distinct objects.
-    if len({id(thread) for _, thread in callers}) < n_shards:
+    # The Thread objects stay referenced in ``calls``, so distinct threads are distinct objects.
+    if len({id(thread) for _, _, thread in calls}) < n_shards:
         return ("the replicas ran one after another in one thread; parallel_apply runs each "
                 "replica in its own thread, so that the devices work at the same time.")
     return None
@@ -149,16 +145,11 @@ def check_data_parallel_fn(fn: Callable | None, *,
     the plain module on the whole batch, on ``devices[0]``, and one backward through it must
     leave on the module's parameters the whole batch's gradient.
     The oracle is the plain module on one device (a small float64 conv net, no batch norm).
-    A function that still raises ``NotImplementedError`` is not answered yet. The first failing
+    ``fn`` None, or still raising ``NotImplementedError``, is not answered yet. The first failing
     check's hint gives the idea; later ones (in the same kernel) add the order of the calls.
-
-    Args:
-        fn: the learner's function; None: not answered yet.
-        cases: ``(number of devices, batch size)`` pairs to try.
-        strict: raise ``AssertionError`` on a wrong answer.
-
-    Returns:
-        The verdict (truthy when right); the first failing case is printed.
+    ``cases`` are ``(number of devices, batch size)`` pairs; ``strict`` raises
+    ``AssertionError`` on a wrong answer. Returns the verdict (truthy when right); the first
+    failing case is printed.
     """
     global _dp_failures
     missing = "define data_parallel(module, X, devices) and pass it here."

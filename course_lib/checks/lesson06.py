@@ -12,9 +12,12 @@ from collections.abc import Callable
 from ..distributed.compat import FLAT_COLLECTIVE_NAMES
 from .harness import (
     ExerciseResult,
+    StopRank,
+    call_answer,
     check_function,
+    check_in_ranks,
     describe,
-    first_failure_in_ranks,
+    load_answer,
     resolve,
     unanswered,
     verdict,
@@ -67,9 +70,8 @@ _WORKER_HINT = ("Every rank makes the four moves: join the group at init_method 
 
 
 def _run_worker(spec, rank: int, world_size: int, init_method: str, results, conn) -> None:
-    """One process of the check: call the learner's worker with the queue ``results``; report
-    through ``conn`` (the checker's own channel) what it returned and whether its group is left.
-    """
+    """One process of the check: the learner's worker with the queue ``results``; through ``conn``
+    (the checker's own channel), what it returned and whether its group is left."""
     import torch.distributed as dist
 
     try:
@@ -195,14 +197,11 @@ def check_spawn_worker(fn: Callable | str | None, *, world_sizes: tuple[int, ...
     processes for each world size with one queue (bounded by ``timeout``; a hang is reported,
     every process is stopped), and checks that every rank's pair arrived, once, with the sum,
     and that no rank left its group behind. A worker that only returns the sum, or whose rank 0
-    alone reports, is wrong: the parent would get nothing, or one rank's word for all.
-
-    Args:
-        fn: importable by fresh processes, or ``"module:function"`` (a file written with
-            ``%%writefile my_worker.py``, imported from the current folder); None: not yet.
-        world_sizes: numbers of processes to try.
-        timeout: seconds for each world size.
-        strict: raise ``AssertionError`` on a wrong answer.
+    alone reports, is wrong: the parent would get nothing, or one rank's word for all. ``fn``
+    must be importable by fresh processes, or ``"module:function"`` (a file written with
+    ``%%writefile my_worker.py``, imported from the current folder); None: not answered yet.
+    ``world_sizes``: numbers of processes to try; ``timeout``: seconds for each world size;
+    ``strict``: raise ``AssertionError`` on a wrong answer.
     """
     if fn is None:
         return verdict(_WORKER, None, "write spawn_worker(rank, world_size, init_method, "
@@ -230,8 +229,6 @@ _ALLREDUCE = "allreduce"
 _ALLREDUCE_HINT = ("allreduce(tensor) runs in every rank and must leave the sum of every rank's "
                    "tensor in that same tensor (in place: tensor += ..., tensor.copy_(...); "
                    "tensor = ... only rebinds a local name).")
-#: What a rank reports when the learner's function still raises NotImplementedError.
-_UNANSWERED = "not answered: NotImplementedError"
 #: Shapes tried in every rank: 1, 5, 21 and 28 elements (no world size of 2-4 divides them all).
 _DIST_SHAPES = [(1,), (5,), (7, 3), (4, 1, 7)]
 #: The collectives that ``p2p_only`` forbids during the learner's call.
@@ -248,10 +245,8 @@ def _refuse(name: str) -> Callable:
 
 def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
     """One rank of ``check_dist_allreduce``: every shape; the first failure as text, or None.
-
     After each case the ranks agree (with torch's own all_reduce) whether any of them failed,
-    so that they stop together instead of waiting for a rank that stopped.
-    """
+    so that they stop together instead of waiting for a rank that stopped."""
     import torch
     import torch.distributed as dist
 
@@ -260,11 +255,9 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     all_reduce = dist.all_reduce                           # the checker's own, kept aside
     device = current_device()
-    try:
-        fn = resolve(spec)
-    except Exception as e:  # the file is missing, or does not define the function
-        return (f"could not import your function in the workers: {type(e).__name__}: {e} "
-                "(did the %%writefile cell run?)")
+    fn, error = load_answer(spec)
+    if error:
+        return error
     for k, shape in enumerate(_DIST_SHAPES):
         # every rank can make every rank's tensor: the oracle is their plain sum
         inputs = [torch.randn(shape, generator=torch.Generator().manual_seed(seed + 100 * k + r),
@@ -278,12 +271,9 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
         for name in saved:
             setattr(dist, name, _refuse(name))
         try:
-            returned = fn(mine)
-        except NotImplementedError:
-            problem = _UNANSWERED
-        except Exception as e:
-            message = " ".join(str(e).split())
-            problem = f"{where}: your function raised {type(e).__name__}: {message}"
+            returned = call_answer(f"{where}: your function", fn, mine)
+        except StopRank as e:  # UNANSWERED, or what it raised
+            problem = str(e)
         finally:
             for name, op in saved.items():
                 setattr(dist, name, op)
@@ -291,12 +281,10 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
         if problem is None and not torch.allclose(got, expected):
             why = ""
             if torch.equal(got, inputs[rank]):
-                why = " The tensor is unchanged"
-                if isinstance(returned, torch.Tensor) and torch.allclose(returned.cpu(),
-                                                                          expected):
-                    why += ": the function returned the sum instead of writing it in place."
-                else:
-                    why += "."
+                gave_sum = isinstance(returned, torch.Tensor) and torch.allclose(returned.cpu(),
+                                                                                 expected)
+                why = " The tensor is unchanged" + (": the function returned the sum instead "
+                                                    "of writing it in place." if gave_sum else ".")
             elif torch.allclose(got * world, expected):
                 why = f" It is the average; the sum is {world} times larger."
             problem = (f"{where}: expected {describe(expected)}, received {describe(got)}.{why}")
@@ -318,30 +306,18 @@ def check_dist_allreduce(fn: Callable | str | None, *, world_sizes: tuple[int, .
     For each world size, ``launch`` starts that many processes; each calls ``fn`` on its own
     float64 tensor for 4 shapes (1 to 28 elements, sizes the world sizes do not divide) and
     compares with the sum of every rank's tensor. A hang (a send nobody receives) fails within
-    ``timeout``; a rank that raises or dies is reported, the others are stopped.
-
-    Args:
-        fn: the learner's function, importable by worker processes, or ``"module:function"``
-            (imported in the workers from the current folder); None: not answered yet.
-        world_sizes: numbers of processes to try (several: many wrong answers are right for 2).
-        p2p_only: forbid torch's collectives (``dist.all_reduce``, ``dist.reduce``, ...) during
-            the call, so that the answer is built from send / recv.
-        timeout: seconds for each launch.
-        strict: raise ``AssertionError`` on a wrong answer.
+    ``timeout``; a rank that raises or dies is reported, the others are stopped. ``fn`` must be
+    importable by worker processes, or ``"module:function"`` (imported in the workers from the
+    current folder); None: not answered yet. ``world_sizes``: numbers of processes to try
+    (several: many wrong answers are right for 2). ``p2p_only`` forbids torch's collectives
+    (``dist.all_reduce``, ``dist.reduce``, ...) during the call, so that the answer is built
+    from send / recv. ``timeout``: seconds for each world size. ``strict``: raise
+    ``AssertionError`` on a wrong answer.
     """
-    if fn is None:
-        return verdict(_ALLREDUCE, None, "write allreduce(tensor) to a file and pass it here.",
-                       strict)
-    spec = worker_spec(fn, "my_allreduce:allreduce")
-    if isinstance(spec, str):
-        return verdict(_ALLREDUCE, False, spec, strict)
-    failure = first_failure_in_ranks(
-        _run_allreduce_cases, spec, world_sizes, (11, p2p_only), timeout=timeout,
-        hint=_ALLREDUCE_HINT,
-        hang_hint="Is every send matched by a recv on the rank it names, in every rank?")
-    if failure is not None and _UNANSWERED in failure:
-        return unanswered(_ALLREDUCE, strict)
-    if failure is not None:
-        return verdict(_ALLREDUCE, False, failure, strict)
-    return verdict(_ALLREDUCE, True, f"every rank holds the sum, for world sizes "
-                   f"{list(world_sizes)} and {len(_DIST_SHAPES)} shapes.", strict)
+    return check_in_ranks(
+        _ALLREDUCE, fn, "my_allreduce:allreduce", _run_allreduce_cases, (11, p2p_only),
+        world_sizes=world_sizes, timeout=timeout, hint=_ALLREDUCE_HINT,
+        hang_hint="Is every send matched by a recv on the rank it names, in every rank?",
+        passed=f"every rank holds the sum, for world sizes {list(world_sizes)} and "
+               f"{len(_DIST_SHAPES)} shapes.", strict=strict,
+        missing="write allreduce(tensor) to a file and pass it here.")
