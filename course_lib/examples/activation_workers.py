@@ -1,36 +1,13 @@
 """Worker functions that notebook 15 (activation memory) runs for its tables and figures.
 
-- ``precision_memory``: one training step of the GPT in one precision, its memory measured piece
-  by piece (weights, gradients, optimizer state, activations saved for backward), beside the
-  bytes per parameter the ZeRO paper counts for mixed-precision Adam, 2 + 2 + 12.
-- ``layer_memory``: the bytes one transformer layer saves for backward, without recomputation,
-  with selective and with full recomputation: in one process, or, launched on t ranks, with
-  tensor parallelism and with tensor + sequence parallelism (then also the losses of the three
-  against each other and the bytes each sends); ``formula_per_layer`` is Korthikanti et al.'s
-  count for the same sizes, term by term, beside it.
-- ``with_recomputation``: a copy of a GPT whose blocks recompute (``"full"``) or whose attention
-  cores do (``"selective"``), for timing a training step with and without it.
-
-The four modes:
-
-- ``"float32"``: everything in float32; Adam's two moments in float32: 4 + 4 + 8 bytes a
-  parameter.
-- ``"bf16-autocast"``: float32 weights (they are the master weights), forward and loss under
-  ``torch.autocast(device_type, dtype=torch.bfloat16)``: matrix products run in bfloat16 on
-  16-bit copies of the weights that autocast makes per operation (and keeps, cached, until the
-  autocast region ends; those that backward needs stay saved with the graph). The weights the
-  model holds stay float32, so their memory is 4 bytes a parameter, not 2, and the gradients,
-  float32 like the weights, 4: 4 + 4 + 8, the same as float32. What shrinks is the activations.
-- ``"fp16-autocast+scaler"``: the same in float16, with ``course_lib.amp.GradScaler`` scaling the
-  loss; on a CPU only where this torch's autocast supports float16 there (torch 2.14 does);
-  where it does not, the result says so and measures nothing.
-- ``"bf16-weights+fp32-master"``: the setup the paper's 16 bytes describe (DeepSpeed's and
-  Megatron-LM's mixed-precision optimizers): the model itself in bfloat16, weights 2 bytes and
-  gradients 2 bytes a parameter; the optimizer holds a float32 master copy of every weight (4)
-  and Adam's two float32 moments on it (4 + 4): 2 + 2 + 12. Each step copies the 16-bit
-  gradients into float32 gradients of the master copy, steps Adam there and copies the master
-  weights back into the model; the float32 gradients live only during that (freed at once,
-  reported as ``transient_master_gradients``).
+``precision_memory``: one training step of the GPT in one of ``MODES``, its memory measured
+piece by piece, beside the ZeRO paper's 2 + 2 + 12 bytes a parameter for mixed-precision Adam
+(float32 and both autocast modes keep float32 weights, the master weights: 4 + 4 + 8, and
+autocast shrinks the activations; ``"bf16-weights+fp32-master"`` is the paper's setup).
+``layer_memory``: the bytes one transformer layer saves for backward without, with selective and
+with full recomputation (one process, or TP and TP + SP on t ranks), beside
+``formula_per_layer`` (Korthikanti et al.'s count). ``with_recomputation``: a GPT that
+recomputes, for timing a training step with and without it.
 
 PyTorch counterpart: ``torch.autocast``, ``torch.amp.GradScaler``; DeepSpeed's ``FP16_Optimizer``
 and Megatron-LM's ``Float16OptimizerWithFloat16Params`` keep 16-bit weights with float32 master
@@ -41,13 +18,13 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from course_lib.amp import GradScaler
+from course_lib.distributed.memory import tensor_bytes as _nbytes
 from course_lib.distributed.pipelining import ActivationMeter
 from course_lib.distributed.recording import record_collectives
 from course_lib.distributed.tensor.parallel import parallelize_gpt
@@ -58,6 +35,8 @@ from course_lib.utils import (
     saved_tensor_bytes,
     selective_recompute,
 )
+
+from .workers import _gpt, _tokens
 
 __all__ = ["MODES", "PAPER_BYTES_PER_PARAM", "RECOMPUTE", "Recomputed", "autocast_supports",
            "formula_per_layer", "layer_memory", "peak_saved_bytes", "precision_memory",
@@ -70,15 +49,6 @@ MODES = ("float32", "bf16-autocast", "fp16-autocast+scaler", "bf16-weights+fp32-
 PAPER_BYTES_PER_PARAM = {"weights": 2, "gradients": 2, "optimizer": 12}
 
 _AUTOCAST_DTYPE = {"bf16-autocast": torch.bfloat16, "fp16-autocast+scaler": torch.float16}
-
-
-def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of ``tensors``, each storage once."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
 
 
 def autocast_supports(device_type: str, dtype: torch.dtype) -> tuple[bool, str]:
@@ -123,32 +93,24 @@ class _Meter(ActivationMeter):
 
 def precision_memory(config_kwargs: dict, batch_size: int, seq_len: int, mode: str, *,
                      device: str = "cpu", seed: int = 0) -> dict:
-    """One training step of ``GPT(GPTConfig(**config_kwargs))`` in ``mode``, memory measured.
+    """One training step of ``GPT(GPTConfig(**config_kwargs))`` in ``mode`` (one of ``MODES``),
+    memory measured.
 
-    Builds the model from ``seed``, draws a batch of token ids and targets, runs forward and
-    loss under an ``ActivationMeter`` (parameters excluded), backward, and one ``torch.optim.Adam``
-    step (after a skipped step of the loss scaler, as many as it takes, at most 10).
-
-    Args:
-        config_kwargs: ``GPTConfig`` fields.
-        batch_size, seq_len: the batch.
-        mode: one of ``MODES``.
-        device: ``"cpu"`` or ``"cuda"``; autocast runs with that device type.
-        seed: the model's and the batch's seed.
+    Builds the model and a batch of token ids and targets from ``seed``, runs forward and loss
+    under an ``ActivationMeter`` (parameters excluded; autocast with ``device``'s type),
+    backward, and one ``torch.optim.Adam`` step (after the loss scaler's skipped steps, at most 10).
 
     Returns:
         ``{"mode", "supported", "note", "param_count", "weights", "gradients", "optimizer",
         "master_weights", "optimizer_moments", "optimizer_steps", "activations",
         "activation_weight_copies", "transient_master_gradients", "skipped_steps", "loss",
-        "bytes_per_param": {"weights", "gradients", "optimizer", "total"},
-        "counted": {"weights", "gradients", "optimizer"}, "paper_bytes_per_param"}``: bytes
-        (ints) measured after the step; ``counted`` the same three from the parameter count and
-        the element sizes of the mode (what the measurement must equal exactly);
-        ``activations`` the bytes saved for backward still held after forward and loss (each
-        tensor once), of which ``activation_weight_copies`` are 16-bit copies of weights (under
-        autocast); ``optimizer`` = ``master_weights`` + ``optimizer_moments`` (Adam's step
-        counters, one number per tensor, are ``optimizer_steps``, apart). With
-        ``supported=False`` only ``mode``, ``supported`` and ``note`` are filled.
+        "bytes_per_param", "counted", "paper_bytes_per_param"}``: bytes measured after the step;
+        ``counted``: weights, gradients and optimizer from the parameter count and the mode's
+        element sizes (what the measurement must equal exactly); ``activations``: the bytes saved
+        for backward still held after forward and loss, of which ``activation_weight_copies`` are
+        16-bit copies of weights; ``optimizer`` = ``master_weights`` + ``optimizer_moments``
+        (Adam's step counters apart: ``optimizer_steps``). With ``supported=False`` only
+        ``mode``, ``supported`` and ``note`` are filled.
     """
     if mode not in MODES:
         raise ValueError(f"precision_memory: mode must be one of {MODES}, got {mode!r}.")
@@ -164,9 +126,7 @@ def precision_memory(config_kwargs: dict, batch_size: int, seq_len: int, mode: s
                 "labelled 16-bit."))
             return result
 
-    torch.manual_seed(seed)
-    config = GPTConfig(**config_kwargs)
-    model = GPT(config).to(device)
+    model = _gpt(config_kwargs, seed, device=device)
     master = None
     if mode == "bf16-weights+fp32-master":
         model = model.to(torch.bfloat16)
@@ -174,10 +134,7 @@ def precision_memory(config_kwargs: dict, batch_size: int, seq_len: int, mode: s
     params = list(model.parameters())
     optimizer = torch.optim.Adam(master if master is not None else params, lr=1e-3)
     scaler = GradScaler() if mode == "fp16-autocast+scaler" else None
-    generator = torch.Generator().manual_seed(seed + 1)
-    idx = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
-    targets = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
-    idx, targets = idx.to(device), targets.to(device)
+    idx, targets = _tokens(model.config.vocab_size, batch_size, seq_len, seed + 1, device)
 
     skipped, transient = 0, 0
     for _ in range(10):
@@ -185,12 +142,9 @@ def precision_memory(config_kwargs: dict, batch_size: int, seq_len: int, mode: s
         for p in params:
             p.grad = None
         meter = _Meter(params)
-        with meter:
-            if autocast_dtype is not None:
-                with torch.autocast(device, dtype=autocast_dtype):
-                    _, loss = model(idx, targets)
-            else:
-                _, loss = model(idx, targets)
+        with meter, torch.autocast(device, dtype=autocast_dtype,
+                                   enabled=autocast_dtype is not None):
+            _, loss = model(idx, targets)
         activations, copies = meter.saved_alive, sum(meter.weight_copies.values())
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -218,23 +172,19 @@ def precision_memory(config_kwargs: dict, batch_size: int, seq_len: int, mode: s
         raise RuntimeError(f"precision_memory({mode!r}): the loss scaler skipped {skipped} "
                            "steps in a row; the loss overflows at every scale tried.")
 
-    state = optimizer.state.values()
-    moments = [v for s in state for k, v in s.items() if k != "step"
-               and isinstance(v, torch.Tensor)]
-    steps = [v for s in state for k, v in s.items() if k == "step"
-             and isinstance(v, torch.Tensor)]
+    state = [(k, v) for s in optimizer.state.values() for k, v in s.items()
+             if isinstance(v, torch.Tensor)]
     n = sum(p.numel() for p in params)
-    weights = _nbytes(params)
-    gradients = _nbytes(p.grad for p in params if p.grad is not None)
-    master_bytes = _nbytes(master) if master is not None else 0
-    moment_bytes = _nbytes(moments)
+    weights, gradients = _nbytes(params), _nbytes(p.grad for p in params)
+    master_bytes = _nbytes(master or [])
+    moment_bytes = _nbytes(v for k, v in state if k != "step")
     optimizer_bytes = master_bytes + moment_bytes
     element = params[0].element_size()
     counted_optimizer = n * (4 + 4 + (4 if master is not None else 0))
     result.update(
         param_count=n, weights=weights, gradients=gradients, optimizer=optimizer_bytes,
         master_weights=master_bytes, optimizer_moments=moment_bytes,
-        optimizer_steps=_nbytes(steps), activations=int(activations),
+        optimizer_steps=_nbytes(v for k, v in state if k == "step"), activations=int(activations),
         activation_weight_copies=int(copies), transient_master_gradients=transient,
         skipped_steps=skipped, loss=float(loss.detach()),
         bytes_per_param={"weights": weights / n, "gradients": gradients / n,
@@ -352,13 +302,10 @@ def formula_per_layer(config_kwargs: dict, batch_size: int, seq_len: int, *, t: 
     branch (two masks, 2sbh). The course GPT has no dropout, runs in ``bytes_per_element`` bytes,
     and saves two things the paper leaves out: each LayerNorm's mean and 1/std (4sb elements a
     layer) and the (s, s) boolean causal mask of ``masked_fill`` (s^2 bytes, whole on every
-    rank). Divisions by t follow the paper's table 2.
-
-    Returns:
-        ``paper`` (the formula, 16-bit, with dropout), ``dropout`` (its dropout terms),
-        ``formula`` ((paper - dropout) in ``bytes_per_element``: the formula for this model),
-        ``extra`` (LayerNorm statistics and causal mask, where still saved) and ``expected``
-        (``formula + extra``: what the measurement must be, byte for byte).
+    rank). Divisions by t follow the paper's table 2. Returns ``paper`` (the formula, 16-bit, with
+    dropout), ``dropout`` (its dropout terms), ``formula`` ((paper - dropout) in
+    ``bytes_per_element``: the formula for this model), ``extra`` (LayerNorm statistics and causal
+    mask, where still saved) and ``expected`` (``formula + extra``: the measurement, byte for byte).
     """
     config = GPTConfig(**config_kwargs)
     s, b, h, a, e = seq_len, batch_size, config.n_embd, config.n_head, bytes_per_element
@@ -400,9 +347,8 @@ def layer_memory(config_kwargs: dict, batch_size: int, seq_len: int, seed: int =
     carries, bytes this rank sends in a ring)``, kind ``"all_reduce"``, ``"all_gather"`` or
     ``"reduce_scatter"``; elements are the whole (B, T, C) tensor's for all three.
     """
-    config = GPTConfig(**config_kwargs)
-    torch.manual_seed(seed)
-    one = GPT(config)
+    one = _gpt(config_kwargs, seed, device="cpu")
+    config = one.config
     x = torch.randn(batch_size, seq_len, config.n_embd, generator=torch.Generator()
                     .manual_seed(seed + 1)).requires_grad_()              # (B, T, C)
     if not dist.is_initialized():
@@ -413,24 +359,19 @@ def layer_memory(config_kwargs: dict, batch_size: int, seq_len: int, seed: int =
     mine = x.detach().chunk(t, dim=1)[rank].clone().requires_grad_()    # (B, T/t, C)
     result = {"t": t, "tp": _block_bytes(tp.blocks[0], x), "sp": _block_bytes(sp.blocks[0], mine)}
 
-    gen = torch.Generator().manual_seed(seed + 2)
-    idx = torch.randint(config.vocab_size, (batch_size, seq_len), generator=gen)
-    targets = torch.randint(config.vocab_size, (batch_size, seq_len), generator=gen)
+    idx, targets = _tokens(config.vocab_size, batch_size, seq_len, seed + 2)
     logits, loss = one(idx, targets)
     want = logits.detach().chunk(t, dim=-1)[rank]                    # this rank's vocabulary
-    result["loss"] = {"one": loss.item()}
-    result["wire"] = {}
+    result.update(loss={"one": loss.item()}, wire={})
     for name, model in (("tp", tp), ("sp", sp)):
         with record_collectives() as records:
             got_logits, got = model(idx, targets)
             got.backward()
         result["loss"][name] = abs(got.item() - loss.item())
         result["loss"][f"{name}_logits"] = float((got_logits.detach() - want).abs().max())
-        calls = []
-        for r in records:
-            kind = ("all_gather" if r.name.startswith("all_gather") else "reduce_scatter"
-                    if r.name.startswith("reduce_scatter") else r.name)
-            whole = r.elements * t if kind == "reduce_scatter" else r.elements
-            calls.append((kind, whole, _ring_bytes(r.name, r.bytes, t)))
-        result["wire"][name] = calls
+        kinds = [next((k for k in ("all_gather", "reduce_scatter") if r.name.startswith(k)),
+                      r.name) for r in records]
+        result["wire"][name] = [
+            (kind, r.elements * t if kind == "reduce_scatter" else r.elements,
+             _ring_bytes(r.name, r.bytes, t)) for kind, r in zip(kinds, records)]
     return result

@@ -1,21 +1,13 @@
 """Worker functions of notebook 13 (after training): checkpoints across parallel layouts.
 
-``launch`` starts fresh processes that import each function by module and name, so the workers
-live here, never in a notebook cell. A small float64 MLP is trained under torch's
-``fully_shard`` (FSDP2: every parameter a DTensor sharded on dim 0, ``torch.chunk``'s way) and
-saved with ``torch.distributed.checkpoint`` (DCP): one file per rank and a ``.metadata`` that
-says where each piece of each tensor is. The same directory is then read back on any number of
-processes: DCP reshards on load. Read more: PyTorch's "Getting Started with Distributed
-Checkpoint (DCP)" and ``torch/distributed/checkpoint/state_dict.py``.
-
-- ``train_and_save``: train a few steps beside one process on the whole batch, save with DCP,
-  gather a full state dict to rank 0 (``get_model_state_dict(full_state_dict=True)``).
-- ``load_resharded``: load that directory into a model sharded on a different number of ranks.
-- ``adam_train_and_save`` / ``adam_resume``: the same MLP under ``fully_shard`` with Adam, model
-  AND optimizer saved through ``get_state_dict`` and DCP, resumed on another number of ranks
-  with ``set_state_dict``, one more step checked against the run that never stopped.
-- ``zero1_save``: the same MLP with the course's ZeRO-1 (``ZeroRedundancyOptimizer``) and Adam;
-  the optimizer's sharded state consolidated on rank 0 and saved in one ``torch.save`` file.
+A small float64 MLP is trained under torch's ``fully_shard`` (FSDP2: every parameter a DTensor
+sharded on dim 0, ``torch.chunk``'s way) and saved with ``torch.distributed.checkpoint`` (DCP):
+one file per rank and a ``.metadata`` that says where each piece of each tensor is. The same
+directory is then read back on any number of processes: DCP reshards on load (``train_and_save``,
+``load_resharded``; with Adam's state too: ``adam_train_and_save``, ``adam_resume``). The course's
+ZeRO-1 instead consolidates the optimizer's state on rank 0, in one file (``zero1_save``). Read
+more: PyTorch's "Getting Started with Distributed Checkpoint (DCP)" and
+``torch/distributed/checkpoint/state_dict.py``.
 """
 from __future__ import annotations
 
@@ -30,9 +22,10 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from course_lib.deploy import resume_sharded, save_sharded
-from course_lib.distributed import current_device
 from course_lib.distributed.optim import ZeroRedundancyOptimizer
 from course_lib.train_ddp import save_checkpoint
+
+from .workers import _torch_fully_shard
 
 __all__ = ["COLLECTIVE_TIMEOUT_S", "SIZES", "adam_resume", "adam_train_and_save", "build_mlp",
            "dcp_read_plan", "load_resharded", "probe_batch", "resume_batch", "train_and_save",
@@ -109,15 +102,8 @@ def dcp_read_plan(pieces: list[tuple[int, int]], world_size: int, cols: int = 3
 
 
 def _shard(model: nn.Module) -> nn.Module:
-    from torch.distributed.device_mesh import init_device_mesh
     _bound_collectives()                      # every worker but zero1_save starts here
-    from torch.distributed.fsdp import fully_shard
-    # the mesh of this group's device: fully_shard's default takes a GPU per rank when CUDA exists
-    mesh = init_device_mesh(current_device().type, (dist.get_world_size(),))
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
+    return _torch_fully_shard(model)
 
 
 def _local(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -136,40 +122,25 @@ def train_and_save(path: str, steps: int = 3, adam_path: str | None = None, batc
                    lr: float = 0.1) -> dict:
     """Train ``build_mlp()`` under ``fully_shard`` for ``steps`` SGD steps; save it with DCP.
 
-    Each rank takes its ``batch / k`` rows of every batch; one process beside it takes the whole
-    batch (the oracle). Then ``dcp.save({"model": state}, checkpoint_id=path)``, the state dict
-    of DTensors as the model holds it (each rank writes its own shards), and the full state dict
-    gathered to rank 0.
-
-    Returns:
-        ``{"rank", "world", "local" (this rank's shards), "full" (rank 0: the full state dict,
-        else {}), "one" (the one-process model's state dict), "probe" (the sharded model's
-        outputs on ``probe_batch()``), and with ``adam_path``: "adam" (what
-        ``adam_train_and_save(adam_path, steps)`` returns, run by the same processes)}``.
+    Each rank takes its ``batch / k`` rows of every batch, one process beside it the whole batch
+    (the oracle). Then ``dcp.save`` of the state dict of DTensors as the model holds it (each rank
+    writes its own shards), and the full state dict gathered to rank 0. Returns ``{"rank",
+    "world", "local" (this rank's shards), "full" (rank 0: the full state dict, else {}), "probe"
+    (outputs on ``probe_batch()``), "one" (the one-process model's state dict)}``, and with
+    ``adam_path`` "adam": ``adam_train_and_save(adam_path, steps)``, run by the same processes.
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    rank, world = dist.get_rank(), dist.get_world_size()
     one = build_mlp()
     model = _shard(copy.deepcopy(one))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     opt_one = torch.optim.SGD(one.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(2)
     for _ in range(steps):
-        X = torch.randn(batch, SIZES[0], dtype=torch.float64, generator=gen)   # (B, SIZES[0])
-        y = torch.randn(batch, SIZES[-1], dtype=torch.float64, generator=gen)  # (B, SIZES[-1])
-        for net, optimizer, rows in ((model, opt, slice(rank * batch // world,
-                                                         (rank + 1) * batch // world)),
-                                     (one, opt_one, slice(None))):
-            loss = F.mse_loss(net(X[rows]), y[rows])    # FSDP averages the ranks' gradients
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+        X, y = _batch(gen, batch)
+        _mse_step(model, opt, X[_my_rows(batch)], y[_my_rows(batch)])   # FSDP averages the
+        _mse_step(one, opt_one, X, y)                                      # ranks' gradients
     dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=path)   # sharded, in place
-    full = _full(model)
-    with torch.no_grad():
-        probe = model(probe_batch())
-    out = {"rank": rank, "world": world, "local": _local(model), "full": full,
-           "one": {k: v.detach().clone() for k, v in one.state_dict().items()}, "probe": probe}
+    out = {**_report(model), "one": {k: v.detach().clone() for k, v in one.state_dict().items()}}
     if adam_path is not None:                            # one start of the processes for both
         out["adam"] = adam_train_and_save(adam_path, steps)
     return out
@@ -178,19 +149,19 @@ def train_and_save(path: str, steps: int = 3, adam_path: str | None = None, batc
 def load_resharded(path: str) -> dict:
     """Load the DCP directory ``path`` into ``build_mlp(seed=7)`` sharded over this group.
 
-    The model is built from other weights, sharded (``fully_shard``), and its own state dict of
-    DTensors is handed to ``dcp.load``, which reads, from every file, the rows this rank now
-    holds (DCP reshards on load) and writes them into those DTensors in place.
-
-    Returns:
-        ``{"rank", "world", "local" (this rank's shards after the load), "full" (rank 0: the
-        full state dict, else {}), "probe" (outputs on ``probe_batch()``)}``.
+    The model, built from other weights and sharded, hands its own state dict of DTensors to
+    ``dcp.load``, which reads from every file the rows this rank now holds (DCP reshards on load).
+    Returns ``{"rank", "world", "local", "full", "probe"}`` after the load, as ``train_and_save``.
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     model = _shard(build_mlp(seed=7))
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=path)                  # each rank reads the rows it holds
     set_model_state_dict(model, state["model"])
+    return _report(model)
+
+
+def _report(model: nn.Module) -> dict:
     full = _full(model)
     with torch.no_grad():
         probe = model(probe_batch())
@@ -198,24 +169,36 @@ def load_resharded(path: str) -> dict:
             "full": full, "probe": probe}
 
 
-def resume_batch(step: int, batch: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch number ``step`` of the Adam runs, ``(X, y)``: the same in every process."""
-    gen = torch.Generator().manual_seed(1000 + step)
+def _mse_step(model: nn.Module, opt: torch.optim.Optimizer, X: torch.Tensor,
+              y: torch.Tensor) -> None:
+    opt.zero_grad(set_to_none=True)
+    F.mse_loss(model(X), y).backward()
+    opt.step()
+
+
+def _batch(gen: torch.Generator, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.randn(batch, SIZES[0], dtype=torch.float64, generator=gen),    # (B, SIZES[0])
             torch.randn(batch, SIZES[-1], dtype=torch.float64, generator=gen))   # (B, SIZES[-1])
 
 
+def _my_rows(batch: int) -> slice:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return slice(rank * batch // world, (rank + 1) * batch // world)
+
+
+def resume_batch(step: int, batch: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch number ``step`` of the Adam runs, ``(X, y)``: the same in every process."""
+    return _batch(torch.Generator().manual_seed(1000 + step), batch)
+
+
 def _adam_step(model: nn.Module, opt: torch.optim.Optimizer, step: int, batch: int) -> None:
     # one Adam step on this rank's rows of batch ``step`` (FSDP averages the ranks' gradients)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     if batch % world:
         raise ValueError(f"batch {batch} must split evenly over {world} ranks, so that the "
                          f"mean of the ranks' losses is the whole batch's; pick a multiple.")
     X, y = resume_batch(step, batch)
-    rows = slice(rank * batch // world, (rank + 1) * batch // world)
-    opt.zero_grad(set_to_none=True)
-    F.mse_loss(model(X[rows]), y[rows]).backward()
-    opt.step()
+    _mse_step(model, opt, X[_my_rows(batch)], y[_my_rows(batch)])
 
 
 def _full_training_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
@@ -236,14 +219,11 @@ def _sharded_adam(seed: int, lr: float) -> tuple[nn.Module, torch.optim.Optimize
 def adam_train_and_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05) -> dict:
     """Train ``build_mlp()`` under ``fully_shard`` with Adam; save model and optimizer with DCP.
 
-    ``course_lib.deploy.save_sharded``: ``get_state_dict`` gives both state dicts as the ranks
-    hold them (Adam's moments sharded like their parameters, keyed by parameter name) and
-    ``dcp.save`` writes them, each rank its own rows. Then one more step, as if the run had
-    never stopped: the step a resumed run must reproduce.
-
-    Returns:
-        ``{"rank", "world", "saved" (rank 0: the full model and optimizer state dicts at the
-        save, else ``({}, {})``), "next" (rank 0: the full model state dict one step later)}``.
+    ``course_lib.deploy.save_sharded``: ``get_state_dict`` gives both state dicts as the ranks hold
+    them (Adam's moments sharded like their parameters, keyed by parameter name), ``dcp.save``
+    writes them. Then one more step, the one a resumed run must reproduce. Returns ``{"rank",
+    "world", "saved" (rank 0: the full model and optimizer state dicts at the save, else ``({},
+    {})``), "next" (rank 0: the full model state dict one step later)}``.
     """
     model, opt = _sharded_adam(seed=0, lr=lr)
     for step in range(steps):
@@ -262,29 +242,18 @@ def adam_resume(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05,
     """Resume ``adam_train_and_save``'s checkpoint on this group, whatever its size.
 
     A model built from other weights, sharded over this group, with a fresh Adam, filled by
-    ``course_lib.deploy.resume_sharded``: ``get_state_dict`` gives the state dicts of this
-    layout to fill (on a fresh optimizer it first creates Adam's state, with a step at learning
-    rate 0); ``dcp.load`` reads into them the rows this rank holds; ``set_state_dict`` puts them
-    in place. Then the step the saved run took next (batch ``steps``). ``save_to``: also save
-    the resumed state there, with this group's layout (before that step).
-
-    Returns:
-        ``{"rank", "world", "local_rows" (this rank's rows of each parameter and of its Adam
-        ``exp_avg``: ``{name: (rows, rows)}``), "loaded" (rank 0: the full model and optimizer
-        state dicts after the load), "next" (rank 0: the full model state dict one step
-        later)}``.
+    ``course_lib.deploy.resume_sharded`` (``get_state_dict`` of this layout, which on a fresh
+    optimizer first creates Adam's state with a step at learning rate 0; ``dcp.load``;
+    ``set_state_dict``); then the step the saved run took next (batch ``steps``). ``save_to``: also
+    save the resumed state there, in this group's layout, before that step. Returns ``{"rank",
+    "world", "local_rows" ({name: (rows of the parameter, rows of its ``exp_avg``)} on this rank),
+    "loaded" (rank 0: the full state dicts after the load), "next" (as ``adam_train_and_save``)}``.
     """
     model, opt = _sharded_adam(seed=7, lr=lr)                  # other weights, a fresh Adam
 
     resume_sharded(model, opt, path)          # get_state_dict, dcp.load, set_state_dict
     if save_to is not None:
         save_sharded(model, opt, save_to)
-    return _after_resume(model, opt, steps, batch)
-
-
-def _after_resume(model: nn.Module, opt: torch.optim.Optimizer, steps: int, batch: int) -> dict:
-    # adam_resume's report: the loaded state (full, on rank 0), the rows of each parameter and
-    # of its exp_avg on this rank, and the full model after the next step (batch ``steps``)
     loaded = _full_training_state(model, opt)
     local_rows = {name: (p.to_local().shape[0], opt.state[p]["exp_avg"].to_local().shape[0])
                   for name, p in model.named_parameters()}
@@ -298,12 +267,9 @@ def zero1_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05) -> 
 
     Gradients are averaged over the ranks by hand (each rank on its rows of every batch); the
     ``ZeroRedundancyOptimizer`` keeps the Adam state of this rank's parameters only. Then
-    ``consolidate_state_dict(to=0)`` on every rank and, on rank 0, ``torch.save`` of
-    ``{"model": ..., "optimizer": zero.state_dict()}``: the unsharded Adam's format.
-
-    Returns:
-        ``{"rank", "held" (how many parameters' state this rank kept), "one_model",
-        "one_optimizer" (one process's model and Adam state dicts on the whole batches)}``.
+    ``consolidate_state_dict(to=0)`` on every rank and, on rank 0, ``torch.save`` of ``{"model",
+    "optimizer": zero.state_dict()}``: the unsharded Adam's format. Returns ``{"rank", "held" (how
+    many parameters' state this rank kept), "one_model", "one_optimizer" (one process's)}``.
     """
     _bound_collectives()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -312,19 +278,16 @@ def zero1_save(path: str, steps: int = 3, batch: int = 12, lr: float = 0.05) -> 
     zero = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=lr)
     opt_one = torch.optim.Adam(one.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(2)
-    rows = slice(rank * batch // world, (rank + 1) * batch // world)
+    rows = _my_rows(batch)
     for _ in range(steps):
-        X = torch.randn(batch, SIZES[0], dtype=torch.float64, generator=gen)   # (B, SIZES[0])
-        y = torch.randn(batch, SIZES[-1], dtype=torch.float64, generator=gen)  # (B, SIZES[-1])
+        X, y = _batch(gen, batch)
         zero.zero_grad(set_to_none=True)
         F.mse_loss(model(X[rows]), y[rows]).backward()
         for p in model.parameters():                     # DDP's job, done by hand: the mean
             dist.all_reduce(p.grad)
             p.grad /= world
         zero.step()                                      # steps its shard, all-gathers the rest
-        opt_one.zero_grad(set_to_none=True)
-        F.mse_loss(one(X), y).backward()
-        opt_one.step()
+        _mse_step(one, opt_one, X, y)
     zero.consolidate_state_dict(to=0)                    # every rank calls it
     if rank == 0:
         save_checkpoint({"model": model.state_dict(), "optimizer": zero.state_dict()}, path)

@@ -1,8 +1,5 @@
 """Worker functions that notebook 16 (context parallelism and the mesh) hands to ``launch``.
 
-``launch`` starts fresh processes that import each function by module and name, so the workers
-live here, never in a notebook cell.
-
 - ``ring_against_sdpa``: ``ring_attention`` on this rank's slice of a sequence (contiguous and
   zigzag layouts, causal) against ``F.scaled_dot_product_attention`` on the whole sequence in
   this process: the largest difference of the output and of each gradient.
@@ -16,7 +13,6 @@ live here, never in a notebook cell.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from functools import partial
@@ -25,13 +21,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course_lib.data_text import batch_schedule, load_text, split_tokens
 from course_lib.distributed.device_mesh import init_device_mesh
 from course_lib.distributed.env import current_device
 from course_lib.distributed.tensor.experimental import ring_attention, zigzag_split
 from course_lib.examples import mesh_workers
-from course_lib.models.gpt import GPT, GPTConfig
+from course_lib.models.gpt import GPT
 from course_lib.utils.activation_memory import saved_tensor_bytes
+
+from .workers import _gpt, _max_diff, _spying, _text_batches, _train_step
 
 __all__ = ["mesh_lesson", "ring_against_sdpa", "saved_bytes_per_rank", "train_context_parallel"]
 
@@ -87,27 +84,15 @@ def mesh_lesson(config: dict, shape: tuple[int, ...], names: tuple[str, ...], ba
 
 # ---- the GPT with context parallelism ---------------------------------------------------------
 
-@contextlib.contextmanager
-def _count_sends(sent: list):
-    """Add to ``sent[0]`` the bytes of every ``isend`` posted through ``batch_isend_irecv``
-    inside the block (``record_collectives`` sees that call but not its tensors)."""
-    original = dist.batch_isend_irecv
-
-    def counting(ops):
-        sent[0] += sum(op.tensor.numel() * op.tensor.element_size() for op in ops
-                       if op.op is dist.isend)
-        return original(ops)
-
-    dist.batch_isend_irecv = counting
-    try:
-        yield
-    finally:
-        dist.batch_isend_irecv = original
-
-
 def _positions(seq_len: int, rank: int, world: int) -> torch.Tensor:
     """The global position ids of this cp rank's tokens: its zigzag chunks of 0..seq_len-1."""
     return zigzag_split(torch.arange(seq_len), rank, world, dim=0)   # (T / cp,)
+
+
+def _sent_bytes(ops: list) -> int:
+    """Bytes of the ``isend``s among the ops of a ``batch_isend_irecv`` (``record_collectives``
+    sees that call but not its tensors)."""
+    return sum(op.tensor.nbytes for op in ops if op.op is dist.isend)
 
 
 def _cp_forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -138,8 +123,7 @@ def train_context_parallel(config: dict, batch_size: int, seq_len: int, steps: i
     """
     dp_size, cp_size = shape
     dev = current_device()
-    torch.manual_seed(seed)
-    one = GPT(GPTConfig(**config)).to(dev, torch.float64)          # the oracle, whole batch
+    one = _gpt(config, seed, torch.float64)                        # the oracle, whole batch
     model = copy.deepcopy(one)
     mesh = init_device_mesh(dev.type, shape, mesh_dim_names=("dp", "cp"))
     dp, cp = mesh.get_group("dp"), mesh.get_group("cp")
@@ -149,37 +133,30 @@ def train_context_parallel(config: dict, batch_size: int, seq_len: int, steps: i
                                             layout="zigzag")
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     opt_one = torch.optim.AdamW(one.parameters(), lr=lr)
-    train, _ = split_tokens(load_text(max_bytes=text_bytes))
-    batches = batch_schedule(train, batch_size, seq_len, seed=seed)
+    batches = _text_batches(batch_size, seq_len, seed, text_bytes)
     pos = _positions(seq_len, r, cp_size).to(dev)                  # (T / cp,) global ids
-    losses, diffs, ring_bytes = [], [], []
+    losses, diffs, ring_bytes, sent = [], [], [], []       # sent: this step's sends, in bytes
     for _ in range(steps):
         X, Y = (t.to(dev) for t in next(batches))                  # (B, T): the whole batch
         x = zigzag_split(X.chunk(dp_size)[i], r, cp_size, dim=1)   # (B / dp, T / cp)
         y = zigzag_split(Y.chunk(dp_size)[i], r, cp_size, dim=1)   # labels: the same shard
-        sent = [0]
+        sent.clear()
         opt.zero_grad()
-        with _count_sends(sent):
+        with _spying(dist, "batch_isend_irecv", lambda ops: sent.append(_sent_bytes(ops))):
             logits = _cp_forward(model, x, pos)                    # (B / dp, T / cp, V)
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum") \
                 / X.numel()                                        # my tokens / all tokens
             loss.backward()
-        for p in model.parameters():                               # the whole batch's gradient
-            dist.all_reduce(p.grad, group=cp)
-            dist.all_reduce(p.grad, group=dp)
-        opt.step()
         total = loss.detach().clone()
-        dist.all_reduce(total, group=cp)
-        dist.all_reduce(total, group=dp)
-        opt_one.zero_grad()
-        _, loss_one = one(X, Y)
-        loss_one.backward()
-        opt_one.step()
+        for t in [*(p.grad for p in model.parameters()), total]:  # the whole batch's gradient
+            dist.all_reduce(t, group=cp)                            # and loss: sums over cp
+            dist.all_reduce(t, group=dp)                            # then over dp
+        opt.step()
+        loss_one = _train_step(one, opt_one, X, Y)
         losses.append((total.item(), loss_one.item()))
-        diffs.append(max((a - b).abs().max().item()
-                         for a, b in zip(model.parameters(), one.parameters())))
-        ring_bytes.append(sent[0])
-    c = GPTConfig(**config)
+        diffs.append(_max_diff(model.parameters(), one.parameters()))
+        ring_bytes.append(sum(sent))
+    c = one.config
     block = (batch_size // dp_size) * c.n_head * (seq_len // cp_size) * (c.n_embd // c.n_head)
     return dict(coordinate=mesh.get_coordinate(), losses=losses, params=diffs,
                 ring_bytes=ring_bytes, block_bytes=block * 8)
@@ -198,9 +175,8 @@ def saved_bytes_per_rank(config: dict, batch_size: int, seq_len: int, seed: int 
     second the ring attention call alone, on this rank's q, k, v.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(seed)
-    block = GPT(GPTConfig(**config)).blocks[0].to(torch.float64)
-    c = GPTConfig(**config)
+    gpt = _gpt(config, seed, torch.float64, device="cpu")
+    block, c = gpt.blocks[0], gpt.config
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch_size, seq_len, c.n_embd, generator=gen, dtype=torch.float64)
     qkv = [torch.randn(batch_size, c.n_head, seq_len, c.n_embd // c.n_head, generator=gen,

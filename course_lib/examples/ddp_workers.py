@@ -1,20 +1,17 @@
 """Worker functions that notebook 07 (DDP from scratch) hands to ``course_lib.distributed.launch``.
 
-``launch`` starts fresh processes that import each function by module and name, so the workers
-live here, never in a notebook cell. Each runs in every rank of an initialised process group and
-returns small picklable results (dicts of numbers and lists). The data comes in as arguments:
-the same uint8 images ``X`` (N, 1, 28, 28) and labels ``y`` (N,) on every rank; each rank takes
-its own shard of every global batch, as ``DistributedSampler`` would.
-
-The oracles are torch's own ``torch.nn.parallel.DistributedDataParallel`` on the same data and one
-process training on the whole batch. Claims are asserted here, in the worker, so a notebook cell
-that prints a result has also proved it.
+Each runs in every rank of an initialised process group and returns small picklable results.
+The data comes in as arguments: the same uint8 images ``X`` (N, 1, 28, 28) and labels ``y`` (N,)
+on every rank; each rank takes its own shard of every global batch, as ``DistributedSampler``
+would. The oracles are torch's own ``torch.nn.parallel.DistributedDataParallel`` on the same data
+and one process training on the whole batch. Claims are asserted here, in the worker, so a
+notebook cell that prints a result has also proved it.
 """
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
@@ -30,13 +27,11 @@ from course_lib.parallel.ddp import (
     bytes_on_wire,
 )
 
+from .workers import _max_diff, _spying
+
 __all__ = ["accumulate_with_no_sync", "broadcast_initial_state", "compare_with_torch",
            "compression", "count_all_reduce_bytes", "timeline", "timelines"]
 
-
-# ------------------------------------------------------------------------------------------------
-# helpers (run inside the workers)
-# ------------------------------------------------------------------------------------------------
 
 def _global_batch(X: torch.Tensor, y: torch.Tensor, step: int,
                   per_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,19 +42,16 @@ def _global_batch(X: torch.Tensor, y: torch.Tensor, step: int,
 
 
 def _shard(batch: torch.Tensor, per_rank: int) -> torch.Tensor:
-    """This rank's slice of a global batch: rows rank * per_rank ... (rank + 1) * per_rank."""
     rank = dist.get_rank()
     return batch[rank * per_rank:(rank + 1) * per_rank]  # (per_rank, ...)
 
 
 def _max_abs_diff(a: nn.Module, b: nn.Module) -> float:
-    """Largest |difference| between the parameters of two modules of the same architecture."""
-    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+    return _max_diff(a.parameters(), b.parameters())
 
 
 def _max_grad_diff(a: nn.Module, b: nn.Module) -> float:
-    """Largest |difference| between the gradients of two modules of the same architecture."""
-    return max((p.grad - q.grad).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+    return _max_diff((p.grad for p in a.parameters()), (q.grad for q in b.parameters()))
 
 
 def _lenet(seed: int) -> LeNet:
@@ -77,7 +69,6 @@ def _torch_ddp(module: nn.Module, **kwargs) -> nn.Module:
 
 def _sgd_step(net: nn.Module, opt: torch.optim.Optimizer, X: torch.Tensor,
               y: torch.Tensor) -> float:
-    """One SGD step on the mean cross-entropy of (X, y); returns the loss."""
     opt.zero_grad()
     loss = F.cross_entropy(net(X), y)
     loss.backward()  # DDP: when this returns, every .grad holds the average over the ranks
@@ -85,16 +76,11 @@ def _sgd_step(net: nn.Module, opt: torch.optim.Optimizer, X: torch.Tensor,
     return loss.item()
 
 
-# ------------------------------------------------------------------------------------------------
-# 1. the initial broadcast
-# ------------------------------------------------------------------------------------------------
+# ---- 1. the initial broadcast -------------------------------------------------------------------
 
 def broadcast_initial_state() -> dict[str, list[float]]:
     """Each rank builds a LeNet from its own seed; wrapping it in DDP makes them all rank 0's.
-
-    Returns, for every rank, the sum of all its parameters before and after wrapping (a
-    checksum: equal sums after, different ones before).
-    """
+    Returns every rank's sum of all its parameters before and after wrapping (a checksum)."""
     net = _lenet(seed=dist.get_rank())           # different weights on every rank
     checksum = lambda: torch.stack([p.detach().sum() for p in net.parameters()]).sum()
     before = checksum()
@@ -107,9 +93,7 @@ def broadcast_initial_state() -> dict[str, list[float]]:
     return {"before": [p[0].item() for p in everyone], "after": [p[1].item() for p in everyone]}
 
 
-# ------------------------------------------------------------------------------------------------
-# 2. each strategy against torch's DDP
-# ------------------------------------------------------------------------------------------------
+# ---- 2. each strategy against torch's DDP -------------------------------------------------------
 
 def compare_with_torch(strategy: str, X: torch.Tensor, y: torch.Tensor, steps: int,
                        per_rank: int = 32, lr: float = 0.1,
@@ -142,9 +126,7 @@ def compare_with_torch(strategy: str, X: torch.Tensor, y: torch.Tensor, steps: i
             "max_abs_diff": diffs}
 
 
-# ------------------------------------------------------------------------------------------------
-# 3. a timeline of one backward pass
-# ------------------------------------------------------------------------------------------------
+# ---- 3. a timeline of one backward pass ---------------------------------------------------------
 
 def timeline(strategy: str, X: torch.Tensor, y: torch.Tensor, per_rank: int = 128,
              bucket_cap_mb: float = 0.1, steps: int = 4) -> dict:
@@ -215,13 +197,7 @@ def timelines(strategies: tuple[str, ...], X: torch.Tensor, y: torch.Tensor, per
     return {strategy: timeline(strategy, X, y, per_rank, bucket_cap_mb) for strategy in strategies}
 
 
-# ------------------------------------------------------------------------------------------------
-# 4. step time of each strategy and of torch's DDP
-# ------------------------------------------------------------------------------------------------
-
-# ------------------------------------------------------------------------------------------------
-# 5. gradient accumulation with no_sync
-# ------------------------------------------------------------------------------------------------
+# ---- 4. gradient accumulation with no_sync ------------------------------------------------------
 
 def accumulate_with_no_sync(X: torch.Tensor, y: torch.Tensor, micro: int = 16,
                             k: int = 4) -> dict:
@@ -281,29 +257,15 @@ def accumulate_with_no_sync(X: torch.Tensor, y: torch.Tensor, micro: int = 16,
     return out
 
 
-# ------------------------------------------------------------------------------------------------
-# 6. the bf16 compression hook
-# ------------------------------------------------------------------------------------------------
+# ---- 5. the bf16 compression hook ---------------------------------------------------------------
 
 @contextmanager
 def count_all_reduce_bytes() -> Iterator[list[int]]:
-    """Record the bytes of every tensor handed to ``dist.all_reduce`` inside the block.
-
-    The hooks call ``torch.distributed.all_reduce`` by attribute, so replacing it for the
-    duration of the block sees exactly what they send; the original is restored in ``finally``.
-    """
+    """Record the bytes of every tensor handed to ``dist.all_reduce`` inside the block (the
+    hooks call ``torch.distributed.all_reduce`` by attribute: replacing it sees what they send)."""
     sizes: list[int] = []
-    original: Callable = dist.all_reduce
-
-    def recording(tensor, *args, **kwargs):
-        sizes.append(tensor.numel() * tensor.element_size())
-        return original(tensor, *args, **kwargs)
-
-    dist.all_reduce = recording
-    try:
+    with _spying(dist, "all_reduce", lambda t, *a, **k: sizes.append(t.nbytes)):
         yield sizes
-    finally:
-        dist.all_reduce = original
 
 
 def compression(X: torch.Tensor, y: torch.Tensor, per_rank: int = 64, steps: int = 5) -> dict:
@@ -311,27 +273,22 @@ def compression(X: torch.Tensor, y: torch.Tensor, per_rank: int = 64, steps: int
 
     Two copies of one LeNet take the same steps on the same shards; before each step the bf16
     copy is reset to the float32 copy's weights, so their gradients are compared at the same
-    point. ``sent_bytes``: bytes handed to ``dist.all_reduce`` per step, measured;
-    ``ring_bytes``: what a ring all-reduce sends per rank for that (``bytes_on_wire``).
-
-    Returns:
-        for "fp32" and "bf16": ``sent_bytes``, ``ring_bytes``; and per step ``max_abs_diff``
-        (largest |bf16 - fp32| over all gradient entries), ``max_abs_grad`` (largest |fp32
-        gradient|) and ``max_rel_diff`` (per tensor, |diff|.max() / |grad|.max(), the worst one).
+    point. Returns, for "fp32" and "bf16", ``sent_bytes`` (handed to ``dist.all_reduce`` per
+    step, measured) and ``ring_bytes`` (what a ring all-reduce sends per rank for that,
+    ``bytes_on_wire``); and per step ``max_abs_diff`` (largest |bf16 - fp32| gradient entry),
+    ``max_abs_grad`` (largest |fp32 gradient|) and ``max_rel_diff`` (per tensor, |diff|.max() /
+    |grad|.max(), the worst one).
     """
     base = _lenet(seed=0)
     fp32 = DistributedDataParallel(copy.deepcopy(base))
     bf16 = DistributedDataParallel(copy.deepcopy(base))
     bf16.register_comm_hook(None, bf16_compress_hook)
     opt = torch.optim.SGD(fp32.parameters(), lr=0.1)
-    sent = {"fp32": [], "bf16": []}
-    diffs, grads, rel = [], [], []
+    sent, diffs, grads, rel = {"fp32": [], "bf16": []}, [], [], []
     for step in range(steps):
         Xg, yg = _global_batch(X, y, step, per_rank)
         Xs, ys = _shard(Xg, per_rank), _shard(yg, per_rank)
-        with torch.no_grad():
-            for p, q in zip(bf16.parameters(), fp32.parameters()):
-                p.copy_(q)
+        bf16.module.load_state_dict(fp32.module.state_dict())
         for name, model in (("fp32", fp32), ("bf16", bf16)):
             model.zero_grad()
             with count_all_reduce_bytes() as sizes:

@@ -1,9 +1,8 @@
 """Worker functions that notebook 13 (after training) hands to ``launch``.
 
-``launch`` starts fresh processes that import each function by module and name, so the workers
-live here, never in a notebook cell. The recipe (``course_lib.train_ddp``) saves the unwrapped
-model; ``save_wrapped_checkpoint`` saves the way many scripts do, ``ddp_model.state_dict()``,
-whose keys all start with ``module.``: the checkpoint that ``course_lib.deploy`` must load.
+The recipe (``course_lib.train_ddp``) saves the unwrapped model; ``save_wrapped_checkpoint``
+saves the way many scripts do, ``ddp_model.state_dict()``, whose keys all start with
+``module.``: the checkpoint that ``course_lib.deploy`` must load.
 """
 from __future__ import annotations
 
@@ -23,15 +22,12 @@ def save_wrapped_checkpoint(path: str, steps: int = 20, batch_size: int = 32,
                             n_probe: int = 8) -> dict:
     """Train a LeNet under torch's DDP for ``steps`` steps; rank 0 saves ``ddp.state_dict()``.
 
-    Every rank builds ``LeNet()`` seeded with its rank (different weights: DDP's broadcast from
-    rank 0 makes them equal), takes its stride of the first ``steps * k * batch_size`` real
-    Fashion-MNIST training images and takes ``steps`` SGD steps (lr 0.1). Then rank 0 writes the
-    WRAPPED model's state dict to ``path`` (atomically), keys ``module.conv1.weight`` and so on.
-
-    Returns:
-        ``{"rank", "keys" (the saved keys, rank 0; [] elsewhere), "logits" (the model's outputs
-        on the first ``n_probe`` test images, eval mode, (n_probe, 10)), "loss" (the last step's,
-        this rank's)}``. The weights are asserted equal on every rank at the end.
+    Every rank builds ``LeNet()`` seeded with its rank (DDP's broadcast from rank 0 makes them
+    equal), takes its stride of the first ``steps * k * batch_size`` real Fashion-MNIST training
+    images and takes ``steps`` SGD steps (lr 0.1). Then rank 0 writes the WRAPPED model's state
+    dict to ``path`` (atomically), keys ``module.conv1.weight`` and so on. Returns ``{"rank",
+    "keys" (the saved keys on rank 0, else []), "logits" (on the first ``n_probe`` test images,
+    eval mode, (n_probe, 10)), "loss" (this rank's last)}``; the weights are asserted equal.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     train_iter, test_iter = load_fashion_mnist(batch_size, quick=False)
@@ -42,9 +38,8 @@ def save_wrapped_checkpoint(path: str, steps: int = 20, batch_size: int = 32,
     ddp = nn.parallel.DistributedDataParallel(LeNet())                 # broadcasts rank 0's
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     for step in range(steps):
-        Xb, yb = X[step * batch_size:(step + 1) * batch_size], y[step * batch_size:(step + 1)
-                                                                  * batch_size]
-        loss = F.cross_entropy(ddp(Xb), yb)
+        rows = slice(step * batch_size, (step + 1) * batch_size)
+        loss = F.cross_entropy(ddp(X[rows]), y[rows])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()                                                # averaged over ranks
         optimizer.step()

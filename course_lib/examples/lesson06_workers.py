@@ -21,16 +21,6 @@ __all__ = ["NOISY_MEDIAN_OVER_MIN", "median_over_min", "time_allreduces", "verdi
 NOISY_MEDIAN_OVER_MIN = 1.5
 
 
-def _variants(x: torch.Tensor, segments: int) -> dict:
-    """The three all-reduces of ``x`` that ``time_allreduces`` compares, by name."""
-    return {
-        "dist.all_reduce": lambda: dist.all_reduce(x),
-        "ring": lambda: ring_allreduce(x, check=False),
-        f"ring, {segments} segments": lambda: ring_allreduce_pipelined(
-            x, segments=segments, check=False),
-    }
-
-
 def median_over_min(c: Comparison, name: str) -> float:
     """How far the median of ``name``'s samples sits above their minimum (1.0: no spread)."""
     return c.median(name) / c.min(name)
@@ -58,17 +48,18 @@ def time_allreduces(sizes: list[int], segments: int, samples: int, min_sample_s:
     default, chunk bytes // 2 MiB, is one piece for chunks under 4 MiB, the textbook schedule).
     Every rank runs the same ``compare``: a barrier before each sample, each time the slowest
     rank's, so every rank loops the same number of times. The rings skip their argument check
-    (``check=False``): it would add one small all-gather per call to what is timed.
-
-    Returns:
-        On rank 0, {bytes: Comparison}; None on the other ranks.
+    (``check=False``): it would add one small all-gather per call to what is timed. Returns, on
+    rank 0, {bytes: Comparison}; None on the other ranks.
     """
     device = current_device()
     out = {}
     for nbytes in sizes:
         # zeros stay zeros however often they are summed: no overflow, no denormals
         x = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)  # (n,) fp32
-        variants = _variants(x, segments)
+        variants = {"dist.all_reduce": lambda x=x: dist.all_reduce(x),
+                    "ring": lambda x=x: ring_allreduce(x, check=False),
+                    f"ring, {segments} segments": lambda x=x: ring_allreduce_pipelined(
+                        x, segments=segments, check=False)}
         out[nbytes] = compare(variants, samples=samples, min_sample_seconds=min_sample_s,
                               warmup=2, calibration_calls=3, max_loops=2000, device=device,
                               before=dist.barrier, reduce=_slowest,

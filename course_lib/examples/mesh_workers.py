@@ -1,20 +1,12 @@
 """Worker functions for the device mesh: data, tensor and pipeline parallelism on one GPT.
 
-``launch`` starts fresh processes that import each function by module and name, so the workers
-live here, never in a notebook cell. Every rank builds the same ``course_lib.models.gpt.GPT``
-from the same seed, draws the same real-text batches (``batch_schedule``) and also trains the
-whole model on the whole batch itself: that one-process run is the oracle, step after step.
-
-- ``mesh_groups``: the groups of ``course_lib.distributed.device_mesh.init_device_mesh`` beside
-  those of torch's ``init_device_mesh`` (global ranks of each dimension's group), coordinates.
-- ``train_on_mesh``: the GPT on a ("dp", "tp") mesh (the course's ``parallelize_gpt`` on the tp
-  group, the course's ``DistributedDataParallel`` on the dp group) or on a ("pp", "dp", "tp")
-  mesh (two pipeline stages, ``PipelineStage`` + ``ScheduleGPipe`` on the pp group, the tensor
-  split inside each stage, gradients all-reduced over the dp group); per step the loss of the
-  mesh and of one process and the largest parameter difference. With ``count=True`` one more
-  step is recorded (``record_collectives``): calls and bytes per mesh dimension.
-- ``train_torch_mesh``: the same GPT with torch's ``parallelize_module`` (tp) and
-  ``fully_shard`` (dp) on torch's ``init_device_mesh``, against one process.
+Every rank builds the same ``course_lib.models.gpt.GPT`` from the same seed, draws the same
+real-text batches (``batch_schedule``) and also trains the whole model on the whole batch itself:
+that one-process run is the oracle, step after step. ``mesh_groups``: the course's
+``init_device_mesh`` beside torch's; ``train_on_mesh``: the GPT on a ("dp", "tp") or a
+("pp", "dp", "tp") mesh (course's ``parallelize_gpt``, ``DistributedDataParallel``,
+``PipelineStage`` + ``ScheduleGPipe``), optionally with one step's collectives counted per mesh
+dimension; ``train_torch_mesh``: the same with torch's ``parallelize_module`` and ``fully_shard``.
 """
 from __future__ import annotations
 
@@ -27,20 +19,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.data_text import batch_schedule, load_text, split_tokens
 from course_lib.distributed.device_mesh import init_device_mesh
 from course_lib.distributed.env import current_device
 from course_lib.distributed.pipelining import PipelineStage, ScheduleGPipe
 from course_lib.distributed.recording import COLLECTIVES, record_collectives
-from course_lib.distributed.tensor.parallel import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    parallelize_gpt,
-    vocab_parallel_cross_entropy,
-)
-from course_lib.models.gpt import GPT, GPTConfig
+from course_lib.distributed.tensor.parallel import parallelize_gpt, vocab_parallel_cross_entropy
+from course_lib.models.gpt import GPT
 from course_lib.parallel import DistributedDataParallel
+
+from .tensor_parallel_workers import full_slice
+from .workers import _gpt, _max_diff, _text_batches, _torch_mesh, _torch_tp, _train_step
 
 __all__ = ["mesh_groups", "train_on_mesh", "train_torch_mesh"]
 
@@ -97,25 +85,11 @@ class _LastStage(nn.Module):
         return self.lm_head(self.ln_f(x))                          # (b, T, V / t)
 
 
-def _shard(module: nn.Module, attr: str, full: torch.Tensor) -> torch.Tensor:
-    """The block of the whole model's tensor ``full`` that ``module.attr`` holds on this rank."""
-    if isinstance(module, RowParallelLinear) and attr == "weight":
-        return full.chunk(module.world_size, dim=1)[module.rank]    # the input features
-    if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
-        return full.chunk(module.world_size, dim=0)[module.rank]    # the output rows
-    return full
-
-
 def _largest_difference(split: GPT, one: GPT, params: set[int]) -> float:
     """Largest |parameter - matching slice of the one-process model's| over ``params``."""
-    full = dict(one.named_parameters())
-    worst = 0.0
-    for name, p in split.named_parameters():
-        if id(p) in params:
-            module_name, _, attr = name.rpartition(".")
-            mine = _shard(split.get_submodule(module_name), attr, full[name])
-            worst = max(worst, (p.detach() - mine.detach()).abs().max().item())
-    return worst
+    full, mine = dict(one.named_parameters()), dict(split.named_parameters())
+    names = [n for n, p in mine.items() if id(p) in params]
+    return _max_diff((mine[n] for n in names), (full_slice(split, n, full[n]) for n in names))
 
 
 def _per_dimension(records, mesh) -> dict:
@@ -156,8 +130,7 @@ def train_on_mesh(config: dict, shape: tuple[int, ...], names: tuple[str, ...],
     dev, dt = current_device(), getattr(torch, dtype)
     mesh = init_device_mesh(dev.type, shape, mesh_dim_names=names)
     dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
-    torch.manual_seed(seed)
-    one = GPT(GPTConfig(**config)).to(dev, dt)                     # the oracle, whole batch
+    one = _gpt(config, seed, dt)                                   # the oracle, whole batch
     split = parallelize_gpt(copy.deepcopy(one), group=tp)
     if "pp" in names:
         stage_index, half = mesh.get_local_rank("pp"), len(split.blocks) // 2
@@ -172,8 +145,7 @@ def train_on_mesh(config: dict, shape: tuple[int, ...], names: tuple[str, ...],
     params = {id(p) for p in trained.parameters()}
     opt = torch.optim.AdamW(trained.parameters(), lr=lr)
     opt_one = torch.optim.AdamW(one.parameters(), lr=lr)
-    train, _ = split_tokens(load_text(max_bytes=text_bytes))
-    batches = batch_schedule(train, batch_size, seq_len, seed=seed)
+    batches = _text_batches(batch_size, seq_len, seed, text_bytes)
     d, i = mesh.size("dp"), mesh.get_local_rank("dp")
     losses, diffs, counts = [], [], None
     for step in range(steps + count):
@@ -187,11 +159,7 @@ def train_on_mesh(config: dict, shape: tuple[int, ...], names: tuple[str, ...],
         if counted:
             counts = _per_dimension(records, mesh)
             break
-        loss = _dp_mean(local, dp)
-        opt_one.zero_grad()
-        _, loss_one = one(X, Y)
-        loss_one.backward()
-        opt_one.step()
+        loss, loss_one = _dp_mean(local, dp), _train_step(one, opt_one, X, Y)
         losses.append(None if loss is None else (loss, loss_one.item()))
         diffs.append(_largest_difference(split, one, params))
     return dict(coordinate=mesh.get_coordinate(), losses=losses, params=diffs, counts=counts,
@@ -199,7 +167,6 @@ def train_on_mesh(config: dict, shape: tuple[int, ...], names: tuple[str, ...],
 
 
 def _flat_loss(logits: torch.Tensor, targets: torch.Tensor, *, group) -> torch.Tensor:
-    """The vocabulary-parallel loss of (b, T, V / t) logits and (b, T) targets."""
     return vocab_parallel_cross_entropy(logits.flatten(0, 1), targets.flatten(), group=group)
 
 
@@ -233,7 +200,6 @@ def _dp_mean(loss: torch.Tensor | None, dp) -> float | None:
 
 @contextlib.contextmanager
 def _quiet(logger_name: str):
-    """Errors only from one logger inside the block (its level restored after)."""
     logger = logging.getLogger(logger_name)
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -249,30 +215,18 @@ def train_torch_mesh(config: dict, batch_size: int, seq_len: int, steps: int,
     out_proj / proj rowwise) and ``fully_shard`` on "dp", of torch's ``init_device_mesh``
     (("dp", "tp") = (2, 2)), float64, beside one process. Returns the losses and the largest
     parameter difference per step, or ``{"error": ...}`` with what torch raised."""
-    from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError as e:
         return {"error": f"ImportError: {e}"}
     dev = current_device()
-    torch.manual_seed(seed)
-    one = GPT(GPTConfig(**config)).to(dev, torch.float64)
+    one = _gpt(config, seed, torch.float64)
     theirs = copy.deepcopy(one)
-    train, _ = split_tokens(load_text(max_bytes=text_bytes))
-    batches = batch_schedule(train, batch_size, seq_len, seed=seed)
+    batches = _text_batches(batch_size, seq_len, seed, text_bytes)
     losses, diffs = [], []
     try:
-        mesh = torch_init_device_mesh(dev.type, (2, 2), mesh_dim_names=("dp", "tp"))
-        for block in theirs.blocks:
-            parallelize_module(block, mesh["tp"], {"attn.qkv": ColwiseParallel(),
-                                                   "attn.out_proj": RowwiseParallel(),
-                                                   "mlp.fc": ColwiseParallel(),
-                                                   "mlp.proj": RowwiseParallel()})
+        mesh = _torch_mesh(2, 2, mesh_dim_names=("dp", "tp"))
+        _torch_tp(theirs.blocks, mesh["tp"])
         for block in theirs.blocks:
             fully_shard(block, mesh=mesh["dp"])
         fully_shard(theirs, mesh=mesh["dp"])
@@ -281,22 +235,13 @@ def train_torch_mesh(config: dict, batch_size: int, seq_len: int, steps: int,
         d, i = mesh["dp"].size(), mesh.get_local_rank("dp")
         for _ in range(steps):
             X, Y = (t.to(dev) for t in next(batches))
-            _, loss = theirs(X.chunk(d)[i], Y.chunk(d)[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            _, loss_one = one(X, Y)
-            opt_one.zero_grad()
-            loss_one.backward()
-            opt_one.step()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean, group=mesh.get_group("dp"))
-            losses.append((mean.item() / d, loss_one.item()))
+            loss = _train_step(theirs, opt, X.chunk(d)[i], Y.chunk(d)[i])
+            loss_one = _train_step(one, opt_one, X, Y)
+            losses.append((_dp_mean(loss.detach(), mesh.get_group("dp")), loss_one.item()))
             with _quiet("torch.distributed.tensor._redistribute"):   # "2 all_gathers"
                 full = [p.full_tensor() if hasattr(p, "full_tensor") else p
                         for p in theirs.parameters()]
-            diffs.append(max((a.detach() - b.detach()).abs().max().item()
-                             for a, b in zip(full, one.parameters())))
+            diffs.append(_max_diff(full, one.parameters()))
     except Exception as e:  # noqa: BLE001 - what fails is the finding, reported in words
         return {"error": f"{type(e).__name__}: {e}"}
     return {"losses": losses, "params": diffs,

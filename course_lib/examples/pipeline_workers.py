@@ -37,6 +37,8 @@ from course_lib.models.lenet import LeNet
 from course_lib.models.resnet import resnet18
 from course_lib.timing import bootstrap_ratio, keep_freed_memory
 
+from .workers import _max_diff
+
 __all__ = ["SCHEDULES", "activation_peaks", "bubble_table", "bubbles", "busy_seconds",
            "check_pipeline", "compare_to_control", "equal_blocks", "handoff_seconds",
            "in_sequence", "lenet_sequential", "median_step", "merge_ranks", "op_seconds",
@@ -59,13 +61,6 @@ def lenet_sequential(seed: int = 0) -> nn.Sequential:
     )
 
 
-def _mlp(seed: int) -> nn.Sequential:
-    """A small MLP for fast tests: 7 -> 9 -> 6 -> 8 -> 3, tanh between (7 layers)."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(7, 9), nn.Tanh(), nn.Linear(9, 6), nn.Tanh(), nn.Linear(6, 8),
-                         nn.Tanh(), nn.Linear(8, 3))
-
-
 def equal_blocks(width: int, blocks: int, seed: int = 0) -> nn.Sequential:
     """A LayerNorm(width), then ``blocks`` identical layers, each Linear(width, width) then
     ReLU (inputs (B, width); the output scores ``width`` classes): 1 + blocks layers.
@@ -81,8 +76,9 @@ def equal_blocks(width: int, blocks: int, seed: int = 0) -> nn.Sequential:
 
 
 def sequential_model(name: str, seed: int = 0, **sizes: int) -> nn.Sequential:
-    """``"lenet"`` (10 layers), ``"resnet18"`` (flattened: 14 layers), ``"mlp"`` (7 layers) or
-    ``"blocks"`` (``equal_blocks``; pass ``width=`` and ``blocks=``)."""
+    """``"lenet"`` (10 layers), ``"resnet18"`` (flattened: 14 layers), ``"mlp"`` (7 layers, a
+    small MLP for fast tests: 7 -> 9 -> 6 -> 8 -> 3, tanh between) or ``"blocks"``
+    (``equal_blocks``; pass ``width=`` and ``blocks=``)."""
     if name == "blocks":
         return equal_blocks(seed=seed, **sizes)
     if sizes:
@@ -90,17 +86,14 @@ def sequential_model(name: str, seed: int = 0, **sizes: int) -> nn.Sequential:
                          f"got them with {name!r}.")
     if name == "lenet":
         return lenet_sequential(seed)
+    torch.manual_seed(seed)
     if name == "resnet18":
-        torch.manual_seed(seed)
         return flatten_sequential(resnet18())
     if name == "mlp":
-        return _mlp(seed)
+        return nn.Sequential(nn.Linear(7, 9), nn.Tanh(), nn.Linear(9, 6), nn.Tanh(),
+                             nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     raise ValueError("sequential_model expects 'lenet', 'resnet18', 'mlp' or 'blocks', got "
                      f"{name!r}.")
-
-
-def _has_batch_norm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def _oracle_step(model: nn.Sequential, X: torch.Tensor, y: torch.Tensor, m: int,
@@ -110,7 +103,7 @@ def _oracle_step(model: nn.Sequential, X: torch.Tensor, y: torch.Tensor, m: int,
     With batch norm the micro-batches run one after the other (each normalised by its own
     statistics, as in the pipeline); without, the whole batch in one go.
     """
-    if _has_batch_norm(model):
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         outputs = []
         for Xm, ym in zip(split_microbatches(X, m), split_microbatches(y, m)):
             out = model(Xm)
@@ -125,10 +118,6 @@ def _oracle_step(model: nn.Sequential, X: torch.Tensor, y: torch.Tensor, m: int,
         for p in model.parameters():
             p -= lr * p.grad
     return out
-
-
-def _max_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
-    return max(((x - z).abs().max().item() for x, z in zip(a, b)), default=0.0)
 
 
 def check_pipeline(cases: Sequence[tuple[str, str, int, Sequence[int] | None]],
@@ -219,19 +208,11 @@ def two_rank_example(X: torch.Tensor, y: torch.Tensor, lr: float = 0.1) -> dict:
 
 
 def _run_step(sched, stage: PipelineStage, X: torch.Tensor, y: torch.Tensor) -> None:
-    if stage.is_first and stage.is_last:
-        sched.step(X, target=y)
-    elif stage.is_first:
-        sched.step(X)
-    elif stage.is_last:
-        sched.step(target=y)
-    else:
-        sched.step()
+    sched.step(*([X] if stage.is_first else []), target=y if stage.is_last else None)
 
 
 def _this_ranks_stage(model: str, balance, sizes: dict | None = None
                       ) -> tuple[list, PipelineStage]:
-    """Every rank builds the same model, splits it, and keeps its own stage."""
     rank, p, device = dist.get_rank(), dist.get_world_size(), current_device()
     net = sequential_model(model, **(sizes or {})).to(device)
     stages = split_sequential(net, p, balance=balance)
@@ -257,16 +238,13 @@ def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[
                        sizes: dict | None = None) -> dict:
     """Time pipeline steps: for each schedule and micro-batch count, this rank's events.
 
-    The configurations run interleaved, one step of each per round (``round_order``): what
-    slows the machine for a while slows them all, and step i of two configurations can be
-    compared as a pair (``timing.bootstrap_ratio``). Within a round the two schedules of one m
-    run back to back, which of them first alternating from round to round, and the m's come in
-    a seeded shuffled order: no schedule always runs first, or always after the same
-    configuration. The first ``warmup`` rounds are not recorded; every step starts after a
-    barrier (all stages together). Returns ``{(schedule, m): [events of each step]}`` with this
+    The configurations run interleaved, one step of each per round (``round_order``: the m's in a
+    seeded shuffled order, the two schedules of one m back to back, which first alternating), so
+    that what slows the machine for a while slows them all and step i of two configurations can be
+    compared as a pair (``timing.bootstrap_ratio``). The first ``warmup`` rounds are not recorded;
+    every step starts after a barrier. Returns ``{(schedule, m): [events of each step]}``, this
     rank's ``PipeEvent``s (``time.perf_counter`` seconds: one clock for every process of the
-    machine); the notebook joins the ranks (``merge_ranks``). ``sizes`` go to
-    ``sequential_model`` (``"blocks"``'s width and count).
+    machine; ``merge_ranks`` joins the ranks). ``sizes`` go to ``sequential_model``.
     """
     rank = dist.get_rank()
     keep_freed_memory()   # no page faults that depend on what ran before (as stage_costs)
@@ -291,13 +269,11 @@ def pipeline_timelines(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[
 def activation_peaks(X: torch.Tensor, y: torch.Tensor, microbatches: Sequence[int],
                      schedules: Sequence[str] = ("gpipe", "1f1b"), balance=None,
                      model: str = "lenet") -> dict:
-    """Peak bytes of activations on this rank's stage, per (schedule, m).
-
-    Counted with ``ActivationMeter`` during one step (after a warm-up step): ``"saved"``, the
-    tensors saved for backward; ``"held"``, those and the buffers held for sends (each counted
-    once). On a GPU also ``torch.cuda.max_memory_allocated`` over the step, minus what was
-    allocated before it. Returns ``{(schedule, m): {"saved", "held": bytes, "cuda": bytes or
-    None}}``.
+    """Peak bytes of activations on this rank's stage, per (schedule, m), during one step (after a
+    warm-up step): ``{(schedule, m): {"saved", "held", "cuda"}}``. ``ActivationMeter`` counts
+    ``"saved"``, the tensors saved for backward, and ``"held"``, those and the buffers held for
+    sends (each once); on a GPU ``"cuda"`` is ``torch.cuda.max_memory_allocated`` over the step
+    minus what was allocated before it (else None).
     """
     rank = dist.get_rank()
     stages, stage = _this_ranks_stage(model, balance)
@@ -439,12 +415,10 @@ def ratio_over_control(a: Sequence[float], b: Sequence[float], a0: Sequence[floa
                        b0: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000,
                        seed: int = 0) -> tuple[float, float, float]:
     """``(median(a) / median(b)) / (median(a0) / median(b0))``, a ratio over its control's, with
-    a percentile bootstrap interval. Sample i of all four lists was taken in round i, so rounds
-    are resampled whole, all four together (as ``timing.bootstrap_ratio`` does for two): the
-    interval carries the control's own spread, and a load that slows one round cancels.
-
-    Returns:
-        ``(ratio, low, high)``.
+    a percentile bootstrap interval: ``(ratio, low, high)``. Sample i of all four lists was taken
+    in round i, so rounds are resampled whole, all four together (as ``timing.bootstrap_ratio``
+    does for two): the interval carries the control's own spread, and a load that slows one round
+    cancels.
     """
     samples = [list(a), list(b), list(a0), list(b0)]
     n = len(samples[0])
@@ -475,15 +449,13 @@ def _ratio_text(x: float) -> str:
 def compare_to_control(runs: dict, microbatches: Sequence[int]) -> dict:
     """1F1B's step time over GPipe's at each m, divided by the same ratio at m = 1, the control.
 
-    At m = 1 the two schedules run the same order, so their ratio there is what this timing
-    gives for no difference in the work. The ratio of ratios gets a 95% bootstrap interval,
-    rounds resampled together (``ratio_over_control``). A difference is called only where that
-    interval excludes 1: below it "1F1B faster", above it "1F1B slower". The first m must be 1.
-    Prints the control's ratio, then one line per m > 1, ratios to 4 decimals (a bound that
-    would round to 1 prints as "< 1" or "> 1"); where a difference is called, the line adds
-    1F1B / GPipe of the median busy and idle time: whether it lies in computing or in waiting.
-    Returns ``{m: (ratio, low, high)}``:
-    1F1B / GPipe at m = 1, the ratio over the control at every m > 1.
+    At m = 1 the two schedules run the same order: their ratio there is what this timing gives for
+    no difference in the work. The ratio of ratios gets a 95% bootstrap interval, rounds resampled
+    together (``ratio_over_control``); a difference is called only where it excludes 1 ("1F1B
+    faster" below, "1F1B slower" above), and the line then adds 1F1B / GPipe of the median busy and
+    idle time. The first m must be 1. Prints ratios to 4 decimals (a bound that would round to 1
+    prints as "< 1" or "> 1"). Returns ``{m: (ratio, low, high)}``: 1F1B / GPipe at m = 1, the
+    ratio over the control at every m > 1.
     """
     if microbatches[0] != 1:
         raise ValueError(f"compare_to_control needs m = 1 first (the control), got "

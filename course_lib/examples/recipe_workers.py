@@ -1,10 +1,9 @@
 """Worker functions that notebook 08 (the DDP training recipe) hands to ``launch``.
 
-``launch`` starts fresh processes that import each function by module and name, so the workers
-live here, never in a notebook cell. Each runs in every rank of an initialised process group and
-returns small picklable results; claims are asserted here, in the worker, so a notebook cell that
-prints a result has also proved it. The recipe itself is ``course_lib.train_ddp``: these workers
-call its pieces (``run``, ``evaluate_exact``, ``share_initial_weights``, ...) and report.
+Each runs in every rank of an initialised process group and returns small picklable results;
+claims are asserted here, in the worker, so a notebook cell that prints a result has also proved
+it. The recipe itself is ``course_lib.train_ddp``: these workers call its pieces (``run``,
+``evaluate_exact``, ``share_initial_weights``, ...) and report.
 """
 from __future__ import annotations
 
@@ -47,9 +46,7 @@ def _checksum(model: nn.Module) -> float:
     return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
-# ------------------------------------------------------------------------------------------------
-# Runs of the recipe
-# ------------------------------------------------------------------------------------------------
+# ---- runs of the recipe ------------------------------------------------------------------------
 
 def run_recipes(argvs: list[list[str]]) -> list[dict]:
     """``course_lib.train_ddp.run(argv)`` for each ``argv`` in turn, in one process group.
@@ -86,10 +83,9 @@ def one_rank_leaves(wait_s: float = 2.0) -> dict:
 
     Both ranks take one step (an all-reduce); then rank 1 leaves the loop, as a rank that saw a
     non-finite loss and called ``sys.exit(1)`` would, while rank 0 goes on into the next step's
-    all-reduce. Nobody will ever join it: it waits until its group's timeout (``wait_s``, here
-    short; 30 min on gloo by default, 10 min on NCCL). Rank 1 stays alive meanwhile (still writing
-    its log line, say): a process that really exits may instead close its connections, which gloo
-    reports at once. Returns what each rank did.
+    all-reduce, which nobody will ever join: it waits until its group's timeout (``wait_s``, here
+    short; 30 min on gloo by default, 10 min on NCCL). Rank 1 stays alive meanwhile (a process that
+    really exits may close its connections, which gloo reports at once). Returns what each did.
     """
     rank = dist.get_rank()
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=wait_s))
@@ -111,9 +107,7 @@ def one_rank_leaves(wait_s: float = 2.0) -> dict:
             "error": error}
 
 
-# ------------------------------------------------------------------------------------------------
-# Pieces of the recipe
-# ------------------------------------------------------------------------------------------------
+# ---- pieces of the recipe ----------------------------------------------------------------------
 
 def initial_weights(folder: str) -> dict:
     """Two ways to an equal start, from LeNets seeded ``seed + rank`` (different on each rank).
@@ -170,29 +164,21 @@ def evaluations(checkpoint: str, X_test: torch.Tensor, y_test: torch.Tensor,
     return rows
 
 
-def _my_slice(sizes: list[int], rank: int) -> slice:
-    start = sum(sizes[:rank])
-    return slice(start, start + sizes[rank])
-
-
 def sync_bn_against_global(sizes: list[int], channels: int = 4, use_torch: bool = False
                            ) -> dict:
     """SyncBatchNorm on unequal shards against one ``BatchNorm2d`` on the whole global batch.
 
-    Every rank builds the same global batch (N = sum(sizes) images of ``channels`` x 5 x 5)
-    and the same upstream gradient, takes its shard (``sizes[rank]`` images), runs forward and
-    backward through SyncBatchNorm, and compares with one BatchNorm2d on the whole batch: the
-    output, the input gradient, the weight and bias gradients (summed over ranks: each rank holds
-    its shard's share of the batch's gradient; DDP would average instead, each rank's loss being
-    a mean over its shard) and the running statistics (asserted equal). Also a plain
-    ``BatchNorm2d`` on the shard alone, what each rank computes without synchronisation.
-
-    ``use_torch``: torch's ``nn.SyncBatchNorm`` on ``cuda:rank`` (NCCL) instead of the course's.
-
-    Returns the largest absolute difference of each quantity, and this rank's shard size.
+    Every rank builds the same global batch (N = sum(sizes) images of ``channels`` x 5 x 5) and
+    upstream gradient, runs its shard (``sizes[rank]`` images) forward and backward through
+    SyncBatchNorm, and compares with one BatchNorm2d on the whole batch: the output, the input
+    gradient, the weight and bias gradients (summed over ranks: each rank holds its shard's share;
+    DDP would average instead, each rank's loss being a mean over its shard) and the running
+    statistics (asserted equal); also a plain ``BatchNorm2d`` on the shard alone. ``use_torch``:
+    torch's ``nn.SyncBatchNorm`` on ``cuda:rank`` (NCCL) instead of the course's. Returns the
+    largest absolute difference of each quantity, and this rank's shard size.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine = _my_slice(sizes, rank)
+    mine = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
     device = torch.device("cuda", rank) if use_torch else torch.device("cpu")
     dtype = torch.float32 if use_torch else torch.float64
     tol = {"rtol": 1e-4, "atol": 1e-5} if use_torch else {"rtol": 1e-10, "atol": 1e-10}
@@ -215,22 +201,17 @@ def sync_bn_against_global(sizes: list[int], channels: int = 4, use_torch: bool 
     y.backward(dY[mine])
     grads = {}
     for name in ("weight", "bias"):
-        g = getattr(ours, name).grad.clone()
-        dist.all_reduce(g)                    # each rank holds its share; the sum is the batch's
-        grads[name] = g
-    diffs = {
-        "output": (y - Y_all.detach()[mine]).abs().max().item(),
-        "input grad": (x.grad - X_all.grad[mine]).abs().max().item(),
-        "weight grad": (grads["weight"] - reference.weight.grad).abs().max().item(),
-        "bias grad": (grads["bias"] - reference.bias.grad).abs().max().item(),
-        "running_var": (ours.running_var - reference.running_var).abs().max().item(),
-    }
-    torch.testing.assert_close(y, Y_all.detach()[mine], **tol)
-    torch.testing.assert_close(x.grad, X_all.grad[mine], **tol)
-    for name in ("weight", "bias"):
-        torch.testing.assert_close(grads[name], getattr(reference, name).grad, **tol)
-    torch.testing.assert_close(ours.running_mean, reference.running_mean, **tol)
-    torch.testing.assert_close(ours.running_var, reference.running_var, **tol)
+        grads[name] = getattr(ours, name).grad.clone()
+        dist.all_reduce(grads[name])          # each rank holds its share; the sum is the batch's
+    pairs = {"output": (y, Y_all.detach()[mine]), "input grad": (x.grad, X_all.grad[mine]),
+             "weight grad": (grads["weight"], reference.weight.grad),
+             "bias grad": (grads["bias"], reference.bias.grad),
+             "running_mean": (ours.running_mean, reference.running_mean),
+             "running_var": (ours.running_var, reference.running_var)}
+    diffs = {name: (a - b).abs().max().item() for name, (a, b) in pairs.items()
+             if name != "running_mean"}
+    for a, b in pairs.values():
+        torch.testing.assert_close(a, b, **tol)
     with torch.no_grad():
         unsynced = (plain(X[mine]) - Y_all.detach()[mine]).abs().max().item()
     return {"rank": rank, "world": world, "shard": sizes[rank], "diffs": diffs,

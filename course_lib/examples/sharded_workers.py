@@ -1,30 +1,19 @@
 """Worker functions that notebook 11 (sharded data parallelism) hands to ``launch``.
 
-``launch`` starts fresh processes that import each function by module and name, so the workers
-live here, never in a notebook cell. Each runs in every rank of an initialised process group and
-returns small picklable results. The model is an MLP of ``Linear`` layers of the given widths
-(``widths=[a, b, c]``: Linear(a, b), Tanh, Linear(b, c)), the same on every rank.
-
-- ``memory_per_rank``: bytes in parameters, gradients, DDP's gradient buckets and optimizer
-  state, and the peak of one training step, for DDP, ZeRO-1 and FSDP (AdamW), measured on this
-  rank (and "DDP-view": DDP with ``gradient_as_bucket_view=True``); with the number of parameter
-  elements whose optimizer state this rank keeps (ZeRO-1's share of the state).
-- ``compare_zero_with_unsharded``: ZeRO-1 against the unsharded AdamW, both under DDP, compared
-  with ``torch.equal`` after a few steps.
-- ``step_times``: the three timed interleaved in the same processes (``course_lib.timing.compare``).
-- ``compare_with_torch_fsdp``: the course's FSDP against torch's ``fully_shard`` and against one
-  process on the whole batch, after a few steps.
-- ``traffic_per_step``: the collectives of one step of each kind, and of the paper's ZeRO-1
-  (``_PaperZeRO1``: reduce-scatter, then all-gather), recorded with ``record_collectives``.
-
-The accounting of ``memory_per_rank``'s rows, for the notebook's tables and figures, is at the
-end: ``memory_by_world`` (``memory_per_rank`` at several world sizes), ``held``,
+Each runs in every rank of an initialised process group and returns small picklable results.
+The model is an MLP of ``Linear`` layers of the given widths (``widths=[a, b, c]``: Linear(a,
+b), Tanh, Linear(b, c)), the same on every rank, trained with AdamW under DDP, ZeRO-1
+(``ZeroRedundancyOptimizer``) and FSDP: their memory per rank (``memory_per_rank``), ZeRO-1 and
+the course's FSDP against the unsharded run and torch's ``fully_shard``, step times, and the
+collectives of a step, the paper's ZeRO-1 among them. The accounting of ``memory_per_rank``'s
+rows, for the notebook's tables and figures, is at the end: ``memory_by_world``, ``held``,
 ``formula_bytes``, ``print_table``, ``held_parts``, ``curves``, ``above_held``.
 """
 from __future__ import annotations
 
 import copy
 import gc
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -44,6 +33,8 @@ from course_lib.distributed.memory import (
 from course_lib.distributed.optim import ZeroRedundancyOptimizer, partition_parameters
 from course_lib.parallel.ddp import DistributedDataParallel
 
+from .workers import _max_diff, _torch_fully_shard
+
 __all__ = ["HELD", "KINDS", "NOT_YET", "above_held", "bucket_bytes", "compare_with_torch_fsdp",
            "compare_zero_with_unsharded", "curves", "formula_bytes", "held", "held_parts",
            "memory_by_world", "memory_per_rank", "mlp", "print_table", "short_name", "step_times",
@@ -62,21 +53,21 @@ def mlp(widths: list[int]) -> nn.Sequential:
 
 def _setup(kind: str, widths: list[int], seed: int = 0, lr: float = 1e-3):
     """(model, optimizer, the optimizer holding this rank's state) for one kind."""
+    if kind not in (*KINDS, "DDP-view"):
+        raise ValueError(f"kind must be one of {(*KINDS, 'DDP-view')}, got {kind!r}.")
     torch.manual_seed(seed)
     net = mlp(widths).to(current_device())
-    if kind in ("DDP", "DDP-view"):   # DDP-view: each .grad a view of its bucket
-        model = DistributedDataParallel(net, gradient_as_bucket_view=kind == "DDP-view")
-        opt = torch.optim.AdamW(net.parameters(), lr=lr)
-        return model, opt, opt
-    if kind == "ZeRO-1":
-        model = DistributedDataParallel(net)
-        opt = ZeroRedundancyOptimizer(net.parameters(), torch.optim.AdamW, lr=lr)
-        return model, opt, opt.optim
     if kind == "FSDP":
         model = FullyShardedDataParallel(net)
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
         return model, opt, opt
-    raise ValueError(f"kind must be one of {(*KINDS, 'DDP-view')}, got {kind!r}.")
+    # DDP-view: each .grad a view of its bucket
+    model = DistributedDataParallel(net, gradient_as_bucket_view=kind == "DDP-view")
+    if kind == "ZeRO-1":
+        opt = ZeroRedundancyOptimizer(net.parameters(), torch.optim.AdamW, lr=lr)
+        return model, opt, opt.optim
+    opt = torch.optim.AdamW(net.parameters(), lr=lr)
+    return model, opt, opt
 
 
 def _batch(widths: list[int], per_rank: int, seed: int):
@@ -88,16 +79,13 @@ def _batch(widths: list[int], per_rank: int, seed: int):
 
 def _step(model, opt, X, y, memory: PeakMemory | None = None) -> None:
     """One training step; with ``memory``, each phase named for its breakdown."""
-    def phase(name: str) -> None:
-        if memory is not None:
-            memory.phase = name
-
+    phases = memory if memory is not None else SimpleNamespace()
     opt.zero_grad()
-    phase("forward")
+    phases.phase = "forward"
     loss = F.cross_entropy(model(X), y)
-    phase("backward")
+    phases.phase = "backward"
     loss.backward()
-    phase("optimizer step")
+    phases.phase = "optimizer step"
     opt.step()
 
 
@@ -180,11 +168,10 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
         One dict per kind: ``kind, world, rank, num_params, largest_param, params, grads,
         buckets, optimizer, state_elements, peak, peak_parts``. ``buckets``: ``bucket_bytes``,
         DDP's buckets beside the gradients (kept from step to step, as torch's Reducer keeps
-        its own). ``peak_parts``: {what: bytes} alive
-        at the peak, summing to ``peak`` (CPU only). ``num_params`` and ``largest_param``: the
-        elements of the unsharded model and of its largest parameter; ``state_elements``: the
-        elements of the parameters (or flat shards) whose optimizer state this rank keeps (all of
-        them under DDP; under ZeRO-1 those this rank owns).
+        its own). ``peak_parts``: {what: bytes} alive at the peak, summing to ``peak`` (CPU
+        only). ``num_params`` and ``largest_param``: the elements of the unsharded model and of
+        its largest parameter; ``state_elements``: the elements of the parameters (or flat
+        shards) whose optimizer state this rank keeps (under ZeRO-1: those this rank owns).
     """
     out = []
     for kind in kinds:
@@ -203,8 +190,7 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
         out.append({"kind": kind, "world": dist.get_world_size(), "rank": dist.get_rank(),
                     "num_params": sum(sizes), "largest_param": max(sizes),
                     "params": tensor_bytes(params), "grads": grad_bytes(params),
-                    "buckets": bucket_bytes(model),
-                    "optimizer": optimizer_state_bytes(local),
+                    "buckets": bucket_bytes(model), "optimizer": optimizer_state_bytes(local),
                     "state_elements": sum(p.numel() for p in local.state),
                     "peak": measured.peak, "peak_parts": measured.breakdown})
         del model, opt, local, params, measured, classify   # classify refers to the model
@@ -214,11 +200,9 @@ def memory_per_rank(widths: list[int], per_rank: int = 8,
 def compare_zero_with_unsharded(widths: list[int], per_rank: int = 8, steps: int = 3) -> dict:
     """DDP with AdamW and DDP with ``ZeroRedundancyOptimizer(AdamW)``, from the same weights,
     ``steps`` steps on the same batches (each rank its own); then every parameter compared.
-
-    Returns:
-        ``{"steps", "equal", "max_difference"}``, the same on every rank: ``equal`` is True when
-        every parameter is ``torch.equal`` to the unsharded run's on every rank;
-        ``max_difference`` the largest absolute difference of an element over the ranks.
+    Returns ``{"steps", "equal", "max_difference"}``, the same on every rank: ``equal`` when every
+    parameter is ``torch.equal`` to the unsharded run's on every rank; ``max_difference`` the
+    largest absolute difference of an element over the ranks.
     """
     runs = [_setup(kind, widths)[:2] for kind in ("DDP", "ZeRO-1")]
     for step in range(steps):
@@ -227,7 +211,7 @@ def compare_zero_with_unsharded(widths: list[int], per_rank: int = 8, steps: int
             _step(model, opt, X, y)
     pairs = list(zip(runs[0][0].parameters(), runs[1][0].parameters()))
     unequal = sum(not torch.equal(a, b) for a, b in pairs)
-    difference = max((a.detach() - b.detach()).abs().max().item() for a, b in pairs)
+    difference = _max_diff(*zip(*pairs))
     summary = torch.tensor([float(unequal), difference], dtype=torch.float64,
                            device=current_device())
     dist.all_reduce(summary, op=dist.ReduceOp.MAX)  # gloo and NCCL both take float64
@@ -252,12 +236,9 @@ def step_times(widths: list[int], per_rank: int = 8, samples: int = 10,
 
 def compare_with_torch_fsdp(widths: list[int], per_rank: int = 4, steps: int = 3) -> dict:
     """The course's FSDP, torch's ``fully_shard`` (on every Linear, then the root) and one
-    process on the whole batch, trained ``steps`` AdamW steps from the same weights.
-
-    Returns:
-        ``{"ours_vs_one_process", "torch_vs_one_process", "ours_vs_torch"}``: the largest
-        absolute difference of any parameter; or ``{"error": ...}`` when torch's
-        ``fully_shard`` does not run here (the message says why).
+    process on the whole batch, trained ``steps`` AdamW steps from the same weights. Returns
+    ``{"ours_vs_one_process", "torch_vs_one_process", "ours_vs_torch"}``, the largest absolute
+    difference of any parameter, or ``{"error": ...}`` when ``fully_shard`` does not run here.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -265,16 +246,7 @@ def compare_with_torch_fsdp(widths: list[int], per_rank: int = 4, steps: int = 3
     one = copy.deepcopy(base)
     ours = FullyShardedDataParallel(copy.deepcopy(base))
     try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        # this group's device: fully_shard's default mesh takes a GPU per rank when CUDA exists
-        mesh = init_device_mesh(current_device().type, (world,))
-        theirs = copy.deepcopy(base)
-        for m in theirs:
-            if isinstance(m, nn.Linear):
-                fully_shard(m, mesh=mesh)
-        fully_shard(theirs, mesh=mesh)
+        theirs = _torch_fully_shard(copy.deepcopy(base))
     except Exception as e:  # an old torch, or a backend fully_shard refuses: say which
         return {"error": f"{type(e).__name__}: {e}"}
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (one, ours, theirs)]
@@ -291,7 +263,7 @@ def compare_with_torch_fsdp(widths: list[int], per_rank: int = 4, steps: int = 3
     want = dict(one.named_parameters())
 
     def diff(a: dict, b: dict) -> float:
-        return max((a[n].detach() - b[n].detach()).abs().max().item() for n in want)
+        return _max_diff((a[n] for n in want), (b[n] for n in want))
 
     return {"ours_vs_one_process": diff(full_ours, want),
             "torch_vs_one_process": diff(full_theirs, want),
@@ -334,20 +306,14 @@ class _PaperZeRO1:
         full = torch.empty(self.size * self.world, dtype=self.shard.dtype,
                            device=self.shard.device)
         self._gather(full, self.shard.detach())
-        offset = 0
-        with torch.no_grad():
-            for p in self.params:
-                p.copy_(full[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+        nn.utils.vector_to_parameters(full[:self.numel], self.params)
 
 
 def short_name(name: str) -> str:
     """A collective's name without the variant: all_gather, reduce_scatter, all_reduce, ...
     (``all_gather_single`` and ``all_gather_into_tensor`` are both ``all_gather``)."""
-    for short in ("all_gather", "reduce_scatter", "all_reduce", "broadcast"):
-        if short in name:
-            return short
-    return name
+    return next((short for short in ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
+                 if short in name), name)
 
 
 def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
@@ -363,8 +329,12 @@ def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
     world = dist.get_world_size()
     X, y = _batch(widths, per_rank, seed=1)
     out: dict = {"num_params": sum(p.numel() for p in mlp(widths).parameters()), "world": world}
-    for kind in KINDS:
-        model, opt, _ = _setup(kind, widths)
+    # The paper's ZeRO-1 last: a plain model, its gradients reduce-scattered, its slices
+    # all-gathered; after the two steps, its parameters against DDP's (the unsharded AdamW)
+    torch.manual_seed(0)
+    net = mlp(widths).to(current_device())
+    setups = {kind: _setup(kind, widths)[:2] for kind in KINDS}
+    for kind, (model, opt) in {**setups, "ZeRO-1 (paper)": (net, _PaperZeRO1(net))}.items():
         _step(model, opt, X, y)                      # warm-up: lazily built state and buckets
         with record_collectives() as records:
             _step(model, opt, X, y)
@@ -377,24 +347,8 @@ def traffic_per_step(widths: list[int], per_rank: int = 8) -> dict:
             out["FSDP order"] = [(short_name(r.name),
                                   r.elements * (world if "reduce_scatter" in r.name else 1))
                                  for r in records]
-    # The paper's ZeRO-1: a plain model, its gradients reduce-scattered, its slices all-gathered;
-    # after the two steps, its parameters against DDP's (the unsharded AdamW) after two steps
-    torch.manual_seed(0)
-    net = mlp(widths).to(current_device())
-    opt = _PaperZeRO1(net)
-    _step(net, opt, X, y)
-    with record_collectives() as records:
-        _step(net, opt, X, y)
-    totals = {}
-    for r in records:
-        scale = world if r.name.startswith(("reduce_scatter", "_reduce_scatter")) else 1
-        totals[r.name] = totals.get(r.name, 0) + r.elements * scale
-    out["ZeRO-1 (paper)"] = totals
-    ref, ref_opt, _ = _setup("DDP", widths)                       # the unsharded AdamW
-    for _ in range(2):
-        _step(ref, ref_opt, X, y)
-    difference = torch.tensor([max((a.detach() - b.detach()).abs().max().item()
-                                   for a, b in zip(ref.parameters(), net.parameters()))],
+    ref = setups["DDP"][0]              # the unsharded AdamW, after the same two steps
+    difference = torch.tensor([_max_diff(ref.parameters(), net.parameters())],
                               dtype=torch.float64, device=current_device())
     dist.all_reduce(difference, op=dist.ReduceOp.MAX)
     out["paper_zero1_vs_unsharded"] = difference.item()

@@ -1,24 +1,13 @@
 """Worker functions that notebook 14 (tensor parallelism) hands to ``launch``.
 
-``launch`` starts fresh processes that import each function by module and name, so the workers
-live here, never in a notebook cell. Each runs in every rank of an initialised process group
-(the tensor-parallel group is the whole world), builds the same ``course_lib.models.gpt.GPT``
-from the same seed, and returns small picklable results.
-
-- ``against_one_process``: the model split by ``parallelize_gpt`` trained side by side with the
-  whole model on the same real-text batches: losses, logits and gradient shards compared.
-- ``train_split``: the split model trained alone on the one-process baseline's batches
-  (``course_lib.bench.gpt.baseline``), its loss per step.
-
-Both take ``mine``: the notebook's folder and the names of the learner's files; the blocks'
-linears (and the loss) are then the learner's classes from the lesson's exercises.
-- ``against_torch``: the blocks split by torch's ``parallelize_module`` (``ColwiseParallel`` /
-  ``RowwiseParallel`` on a CPU ``DeviceMesh``) against ours: logits, loss, gradients.
-- ``trace_collectives``: every collective one training step issues, in order, with the layer
-  whose forward or backward issued it and its size.
-- ``measure_memory``: bytes of parameters, gradients, AdamW state and saved activations on this
-  rank, printed beside ``tensor.parallel.accounting.tensor_parallel_memory``'s count (with one
-  rank it also runs in the notebook's own process, without a group).
+Each runs in every rank of an initialised process group (the tensor-parallel group is the whole
+world), builds the same ``course_lib.models.gpt.GPT`` from the same seed, and returns small
+picklable results: the split model (``parallelize_gpt``) trained beside the whole model
+(``against_one_process``) or alone on the one-process baseline's batches (``train_split``), both
+optionally with the learner's own layers (``mine``); the split against torch's
+``parallelize_module`` (``against_torch``); the collectives of one step, in order, with the
+layer that issued each (``trace_collectives``); and the memory of one step on this rank
+(``measure_memory``, beside ``tensor.parallel.accounting.tensor_parallel_memory``'s count).
 """
 from __future__ import annotations
 
@@ -30,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.data_text import batch_schedule, load_text, split_tokens, text_batch
+from course_lib.data_text import load_text, text_batch
 from course_lib.distributed.env import current_device
 from course_lib.distributed.pipelining import ActivationMeter
 from course_lib.distributed.recording import record_collectives
@@ -40,7 +29,9 @@ from course_lib.distributed.tensor.parallel import (
     VocabParallelEmbedding,
     parallelize_gpt,
 )
-from course_lib.models.gpt import GPT, GPTConfig
+from course_lib.models.gpt import GPT
+
+from .workers import _gpt, _text_batches, _tokens, _torch_mesh, _torch_tp, _train_step
 
 __all__ = ["COLLECTIVES", "against_one_process", "against_torch", "full_slice",
            "measure_memory", "trace_collectives", "train_split"]
@@ -56,8 +47,7 @@ def _models(config: dict, dtype: torch.dtype, seed: int,
     """(the whole model, its tensor-parallel copy), the same on every rank. With ``mine``
     (``{"folder": ..., "linears": "my_linears", "loss": "my_loss"}``) the blocks' four linears
     are the learner's ``ColumnParallelLinear`` / ``RowParallelLinear`` and the loss theirs."""
-    torch.manual_seed(seed)
-    one = GPT(GPTConfig(**config)).to(current_device(), dtype)
+    one = _gpt(config, seed, dtype)
     tp = parallelize_gpt(copy.deepcopy(one))
     if mine:
         if mine["folder"] not in sys.path:
@@ -77,10 +67,12 @@ def _models(config: dict, dtype: torch.dtype, seed: int,
 
 def full_slice(tp: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
     """The block of the whole model's tensor ``full`` that parameter ``name`` of the
-    tensor-parallel model ``tp`` holds on this rank (all of it for a replicated parameter)."""
+    tensor-parallel model ``tp`` holds on this rank (all of it for a replicated parameter), in
+    the module's own group (``rank``, ``world_size``), else in the whole world."""
     module_name, _, attr = name.rpartition(".")
     module = tp.get_submodule(module_name)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = getattr(module, "rank", dist.get_rank())
+    world = getattr(module, "world_size", dist.get_world_size())
     kind = type(module).__name__                    # the course's layers or the learner's
     if kind == RowParallelLinear.__name__ and attr == "weight":
         return full.chunk(world, dim=1)[rank]         # columns: the input features
@@ -140,25 +132,12 @@ def against_torch(config: dict, batch_size: int, seq_len: int, seed: int = 0) ->
     whole world (the embedding, head and loss stay whole there). Returns the largest
     differences of the logits, the loss and the blocks' gradients, or torch's error.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
     one, ours = _models(config, torch.float64, seed)
     theirs = copy.deepcopy(one)
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        mesh = init_device_mesh(current_device().type, (world,))
-        for block in theirs.blocks:
-            parallelize_module(block, mesh, {"attn.qkv": ColwiseParallel(),
-                                             "attn.out_proj": RowwiseParallel(),
-                                             "mlp.fc": ColwiseParallel(),
-                                             "mlp.proj": RowwiseParallel()})
-        gen = torch.Generator().manual_seed(seed + 1)
-        X = torch.randint(one.config.vocab_size, (batch_size, seq_len), generator=gen)
-        X = X.to(current_device())
+        _torch_tp(theirs.blocks, _torch_mesh())
+        X, _ = _tokens(one.config.vocab_size, batch_size, seq_len, seed + 1, current_device())
         logits_t, loss_t = theirs(X, X)
         logits_o, loss_o = ours(X, X)
         loss_t.backward()
@@ -179,12 +158,10 @@ def trace_collectives(config: dict, batch_size: int, seq_len: int, seed: int = 0
     """One forward and backward of the tensor-parallel model on random tokens, traced.
 
     Forward hooks on every leaf layer make it the current layer while it runs; a hook on its
-    output's gradient marks where its backward starts. Every collective is recorded with the
-    phase and the layer current when it was called, so the trace shows where each one falls.
-
-    Returns ``{"events": [(phase, layer, op, elements, bytes), ...], "layers": [(phase,
-    layer), ...], "kinds": {layer: "column" | "row" | "vocabulary" | "whole"}}``: the
-    collectives, the order in which layers ran forward and backward, and how each is split.
+    output's gradient marks where its backward starts; every collective is recorded with the phase
+    and layer current when it was called. Returns ``{"events": [(phase, layer, op, elements,
+    bytes), ...], "layers": [(phase, layer), ...] in the order they ran, "kinds": {layer:
+    "column" | "row" | "vocabulary" | "whole"}}``.
     """
     _, tp = _models(config, torch.float32, seed)
     layers: list = []
@@ -210,9 +187,7 @@ def trace_collectives(config: dict, batch_size: int, seq_len: int, seed: int = 0
         if name and not list(module.children()):
             handles += [module.register_forward_pre_hook(before(name)),
                         module.register_forward_hook(after(name))]
-    gen = torch.Generator().manual_seed(seed + 1)
-    X = torch.randint(tp.config.vocab_size, (batch_size, seq_len), generator=gen)
-    X = X.to(current_device())
+    X, _ = _tokens(tp.config.vocab_size, batch_size, seq_len, seed + 1, current_device())
     loss_fn = tp.loss_fn
 
     def traced_loss(*args, **kwargs):
@@ -235,45 +210,34 @@ def trace_collectives(config: dict, batch_size: int, seq_len: int, seed: int = 0
 
 
 def _kind(module: nn.Module) -> str:
-    if isinstance(module, ColumnParallelLinear):
-        return "column"
-    if isinstance(module, RowParallelLinear):
-        return "row"
-    return "vocabulary" if isinstance(module, VocabParallelEmbedding) else "whole"
+    kinds = ((ColumnParallelLinear, "column"), (RowParallelLinear, "row"),
+             (VocabParallelEmbedding, "vocabulary"))
+    return next((kind for cls, kind in kinds if isinstance(module, cls)), "whole")
 
 
 def _nbytes(tensors) -> int:
-    """Sum of ``numel * element_size`` (each tensor's own bytes)."""
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.nbytes for t in tensors)   # each tensor's own bytes, shared storage or not
 
 
 def measure_memory(config_kwargs: dict, batch_size: int, seq_len: int, seed: int = 0) -> dict:
     """One training step of the GPT on this rank, its memory measured piece by piece.
 
-    Builds ``GPT(GPTConfig(**config_kwargs))`` from ``seed`` (the same on every rank), splits it
-    with ``parallelize_gpt`` when the world has more than one rank, draws a batch of token ids
-    and separate targets (the same on every rank), runs forward and loss under an
-    ``ActivationMeter`` (parameters excluded), backward, and one ``AdamW`` step.
-
-    Returns:
-        ``{"rank", "world_size", "param_count", "parameters", "gradients", "optimizer",
-        "activations"}``: ints, bytes except the first three; ``activations`` the bytes saved
-        for backward still held after forward and loss (each tensor once), ``optimizer`` the
-        tensors of ``optimizer.state`` (moments and ``step``) after one step.
+    Builds ``GPT(GPTConfig(**config_kwargs))`` and a batch of token ids and targets from ``seed``
+    (the same on every rank), splits it with ``parallelize_gpt`` when the world has more than one
+    rank, runs forward and loss under an ``ActivationMeter`` (parameters excluded), backward, and
+    one ``AdamW`` step. Returns ``{"rank", "world_size", "param_count", "parameters", "gradients",
+    "optimizer", "activations"}``, bytes but for the first three: ``activations`` those saved for
+    backward still held after forward and loss (each tensor once), ``optimizer`` the tensors of
+    ``optimizer.state`` (moments and ``step``) after one step.
     """
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     rank = dist.get_rank() if world > 1 else 0
-    torch.manual_seed(seed)
-    config = GPTConfig(**config_kwargs)
     device = current_device() if world > 1 else torch.device("cpu")
-    model = GPT(config).to(device)
+    model = _gpt(config_kwargs, seed, device=device)
     if world > 1:
         parallelize_gpt(model)
     params = list(model.parameters())
-    generator = torch.Generator().manual_seed(seed + 1)
-    idx = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
-    targets = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
-    idx, targets = idx.to(device), targets.to(device)
+    idx, targets = _tokens(model.config.vocab_size, batch_size, seq_len, seed + 1, device)
 
     with ActivationMeter(exclude=params) as meter:
         _, loss = model(idx, targets)
@@ -296,14 +260,6 @@ def train_split(config: dict, batch_size: int, seq_len: int, steps: int, lr: flo
     per step, the same on every rank, to set beside the baseline's."""
     _, tp = _models(config, torch.float32, seed, mine)
     opt = torch.optim.AdamW(tp.parameters(), lr=lr)
-    train, _ = split_tokens(load_text())
-    batches = batch_schedule(train, batch_size, seq_len, seed=seed)
-    losses = []
-    for _ in range(steps):
-        X, Y = (t.to(current_device()) for t in next(batches))
-        _, loss = tp(X, Y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    batches = _text_batches(batch_size, seq_len, seed)
+    return [_train_step(tp, opt, *(t.to(current_device()) for t in next(batches))).item()
+            for _ in range(steps)]

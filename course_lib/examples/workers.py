@@ -2,15 +2,20 @@
 
 ``launch`` starts fresh processes that import the function by module and name, so workers live
 in a file like this one, never in a notebook cell. Each runs in every rank, after the process
-group is initialised; rank and world size come from ``torch.distributed``.
+group is initialised; rank and world size come from ``torch.distributed``. At the end: the
+set-up that the later lessons' workers share (a seeded GPT on this rank's device, its batches,
+a training step, torch's own sharding, ...).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from course_lib.distributed import (
     current_device,
@@ -21,6 +26,7 @@ from course_lib.distributed import (
     tree_broadcast,
 )
 from course_lib.distributed.compat import reduce_scatter_tensor
+from course_lib.models.gpt import GPT, GPTConfig
 
 __all__ = ["collectives", "compare_by_hand", "fail_on_rank", "hang_on_rank", "point_to_point",
            "whoami"]
@@ -150,3 +156,90 @@ def hang_on_rank(bad_rank: int) -> int:
         time.sleep(3600)
     dist.barrier()
     return dist.get_rank()
+
+
+# ---- the set-up the lessons' workers share ------------------------------------------------------
+
+def _gpt(config: dict, seed: int = 0, dtype: torch.dtype | None = None,
+         device: torch.device | str | None = None) -> GPT:
+    """``GPT(GPTConfig(**config))`` from ``seed``, on ``device`` (default: this rank's)."""
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**config)).to(device or current_device(), dtype)
+
+
+def _tokens(vocab_size: int, batch_size: int, seq_len: int, seed: int,
+            device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and separate targets, each (B, T), drawn from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    idx, targets = (torch.randint(0, vocab_size, (batch_size, seq_len), generator=gen)
+                    for _ in range(2))
+    return idx.to(device), targets.to(device)
+
+
+def _text_batches(batch_size: int, seq_len: int, seed: int = 0,
+                  text_bytes: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The one-process baseline's batches: ``batch_schedule`` of the first 90 % of the text."""
+    from course_lib.data_text import batch_schedule, load_text, split_tokens
+
+    train, _ = split_tokens(load_text(max_bytes=text_bytes))
+    return batch_schedule(train, batch_size, seq_len, seed=seed)
+
+
+def _train_step(model: nn.Module, opt: torch.optim.Optimizer, X: torch.Tensor,
+                Y: torch.Tensor) -> torch.Tensor:
+    """One step of a GPT (``model(X, Y)`` returns logits and the loss); the loss."""
+    opt.zero_grad()
+    _, loss = model(X, Y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _max_diff(a: Iterable[torch.Tensor], b: Iterable[torch.Tensor]) -> float:
+    return max(((x - z).abs().max().item() for x, z in zip(a, b)), default=0.0)
+
+
+@contextlib.contextmanager
+def _spying(owner: object, name: str, note: Callable) -> Iterator[None]:
+    """Inside the block, ``owner.name`` first calls ``note`` with its arguments."""
+    original = getattr(owner, name)
+
+    def spy(*args, **kwargs):
+        note(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, spy)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _torch_mesh(*shape: int, **kwargs):
+    """torch's ``init_device_mesh`` on this group's device (default shape: the world), not the
+    GPU per rank that ``fully_shard``'s default mesh takes wherever CUDA exists."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(current_device().type, shape or (dist.get_world_size(),), **kwargs)
+
+
+def _torch_fully_shard(model: nn.Module) -> nn.Module:
+    """torch's ``fully_shard`` on every ``Linear`` of ``model``, then on ``model``."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = _torch_mesh()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def _torch_tp(blocks: Iterable[nn.Module], mesh) -> None:
+    """torch's ``parallelize_module`` on every GPT block: qkv and fc column-wise, out_proj and
+    proj row-wise."""
+    from torch.distributed.tensor import parallel
+
+    for block in blocks:
+        plan = {"attn.qkv": parallel.ColwiseParallel(), "mlp.fc": parallel.ColwiseParallel(),
+                "attn.out_proj": parallel.RowwiseParallel(), "mlp.proj": parallel.RowwiseParallel()}
+        parallel.parallelize_module(block, mesh, plan)
