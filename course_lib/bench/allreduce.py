@@ -1,12 +1,11 @@
 """The older name of ``python -m course_lib.bench collectives``, kept so that old commands work.
 
 ``bench allreduce`` once timed single operations behind a barrier, which measures the barrier
-and the scheduler more than the all-reduce. The course now has one way to time collectives,
-``course_lib.bench.collectives`` (loops of many operations per sample, interleaved, with
-minimum, spread and intervals); ``python -m course_lib.bench allreduce`` runs it with the
-pipelined ring and ``dist.all_reduce`` only (what this benchmark compared), writes
-``results/allreduce-MACHINE.json`` and says so. ``--repeat N`` is read as ``--samples N``.
-The names below are re-exported from ``collectives`` for old imports.
+and the scheduler more than the all-reduce. The one way to time collectives is now
+``course_lib.bench.collectives``; ``python -m course_lib.bench allreduce`` runs it on the
+pipelined ring and ``dist.all_reduce`` only (what this compared), writes
+``results/allreduce-MACHINE.json`` and says so; ``--repeat N`` means ``--samples N``. The names
+below are re-exported from ``collectives`` for old imports.
 """
 from __future__ import annotations
 
@@ -27,11 +26,10 @@ def measure(world_size: int, sizes: list[int], repeat: int = 10, warmup: int = 2
             timeout: float = 600.0) -> list[dict]:
     """The pipelined ring against ``dist.all_reduce`` at each size, the older rows' keys.
 
-    Runs ``collectives.measure_collectives`` on the two operations (``repeat`` samples, at
-    least 2; ``warmup`` is unused: ``compare`` warms up) and returns, per size, ``ring_s`` and
-    ``all_reduce_s`` (medians per operation), ``ring_min_s``, ``all_reduce_min_s``, both bus
-    bandwidths, ``speed_ratio = all_reduce time / ring time`` and its 95 % interval
-    ``speed_ratio_interval``.
+    ``collectives.measure_collectives`` on both (``repeat`` samples, at least 2; ``warmup``
+    unused: ``compare`` warms up); per size ``ring_s``, ``all_reduce_s`` (medians),
+    ``ring_min_s``, ``all_reduce_min_s``, both bus bandwidths, ``speed_ratio = all_reduce time /
+    ring time`` and its 95 % ``speed_ratio_interval``.
     """
     del warmup
     rows = collectives.measure_collectives(world_size, sizes, names=OPS, samples=max(2, repeat),

@@ -3,11 +3,10 @@
 PyTorch counterpart: ``torch.profiler`` gives the same breakdown from a trace; this times each
 phase of the course's ``DataParallel`` by hand, with every GPU synchronized around it. Lesson 05.
 
-``step_breakdown`` gives the median of each phase for one set of devices. ``compare_breakdown``
-compares several sets (one device against two, say) the way ``course_lib.timing.compare`` does:
-one step of each set per round, the sets interleaved round after round (starting with a different
-one each round), and each phase's ratio with a bootstrap interval over rounds. The phases of one
-step cannot be interleaved with each other (each needs the one before), but the steps can.
+``step_breakdown`` gives each phase's median for one set of devices. ``compare_breakdown``
+compares several sets (one device against two, say) as ``course_lib.timing.compare`` does: one
+step of each set per round, the first set rotating, each phase's ratio with a bootstrap interval
+over rounds. A step's phases cannot be interleaved (each needs the one before), its steps can.
 """
 from __future__ import annotations
 
@@ -79,20 +78,12 @@ def step_breakdown(module: nn.Module, X: torch.Tensor, y: torch.Tensor,
 
 @dataclass
 class Breakdown:
-    """The result of ``compare_breakdown``: each phase's seconds, one sample per round.
+    """The result of ``compare_breakdown``: each phase's seconds, one sample per round."""
 
-    Attributes:
-        names: the sets of devices compared, in the order given; ``baseline`` is the first.
-        seconds: name -> phase -> seconds, sample i taken in round i (``"total"`` is the sum
-            of the phases of each step).
-        order: the names in the order their steps ran.
-        stamp: the machine's load when the comparison started, or None.
-    """
-
-    names: list[str]
-    seconds: dict[str, dict[str, list[float]]]
-    order: list[str]
-    stamp: LoadStamp | None = None
+    names: list[str]         # the sets of devices compared, in order; ``baseline`` the first
+    seconds: dict[str, dict[str, list[float]]]   # name -> phase (or "total") -> one per round
+    order: list[str]         # the names in the order their steps ran
+    stamp: LoadStamp | None = None   # the machine's load when the comparison started
 
     @property
     def baseline(self) -> str:
@@ -132,19 +123,13 @@ def compare_breakdown(module: nn.Module, X: torch.Tensor, y: torch.Tensor,
                       stamp: LoadStamp | None = None) -> Breakdown:
     """Each phase of a ``DataParallel`` step on several sets of devices, interleaved.
 
-    Each round runs one step on every set in ``variants`` (name -> devices), starting with a
-    different set each round, so a slow moment of the machine hurts every set alike; ``warmup``
-    untimed steps of each come first. A step lasts long enough on its own (a forward and a
-    backward), so each sample is one step. ``Breakdown.phase(p)`` compares one phase with a
-    bootstrap interval over rounds (``course_lib.timing.bootstrap_ratio``); the first variant
-    is the baseline. The module's gradients are left set by the last step.
-
-    Args:
-        module, X, y: the model (on the first device of every set), a batch and its labels.
-        variants: name -> the devices of one set (at least two sets).
-        rounds: steps of each set that are timed (2 or more; 7 or more for a useful interval).
-        warmup: untimed steps of each set first.
-        stamp: the ``wait_for_quiet`` stamp to keep with the result.
+    Each of ``rounds`` (2 or more; 7 for a useful interval) runs one step on every set in
+    ``variants`` (name -> devices, at least two sets), starting with a different set each round,
+    so a slow moment hurts every set alike; ``warmup`` untimed steps of each come first. A
+    sample is one step (long enough on its own). ``Breakdown.phase(p)`` compares one phase with
+    a bootstrap interval over rounds; the first variant is the baseline. ``module`` sits on the
+    first device of every set; its gradients are left set by the last step. ``stamp``: the
+    ``wait_for_quiet`` stamp to keep.
     """
     names = list(variants)
     if len(names) < 2:

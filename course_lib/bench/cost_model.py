@@ -1,27 +1,23 @@
 """The latency-bandwidth (alpha-beta) model of all-reduce: fitted, predicted, projected.
 
-A message of n bytes between two ranks costs ``alpha + n * beta``: alpha is the fixed cost of a
-message (latency, software overhead), beta the seconds per byte (1 / bandwidth). Counting the
-messages each all-reduce sends in sequence gives its cost (Thakur, Rabenseifner & Gropp,
-"Optimization of Collective Communication Operations in MPICH", IJHPCA 2005; for the ring,
-Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC
-2009; for NCCL's pipelined double binary tree, Jeaugey, "Massively Scale Your Deep Learning
-Training with NCCL 2.4", NVIDIA blog 2019). The reduction's own arithmetic (the gamma term of
-Thakur et al.) is left out: on a fit to measured times it is folded into beta. Bandwidths
-follow nccl-tests' conventions (``doc/PERFORMANCE.md`` in NVIDIA/nccl-tests: algorithm bandwidth
-``bytes / time``, bus bandwidth ``algbw * 2 (p - 1) / p`` for all-reduce). PyTorch counterpart:
-none; NCCL's tuner (``src/graph/tuning.cc``) uses the same kind of model to choose between ring
-and tree. Lesson 10 fits it to the measurements and projects it; the Ultra-Scale Playbook
-(Hugging Face, 2025) walks through the same arithmetic for large clusters.
+A message of n bytes between two ranks costs ``alpha + n * beta``: alpha the fixed cost of a
+message (latency, software), beta the seconds per byte (1 / bandwidth). Counting the messages an
+all-reduce sends in sequence gives its cost (Thakur, Rabenseifner & Gropp, "Optimization of
+Collective Communication Operations in MPICH", IJHPCA 2005; the ring: Patarasuk & Yuan,
+"Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC 2009; NCCL's
+pipelined double binary tree: Jeaugey, "Massively Scale Your Deep Learning Training with NCCL
+2.4", NVIDIA blog 2019). The reduction's arithmetic (Thakur et al.'s gamma) is left out: a fit
+folds it into beta. Bandwidths follow nccl-tests (``doc/PERFORMANCE.md``: algbw ``bytes /
+time``, busbw ``algbw * 2 (p - 1) / p`` for all-reduce). PyTorch counterpart: none; NCCL's tuner
+(``src/graph/tuning.cc``) uses the same kind of model to choose ring or tree. Lesson 10 fits and
+projects it; the Ultra-Scale Playbook (Hugging Face, 2025) does the same for large clusters.
 
 Tensor parallelism (Shoeybi et al., "Megatron-LM", 2019, section 3; Narayanan et al.,
 "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC 2021,
-section 3.2): each transformer layer all-reduces its (b, s, h) activations twice forward and
-twice backward, in the middle of the layer's computation, so the model adds those all-reduces to
-the step instead of hiding them behind backward as data parallelism's gradient all-reduce can be.
+section 3.2): each layer all-reduces its (b, s, h) activations twice forward and twice backward,
+mid-layer, so they add to the step instead of hiding behind backward as DP's gradients can.
 
-Only plain functions: ``load_results`` reads a results JSON whose path it is given; nothing
-else here reads or writes files.
+Only ``load_results`` reads a file (the results JSON at the path it is given).
 """
 from __future__ import annotations
 
@@ -60,14 +56,12 @@ def ring_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
 def tree_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
     """NCCL's pipelined tree with one rank per node: ``2 ceil(log2 p) alpha + 2 n beta``.
 
-    A reduce up a tree, then a broadcast down it, the message cut into small chunks that follow
-    one another through the tree (a pipeline): the latency is that of ``ceil(log2 p)`` hops each
-    way, but the bytes are not multiplied by the depth. NCCL uses two complementary binary
-    trees, each carrying half the message, so every rank sends and receives about n bytes going
-    up and n coming down: a bandwidth term of ``2 n beta`` whatever p, close to the ring's
-    ``2 (p - 1) / p n beta`` (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL
-    2.4", 2019). The chunks' own latency is left out (many chunks: small against n beta).
-    NCCL builds these trees between nodes and chains the GPUs inside each node:
+    A reduce up a tree, then a broadcast down, the message cut into chunks that follow one
+    another (a pipeline): ``ceil(log2 p)`` hops of latency each way, the bytes not multiplied
+    by the depth. NCCL's two complementary binary trees carry half the message each, so every
+    rank sends and receives about n bytes each way: ``2 n beta`` whatever p, close to the ring's
+    ``2 (p - 1) / p n beta`` (Jeaugey 2019). The chunks' own latency is left out (small against
+    n beta). NCCL builds these trees between nodes, chaining the GPUs inside each node:
     ``nccl_tree_time``.
     """
     if p <= 1:
@@ -78,14 +72,12 @@ def tree_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
 def nccl_tree_time(n_bytes: float, p: int, alpha: float, beta: float, nodes: int = 1) -> float:
     """NCCL's tree algorithm on ``nodes`` machines of ``p / nodes`` GPUs each, pipelined.
 
-    NCCL builds its double binary tree between *nodes*; inside a node the GPUs form a chain
-    (Jeaugey 2019; NCCL's tuner, ``src/graph/tuning.cc``, counts the tree's latency as
-    ``2 ((nRanks / nNodes - 1) intraLat + log2(nNodes) interLat)``, one alpha for both here). A
-    reduce goes down the chain and up the tree, the broadcast comes back the same way:
-    ``2 ((p / nodes - 1) + ceil(log2 nodes)) alpha + 2 n beta``. With one GPU per node it is
-    ``tree_time``; on one node it is a chain with the ring's latency ``2 (p - 1) alpha`` and
-    more bytes per link than the ring (``2 n`` against ``2 (p - 1) / p n``): inside one node the
-    ring wins (NVLink SHARP, where the switches add, is not modelled).
+    A double binary tree between *nodes*, a chain of GPUs inside each (Jeaugey 2019; NCCL's
+    ``src/graph/tuning.cc`` counts ``2 ((nRanks / nNodes - 1) intraLat + log2(nNodes)
+    interLat)``, one alpha for both here): ``2 ((p / nodes - 1) + ceil(log2 nodes)) alpha + 2 n
+    beta``. One GPU per node: ``tree_time``. One node: a chain with the ring's latency and more
+    bytes per link (``2 n`` against ``2 (p - 1) / p n``), so the ring wins there (NVLink SHARP,
+    where the switches add, is not modelled).
     """
     if p <= 1:
         return 0.0
@@ -97,12 +89,11 @@ def nccl_tree_time(n_bytes: float, p: int, alpha: float, beta: float, nodes: int
 
 
 def binomial_tree_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
-    """Binomial-tree reduce then binomial-tree broadcast, whole messages each round.
+    """Binomial-tree reduce then broadcast, whole messages each round (Thakur et al. 2005).
 
-    ``ceil(log2 p)`` rounds each way, each a message of n bytes:
-    ``2 ceil(log2 p) (alpha + n beta)`` (Thakur et al. 2005, the "binomial tree" reduce and
-    broadcast). Few latencies, but every round moves the whole message: the textbook tree, not
-    the pipelined one NCCL runs (``tree_time``).
+    ``ceil(log2 p)`` rounds each way of n bytes: ``2 ceil(log2 p) (alpha + n beta)``. Few
+    latencies, but every round moves the whole message: the textbook tree, not NCCL's
+    pipelined one (``tree_time``).
     """
     rounds = math.ceil(math.log2(p)) if p > 1 else 0
     return 2 * rounds * (alpha + n_bytes * beta)
@@ -120,17 +111,13 @@ def naive_time(n_bytes: float, p: int, alpha: float, beta: float) -> float:
 def ps_time(n_bytes: float, p: int, alpha: float, beta: float, servers: int = 1) -> float:
     """A parameter server outside the p workers: all push n bytes to it, then all pull the sum.
 
-    The workers send at once, so their latencies overlap (a generous assumption: a real server
-    also pays a software cost per message, p of them), but the server's one link carries
-    ``p n`` bytes in and ``p n`` out: ``2 (alpha + p n beta)``. (With the server on one of the
-    workers it moves what ``naive_time`` moves; sharding the server over the p ranks themselves
-    gives the ring's bytes.)
-
-    With ``servers = k``, the parameters are split into k shards, one per server machine, as Li
-    et al. ("Scaling Distributed Machine Learning with the Parameter Server", OSDI 2014) design
-    it: each worker pushes n / k bytes to each server (n in all through its own link), and each
-    server receives ``p n / k`` and sends as much back. The busier link sets the pace:
-    ``2 (alpha + max(n, p n / k) beta)``; from ``k = p`` on, a worker's own n bytes each way.
+    The workers' latencies overlap (generous: a real server pays a software cost per message),
+    but the server's link carries ``p n`` bytes each way: ``2 (alpha + p n beta)``. (A server
+    on one of the workers moves what ``naive_time`` moves; sharded over the p ranks themselves,
+    the ring's bytes.) With ``servers = k``, k shards, one per server machine (Li et al.,
+    "Scaling Distributed Machine Learning with the Parameter Server", OSDI 2014): a worker
+    pushes n / k bytes to each server, a server receives ``p n / k`` and sends as much back; the
+    busier link sets the pace: ``2 (alpha + max(n, p n / k) beta)`` (from ``k = p``: n each way).
     """
     if not isinstance(servers, int) or isinstance(servers, bool) or servers < 1:
         raise ValueError(f"ps_time: servers must be a positive integer (the number of server "
@@ -139,11 +126,8 @@ def ps_time(n_bytes: float, p: int, alpha: float, beta: float, servers: int = 1)
 
 
 def ps_server_bytes(n_bytes: float, p: int, servers: int = 1) -> float:
-    """Bytes one of k parameter servers receives (and sends back) per all-reduce: ``p n / k``.
-
-    Each of the p workers pushes its n / k bytes of that server's shard; the server returns as
-    many. Both directions together: ``2 p n / k``.
-    """
+    """Bytes one of k parameter servers receives (and sends back) per all-reduce: ``p n / k``,
+    n / k from each of the p workers; both directions together ``2 p n / k``."""
     if not isinstance(servers, int) or isinstance(servers, bool) or servers < 1:
         raise ValueError(f"ps_server_bytes: servers must be a positive integer, got "
                          f"{servers!r}.")
@@ -154,10 +138,9 @@ def allreduce_bytes_lower_bound(n_bytes: float, p: int) -> float:
     """The fewest bytes some device must send (and receive) in an all-reduce among p devices
     that do the reduction themselves: ``2 (p - 1) / p * n``.
 
-    Patarasuk & Yuan (2009) prove this bound and show that the ring meets it: every device sends
-    exactly this much (``ring_time``'s bandwidth term). Extra machines that only add (sharded
-    parameter servers, switches that reduce in the network) are outside the bound: a worker
-    then sends its n bytes once and receives the sum once.
+    Patarasuk & Yuan (2009) prove it and show that the ring meets it (``ring_time``'s bandwidth
+    term). Machines that only add (sharded parameter servers, switches that reduce) are outside
+    the bound: a worker then sends its n bytes once and receives the sum once.
     """
     return 2 * (p - 1) / p * n_bytes if p > 1 else 0.0
 
@@ -166,20 +149,17 @@ def allreduce_model_curves(n_bytes: float, ps: Sequence[int], alpha: float,
                            beta: float) -> dict[str, list[float]]:
     """Modelled seconds of one all-reduce of ``n_bytes`` for each device count in ``ps``.
 
-    Lesson 02's comparison: the naive all-reduce (reduce to one device, broadcast back), a
-    parameter server with one server and with as many servers as workers (``ps_time``), the
-    ring, NCCL's pipelined tree (``tree_time``), and the ring's bandwidth lower bound in seconds
-    (``allreduce_bytes_lower_bound * beta``, no latency). Returns name -> one time per p.
+    Lesson 02's comparison: naive (reduce to one device, broadcast back), a parameter server
+    with one server and with one per worker (``ps_time``), the ring, NCCL's pipelined tree
+    (``tree_time``), and the ring's bandwidth bound in seconds (``allreduce_bytes_lower_bound *
+    beta``, no latency). Returns name -> one time per p.
     """
-    return {
-        "naive (reduce to one + broadcast)": [naive_time(n_bytes, p, alpha, beta) for p in ps],
-        "parameter server, 1 server": [ps_time(n_bytes, p, alpha, beta) for p in ps],
-        "parameter server, k = n servers": [ps_time(n_bytes, p, alpha, beta, servers=p)
-                                            for p in ps],
-        "ring": [ring_time(n_bytes, p, alpha, beta) for p in ps],
-        "tree (NCCL's pipelined)": [tree_time(n_bytes, p, alpha, beta) for p in ps],
-        "bound 2(n-1)/n N beta": [allreduce_bytes_lower_bound(n_bytes, p) * beta for p in ps],
-    }
+    curves = {"naive (reduce to one + broadcast)": naive_time,
+              "parameter server, 1 server": ps_time,
+              "parameter server, k = n servers": lambda n, p, a, b: ps_time(n, p, a, b, servers=p),
+              "ring": ring_time, "tree (NCCL's pipelined)": tree_time,
+              "bound 2(n-1)/n N beta": lambda n, p, a, b: allreduce_bytes_lower_bound(n, p) * b}
+    return {name: [f(n_bytes, p, alpha, beta) for p in ps] for name, f in curves.items()}
 
 
 #: name -> cost function ``f(n_bytes, p, alpha, beta)``, in the order the notebook plots them.
@@ -192,14 +172,11 @@ ALGORITHMS = {"naive": naive_time, "ring": ring_time, "tree": tree_time,
 def bus_bandwidth_gbps(row: dict) -> float:
     """Bus bandwidth, in GB/s (1e9 bytes per second), of one row of a collectives results file.
 
-    nccl-tests' definition (``doc/PERFORMANCE.md`` of NVIDIA/nccl-tests): the algorithm
-    bandwidth is ``bytes / time``; for an all-reduce the bus bandwidth is
-    ``algbw * 2 (p - 1) / p``, the bytes each rank's link carries in a ring per second, which
-    can be compared across rank counts (and with the link's own speed). The time is the median
-    of the row's samples (``row["seconds"]``, seconds per operation, one per sample).
-
-    Args:
-        row: a dict with ``bytes``, ``world_size`` and ``seconds`` (a non-empty list).
+    nccl-tests' definition (``doc/PERFORMANCE.md``): algbw ``bytes / time``; an all-reduce's
+    busbw ``algbw * 2 (p - 1) / p``, the bytes per second each rank's link carries in a ring,
+    comparable across rank counts and with the link's speed. ``row``: a dict with ``bytes``,
+    ``world_size`` and ``seconds`` (a non-empty list, seconds per operation), whose median is
+    the time.
     """
     missing = [k for k in ("bytes", "world_size", "seconds") if k not in row]
     if missing or not row["seconds"]:
@@ -213,9 +190,8 @@ def bus_bandwidth_gbps(row: dict) -> float:
 def low_quantile(seconds: Sequence[float], q: float = 0.0) -> float:
     """The ``q`` quantile of a list of times (``q = 0``: the minimum), linearly interpolated.
 
-    On a shared machine other work only ever adds time, so the fastest samples are the closest
-    to what the hardware does; a median absorbs whatever load there was. A small q above 0
-    (0.1, say) keeps one lucky outlier from setting the answer.
+    Other work only ever adds time, so the fastest samples are closest to the hardware (a median
+    absorbs the load); a small q (0.1) keeps one lucky outlier from setting the answer.
     """
     if not seconds:
         raise ValueError("low_quantile needs at least one time, got an empty list.")
@@ -233,28 +209,16 @@ def low_quantile(seconds: Sequence[float], q: float = 0.0) -> float:
 
 @dataclass(frozen=True)
 class AlphaBeta:
-    """A fitted (or assumed) alpha-beta model and how well it fits.
+    """A fitted (or assumed) alpha-beta model and how well it fits."""
 
-    Attributes:
-        alpha: seconds per message.
-        beta: seconds per byte (``1 / beta`` is the link's bandwidth in bytes per second).
-        p: the ranks the fit was measured with.
-        r2: coefficient of determination of the fitted times (on the times themselves).
-        rel_errors: ``(model - measured) / measured`` for each point, in the order given:
-            the fit's residuals, relative.
-        source: what was fitted (or where the figures come from).
-        sizes: the message sizes fitted, in bytes (empty for an assumed model).
-        times: the measured seconds fitted, one per size.
-    """
-
-    alpha: float
-    beta: float
-    p: int
-    r2: float = float("nan")
-    rel_errors: tuple[float, ...] = ()
-    source: str = ""
-    sizes: tuple[float, ...] = ()
-    times: tuple[float, ...] = ()
+    alpha: float                      # seconds per message
+    beta: float                       # seconds per byte (1 / beta: the link's bytes per second)
+    p: int                            # the ranks the fit was measured with
+    r2: float = float("nan")          # coefficient of determination, on the times themselves
+    rel_errors: tuple[float, ...] = ()  # (model - measured) / measured per point, in order
+    source: str = ""                  # what was fitted (or where the figures come from)
+    sizes: tuple[float, ...] = ()     # the message sizes fitted, bytes (empty: assumed)
+    times: tuple[float, ...] = ()     # the measured seconds fitted, one per size
 
     @property
     def bandwidth(self) -> float:
@@ -319,16 +283,10 @@ def fit_results(rows: list[dict], op: str = "all_reduce", p: int = 2, q: float =
                 source: str | None = None) -> AlphaBeta:
     """Fit ``ring_time`` to the rows of a collectives results file, at the low quantile.
 
-    Each size's time is ``low_quantile(row["seconds"], q)`` (the minimum by default), falling
-    back to the row's ``min_s`` when it stores no samples: the alpha and beta of the hardware,
-    not of the load it ran under.
-
-    Args:
-        rows: ``results`` of a ``python -m course_lib.bench collectives`` file.
-        op: which operation's rows (``all_reduce``, ``ring``, ...).
-        p: which world size's rows.
-        q: the quantile of each row's samples (0: the minimum).
-        source: a label (default: op, p and q).
+    Each size's time is ``low_quantile(row["seconds"], q)`` (default the minimum; the row's
+    ``min_s`` without samples): the hardware's alpha and beta, not the load's.
+    ``rows``: the ``results`` of a ``bench collectives`` file, of which those of operation
+    ``op`` at world size ``p`` are fitted; ``source``: a label (default: op, p and q).
     """
     mine = sorted((r for r in rows if r["op"] == op and r["world_size"] == p),
                   key=lambda r: r["bytes"])
@@ -363,16 +321,10 @@ def predicted_step_time(compute_s: float, message_bytes: list[float], p: int, mo
                         algorithm: str = "ring", overlap: float = 0.0) -> float:
     """A data-parallel step: computing, plus the all-reduces not hidden behind backward.
 
-    ``compute_s + (1 - overlap) * sum(cost(n) for n in message_bytes)``: one all-reduce per
-    message (a bucket, or a parameter for the naive strategy), one after another.
-
-    Args:
-        compute_s: the step without communication (forward, backward, update), measured.
-        message_bytes: the size of each all-reduce of the step.
-        p: ranks.
-        model: alpha and beta.
-        algorithm: a name from ``ALGORITHMS``.
-        overlap: the fraction of the communication hidden behind backward (0: none).
+    ``compute_s + (1 - overlap) * sum(cost(n) for n in message_bytes)``: ``compute_s`` the
+    measured step without communication; one all-reduce per message (a bucket, or a parameter
+    for the naive strategy), one after another, each ``ALGORITHMS[algorithm]`` over p ranks;
+    ``overlap`` the fraction hidden behind backward (0: none).
     """
     _check_algorithm("predicted_step_time", algorithm)
     comm = sum(ALGORITHMS[algorithm](n, p, model.alpha, model.beta) for n in message_bytes)
@@ -384,31 +336,17 @@ def data_parallel_step_time(compute_s: float, launch_s: float, message_bytes: li
                             one_thread: bool = True, overlap: float = 0.0) -> float:
     """A projected step of data parallelism over k devices, launch costs included.
 
-    ``max(compute_s / k, launches) + (1 - overlap) * communication``, where ``compute_s`` is the
-    whole batch's arithmetic on one device and ``launch_s`` what one device's step costs the
-    host whatever its batch (Python, kernel launches). CUDA kernels run asynchronously: the
-    host issues a step's kernels while the devices compute the earlier ones, so the step lasts
-    as long as the slower of the two (the ideal overlap: where the two are close, the first
-    launch and the last kernel add a little). The all-reduces not hidden behind backward come
-    on top. With ``one_thread`` (d2l's from-scratch loop over GPUs) one Python thread launches
-    every kernel on every device in turn: ``k * launch_s``; with one process per device (DDP)
-    the launches run side by side: ``launch_s``. ``nn.DataParallel`` lies between:
-    ``parallel_apply`` runs each replica's forward in a thread of its own, but the threads share
-    the interpreter lock, so their Python work still takes turns. A step whose launches exceed
-    its compute is *launch-bound*: a larger batch does not shrink the launch cost, it gives the
-    devices more to compute in its shadow (more images for the same step time); what shrinks it
-    is fewer launches (CUDA graphs, ``torch.compile``) or more threads issuing them (one process
-    per device).
-
-    Args:
-        compute_s: seconds of arithmetic of the whole batch on one device.
-        launch_s: seconds of launch and Python overhead of one device's step.
-        message_bytes: the all-reduces of a step (one per parameter for the naive strategy).
-        k: devices (1: no communication).
-        model: alpha and beta of the link.
-        algorithm: a name from ``ALGORITHMS``.
-        one_thread: one Python thread drives all k devices in turn (True) or one process each.
-        overlap: the fraction of the communication hidden behind backward.
+    ``max(compute_s / k, launches) + (1 - overlap) * communication``: ``compute_s`` is the whole
+    batch's arithmetic on one device, ``launch_s`` what one device's step costs the host
+    whatever its batch (Python, kernel launches). The host issues kernels while the devices run
+    earlier ones, so the step lasts as long as the slower of the two (ideal overlap); the
+    all-reduces not hidden behind backward come on top. ``one_thread`` (d2l's loop over GPUs):
+    one Python thread launches on every device in turn, ``k * launch_s``; one process per device
+    (DDP): ``launch_s``. ``nn.DataParallel`` lies between (a thread per replica, but they share
+    the interpreter lock). A *launch-bound* step (launches above compute) is not shortened by a
+    larger batch, which only gives the devices more to compute in its shadow; fewer launches
+    (CUDA graphs, ``torch.compile``) or more launching threads (a process per device) shorten it.
+    ``message_bytes``: a step's all-reduces (``predicted_step_time``; k = 1: none).
     """
     parts = data_parallel_step_parts(compute_s, launch_s, message_bytes, k, model,
                                      algorithm=algorithm, one_thread=one_thread, overlap=overlap)
@@ -461,21 +399,12 @@ def tensor_parallel_comm_bytes(batch_size: int, seq_len: int, hidden: int, n_lay
 
     Per layer, Megatron's split (Shoeybi et al. 2019, figure 3) all-reduces the b s h activations
     4 times: after the row-parallel ``out_proj`` and ``proj`` forward (g), before the
-    column-parallel ``qkv`` and ``fc`` backward (f). A ring all-reduce of n bytes moves
-    ``2 (t - 1) / t * n`` per rank (``ring_time``), so a layer moves ``8 b s h (t - 1) / t``
-    elements per rank, Narayanan et al. (2021)'s count in section 3.2. With
-    ``embedding_and_loss``, also the course GPT's others: the vocabulary-parallel embedding
-    (forward) and the head's input gradient (backward), b s h each, and the loss's three
-    all-reduces of b s numbers (largest logit, target logit, sum of exponentials).
-
-    Args:
-        batch_size, seq_len, hidden, n_layer: b, s, h and the number of layers.
-        t: tensor-parallel ranks (1: nothing is sent).
-        bytes_per_element: of the activations (2: 16-bit, as in the papers).
-        embedding_and_loss: count the all-reduces outside the layers too.
-
-    Returns:
-        Bytes per rank per step (rounded up to a whole byte).
+    column-parallel ``qkv`` and ``fc`` backward (f). A ring moves ``2 (t - 1) / t * n`` per rank,
+    so a layer ``8 b s h (t - 1) / t`` elements (Narayanan et al. 2021, section 3.2). With
+    ``embedding_and_loss``, also the vocabulary-parallel embedding (forward) and the head's
+    input gradient (backward), b s h each, and the loss's three all-reduces of b s numbers.
+    ``bytes_per_element``: of the activations (2: 16-bit, as in the papers); t = 1 sends
+    nothing. Returns bytes per rank per step, rounded up to a whole byte.
     """
     messages = _tp_messages(batch_size, seq_len, hidden, n_layer, t, bytes_per_element,
                             embedding_and_loss, "tensor_parallel_comm_bytes")
@@ -488,19 +417,11 @@ def tensor_parallel_step_time(compute_s: float, batch_size: int, seq_len: int, h
                               embedding_and_loss: bool = False) -> float:
     """A projected step of t-way tensor parallelism: ``compute_s / t`` plus every all-reduce.
 
-    Each rank computes 1/t of every layer's matrix products; the all-reduces
-    (``tensor_parallel_comm_bytes``'s messages, each ``ALGORITHMS[algorithm]`` over t ranks)
-    sit between one layer's halves and the next's: the next product needs their result, so
-    none is hidden (overlap 0). Compare ``data_parallel_step_time``, whose gradient all-reduce
-    can run behind backward (its ``overlap``), and whose bytes do not grow with b s.
-
-    Args:
-        compute_s: seconds of arithmetic of the step on one device (the whole model).
-        batch_size, seq_len, hidden, n_layer, t: as in ``tensor_parallel_comm_bytes``.
-        model: alpha and beta of the link between the t ranks.
-        bytes_per_element: of the activations.
-        algorithm: a name from ``ALGORITHMS``.
-        embedding_and_loss: count the all-reduces outside the layers too.
+    Each rank computes 1/t of every product; the all-reduces (``tensor_parallel_comm_bytes``'s
+    messages, each ``ALGORITHMS[algorithm]`` over t ranks) feed the next product, so none is
+    hidden (overlap 0), unlike ``data_parallel_step_time``'s, whose bytes do not grow with b s.
+    ``compute_s``: the whole model's arithmetic on one device; ``model``: the link between
+    the t ranks; the other arguments as in ``tensor_parallel_comm_bytes``.
     """
     _check_algorithm("tensor_parallel_step_time", algorithm)
     messages = _tp_messages(batch_size, seq_len, hidden, n_layer, t, bytes_per_element,
@@ -523,39 +444,25 @@ def transformer_layer_flops(batch_size: int, seq_len: int, hidden: int) -> float
 
 @dataclass(frozen=True)
 class Interconnect:
-    """Figures for a projection: where they come from, and which parts are assumed.
-
-    Attributes:
-        name: what it is.
-        p: ranks (GPUs) in all.
-        link_bandwidth: bytes per second per direction of each GPU's link inside a node.
-        alpha: seconds per message (an assumption: a few microseconds).
-        source: the datasheets used and what is assumed.
-        nodes: machines (1: everything inside one node).
-        nic_bandwidth: bytes per second per direction of one network card (rail).
-        rails: network cards per node.
-    """
+    """Figures for a projection: where they come from, and which parts are assumed."""
 
     name: str
-    p: int
-    link_bandwidth: float
-    alpha: float
-    source: str
-    nodes: int = 1
-    nic_bandwidth: float = 0.0
-    rails: int = 0
+    p: int                   # ranks (GPUs) in all
+    link_bandwidth: float    # bytes per second per direction of each GPU's link inside a node
+    alpha: float             # seconds per message (an assumption: a few microseconds)
+    source: str              # the datasheets used and what is assumed
+    nodes: int = 1           # machines (1: everything inside one node)
+    nic_bandwidth: float = 0.0   # bytes per second per direction of one network card (rail)
+    rails: int = 0           # network cards per node
 
     @property
     def bandwidth(self) -> float:
         """The bytes per second each rank's ring traffic gets (the model's ``1 / beta``).
 
-        Inside one node, the GPU's link. Across nodes NCCL runs several rings at once (its
-        channels), each crossing between nodes through a different network card: every rank
-        sends ``2 (p - 1) / p n`` bytes in all, and so does every node through its cards
-        together, so a node's ``rails`` cards act as one link of ``rails * nic_bandwidth``;
-        the slower of that and the GPU's own link sets the pace. With one card per GPU (8
-        rails on an 8-GPU node) the network nearly keeps up with NVLink; with one card per
-        node it is eight times slower.
+        Inside one node, the GPU's link. Across nodes NCCL runs several rings (channels), each
+        crossing through a different network card, so a node's ``rails`` cards act as one link
+        of ``rails * nic_bandwidth``; the slower of that and the GPU's link sets the pace (8
+        rails on 8 GPUs nearly keep up with NVLink; one card per node is eight times slower).
         """
         if self.nodes <= 1:
             return self.link_bandwidth
@@ -568,29 +475,20 @@ class Interconnect:
     @property
     def rank_bandwidth(self) -> float:
         """The bytes per second of *one* rank's own path to the others, where one rank (or one
-        server) must carry everything: the naive all-reduce and the parameter server.
-
-        Inside one node, the GPU's link. Across nodes that rank reaches the other node through one
-        card (its rail), whatever the number of rails: the other cards serve other GPUs.
-        """
+        server) carries everything (naive, parameter server): the GPU's link inside a node,
+        across nodes one card (its rail), whatever the number of rails."""
         if self.nodes <= 1:
             return self.link_bandwidth
         _ = self.bandwidth   # the same checks of rails and cards
         return min(self.link_bandwidth, self.nic_bandwidth)
 
     def predict(self, n_bytes: float) -> dict[str, float]:
-        """PROJECTED seconds of one all-reduce of ``n_bytes`` for each of ``ALGORITHMS``, with
-        the path each algorithm really uses (not one beta for all).
-
-        - ``ring``: NCCL's rings, over every rail (``bandwidth``).
-        - ``tree``: NCCL's tree, a double binary tree between nodes and a chain inside each
-          (``nccl_tree_time``), over every rail like the rings.
-        - ``naive``: rank 0 receives and sends ``p - 1`` whole messages in turn: those of its own
-          node over its GPU link, those of other nodes through its one card (``rank_bandwidth``).
-        - ``binomial tree``: ``log2`` rounds of whole messages, the rounds between nodes through
-          one card.
-        - ``parameter server``: one server machine (outside the workers) whose one link, a GPU
-          link inside a node or one card across nodes, carries ``p n`` bytes each way.
+        """PROJECTED seconds of one all-reduce of ``n_bytes`` for each of ``ALGORITHMS``, each
+        on the path it really uses: ``ring`` and ``tree`` (``nccl_tree_time``) over every rail
+        (``bandwidth``); ``naive``: rank 0's ``p - 1`` whole messages in turn, its node's over
+        its GPU link, the others through its one card (``rank_bandwidth``); ``binomial tree``:
+        ``log2`` rounds of whole messages, those between nodes through one card; ``parameter
+        server``: one server outside the workers, ``p n`` bytes each way through one link.
         """
         g = self.p // self.nodes                       # GPUs per node
         a, link, one = self.alpha, 1.0 / self.link_bandwidth, 1.0 / self.rank_bandwidth
@@ -607,9 +505,8 @@ class Interconnect:
         }
 
     def model(self) -> AlphaBeta:
-        """The interconnect as an ``AlphaBeta`` (assumed, not fitted), ``bandwidth`` as ``1 /
-        beta``: right for the ring (and NCCL's tree), too generous across nodes for an
-        algorithm that funnels through one rank (use ``predict``)."""
+        """The interconnect as an assumed ``AlphaBeta`` (``1 / beta = bandwidth``): right for
+        rings and trees, too generous across nodes for one-rank funnels (use ``predict``)."""
         return AlphaBeta(alpha=self.alpha, beta=1.0 / self.bandwidth, p=self.p,
                          source=f"PROJECTION, not measured: {self.source}")
 
@@ -682,24 +579,14 @@ ASSUMED_UTILIZATION = 0.5
 
 @dataclass(frozen=True)
 class TensorParallelProjection:
-    """One line of ``tensor_parallel_projection``: a PROJECTION from the model, not measured.
+    """One line of ``tensor_parallel_projection``: a PROJECTION from the model, not measured."""
 
-    Attributes:
-        t: tensor-parallel ranks.
-        compute_s: seconds of arithmetic per rank (the layers' FLOPs / t / flops_per_second).
-        comm_s: seconds of all-reduces per rank (none hidden).
-        comm_share: ``comm_s / (compute_s + comm_s)``, the fraction of the step spent
-            communicating.
-        bandwidth: bytes per second each rank's ring traffic gets.
-        source: the interconnect and the assumptions.
-    """
-
-    t: int
-    compute_s: float
-    comm_s: float
-    comm_share: float
-    bandwidth: float
-    source: str
+    t: int                # tensor-parallel ranks
+    compute_s: float      # seconds of arithmetic per rank (layers' FLOPs / t / flops_per_second)
+    comm_s: float         # seconds of all-reduces per rank (none hidden)
+    comm_share: float     # comm_s / (compute_s + comm_s): the share of the step communicating
+    bandwidth: float      # bytes per second each rank's ring traffic gets
+    source: str           # the interconnect and the assumptions
 
 
 def tensor_parallel_projection(interconnect: Interconnect, batch_size: int, seq_len: int,
@@ -710,30 +597,16 @@ def tensor_parallel_projection(interconnect: Interconnect, batch_size: int, seq_
     """The share of a tensor-parallel step spent in all-reduces, over ``interconnect``: a
     PROJECTION from the alpha-beta model and public peak figures, not a measurement.
 
-    The compute is ``transformer_layer_flops`` per layer at ``flops_per_second`` (assumed:
-    half of an H100's dense BF16 peak), divided by t; the communication is
-    ``tensor_parallel_step_time``'s all-reduces, with nothing hidden. Inside one node the ring
-    runs at the GPU's link (NVLink, PCIe). Across nodes (``interconnect.nodes > 1``) the
-    projection takes the placement Megatron avoids: a ring whose every hop crosses the network
-    (its ranks alternating between nodes), with every GPU of a node in such a group and all
-    groups communicating at the same moment (each layer's all-reduce comes at the same point of
-    every group's step): each GPU gets 1 / (GPUs per node) of its node's network cards,
-    ``rails * nic_bandwidth / (p / nodes)``. That is why
-    Megatron keeps tensor parallelism inside a node (Narayanan et al. 2021, section 3.2,
-    takeaway 1) and lets data (or pipeline) parallelism, whose traffic is per step and not per
-    layer, cross nodes.
-
-    Args:
-        interconnect: one of ``INTERCONNECTS`` (or your own ``Interconnect``).
-        batch_size, seq_len, hidden: b, s and h of the layers.
-        n_layer: layers (the share does not depend on it).
-        ts: the tensor-parallel sizes to project.
-        flops_per_second: sustained arithmetic of one GPU.
-        bytes_per_element: of the activations (2: 16-bit).
-        algorithm: a name from ``ALGORITHMS``.
-
-    Returns:
-        One ``TensorParallelProjection`` per t, in the order of ``ts``.
+    Compute: ``transformer_layer_flops`` per layer at ``flops_per_second`` (assumed: half an
+    H100's dense BF16 peak), divided by t; communication: ``tensor_parallel_step_time``'s
+    all-reduces, none hidden. Inside one node the ring runs at the GPU's link. Across nodes the
+    projection takes the placement Megatron avoids: every ring hop crosses the network, every
+    GPU of a node in such a group, all groups communicating at once, so each GPU gets ``rails *
+    nic_bandwidth / (p / nodes)``. Hence Megatron keeps tensor parallelism inside a node
+    (Narayanan et al. 2021, section 3.2, takeaway 1) and lets data (or pipeline) parallelism,
+    whose traffic is per step, not per layer, cross nodes.
+    ``interconnect``: one of ``INTERCONNECTS`` or your own; ``n_layer`` does not change the
+    share. Returns one ``TensorParallelProjection`` per t of ``ts``, in order.
     """
     if flops_per_second <= 0:
         raise ValueError(f"tensor_parallel_projection: flops_per_second must be > 0, got "

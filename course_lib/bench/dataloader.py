@@ -2,15 +2,13 @@
 
 Run: ``python -m course_lib.bench dataloader [--samples 12] [--batch-size 256] [--quick] [--out
 PATH]`` (full runs also write ``results/dataloader-MACHINE.json``). Prints JSON. Both paths train
-the same LeNet with the same step (``train_epoch``, lesson 01's learning rate 0.3 by default) in
-the same process, interleaved
-(``course_lib.timing.compare``): each timed call trains on one chunk of batches (a sixteenth
-of an epoch by default; the batches run on across epochs), each sample as many calls as last
-``--min-sample-ms``, the two paths alternating sample by sample so that a change in the
-machine's load hits both alike. Seconds per epoch are each sample's seconds per batch times the
-batches of an epoch. The result is the ratio ``fast / dataloader`` with its 95 % bootstrap
-interval (goal: at most 0.6 on a 2-core CPU) and a verdict. PyTorch counterpart: none
-(``torch.utils.benchmark`` times one statement; this times two input pipelines).
+the same LeNet with the same step (``train_epoch``, lr 0.3 by default) in one process,
+interleaved (``course_lib.timing.compare``): a timed call trains on a chunk of batches (1/16 of
+an epoch by default, running on across epochs), a sample as many calls as last
+``--min-sample-ms``, the paths alternating so that the machine's load hits both alike. Seconds
+per epoch are a sample's seconds per batch times an epoch's batches. The result: the ratio
+``fast / dataloader`` with its 95 % bootstrap interval (goal: at most 0.6 on a 2-core CPU) and
+a verdict. PyTorch counterpart: none (``torch.utils.benchmark`` times one statement).
 """
 from __future__ import annotations
 
@@ -49,19 +47,12 @@ def compare_input_pipelines(batch_size: int = 256, *, lr: float = 0.3, epochs: i
                             stamp: LoadStamp | None = None) -> dict:
     """Train LeNet through each input path, interleaved; seconds per epoch and their ratio.
 
-    Args:
-        batch_size: examples per batch.
-        lr: the learning rate both paths train with (default lesson 01's baseline, 0.3).
-        epochs: with ``chunks``, the default number of samples (``epochs * chunks``): about
-            ``epochs`` epochs of each path are timed.
-        chunks: a timed call trains on ``1 / chunks`` of an epoch's batches.
-        samples: timed samples per path (at least 2; default ``epochs * chunks``).
-        min_sample_s: a sample loops over enough calls to last at least this long (default
-            0.2 s; 0.02 s on the quick slice, whose calls are one batch each).
-        quick: the quick-mode slice of the data (default: quick mode).
-        device: where the fast path keeps its data and the network runs (default a GPU if
-            any).
-        stamp: a ``wait_for_quiet`` stamp to keep with the comparison.
+    A timed call trains on ``1 / chunks`` of an epoch's batches; ``samples`` per path (at least
+    2; default ``epochs * chunks``, about ``epochs`` epochs), each looping over enough calls to
+    last ``min_sample_s`` (default 0.2 s; 0.02 s on the quick slice, one batch a call). ``lr``:
+    both paths' (lesson 01's 0.3); ``quick``: the quick-mode slice (default: quick mode);
+    ``device``: the fast path's data and the network (default a GPU if any); ``stamp``: a
+    ``wait_for_quiet`` stamp to keep.
 
     Returns:
         ``{"fast_s_per_epoch": [...], "dataloader_s_per_epoch": [...]`` (one estimate per
@@ -100,9 +91,9 @@ def compare_input_pipelines(batch_size: int = 256, *, lr: float = 0.3, epochs: i
     per_epoch = {name: [s / size * n_batches for s in timed.seconds[name]] for name in paths}
     ratio, lo, hi = timed.ratio("fast")
     out: dict = {f"{name}_s_per_epoch": per_epoch[name] for name in paths}
-    for name in paths:
-        out[f"{name}_median_s_per_epoch"] = statistics.median(per_epoch[name])
-        out[f"{name}_min_s_per_epoch"] = min(per_epoch[name])
+    for name, xs in per_epoch.items():
+        out.update({f"{name}_median_s_per_epoch": statistics.median(xs),
+                    f"{name}_min_s_per_epoch": min(xs)})
     out.update({"ratio_fast_over_dataloader": ratio, "ratio_interval": [lo, hi],
                 "verdict": timed.verdict("fast"), "lr": lr, "batches_per_epoch": n_batches,
                 "batches_per_call": size, "min_sample_s": min_sample_s,
@@ -114,17 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m course_lib.bench dataloader``: print the JSON comparison; 0 on success."""
     ap = argparse.ArgumentParser(prog="python -m course_lib.bench dataloader",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--samples", type=int, default=None,
-                    help="timed samples per path, at least 2 (default 12: with warm-up and "
-                    "calibration, one epoch of each path)")
-    ap.add_argument("--epochs", type=int, default=None,
-                    help="older spelling: --samples becomes epochs x 16")
-    ap.add_argument("--min-sample-ms", type=float, default=None,
-                    help="the least a sample lasts (default 200; quick 20)")
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=0.3,
-                    help="learning rate of both paths (default 0.3, lesson 01's baseline)")
-    ap.add_argument("--quick", action="store_true", help="the quick-mode slice of the data")
+    add = ap.add_argument
+    add("--samples", type=int, default=None, help="timed samples per path, at least 2 (default "
+        "12: with warm-up and calibration, one epoch of each path)")
+    add("--epochs", type=int, default=None, help="older spelling: --samples becomes epochs x 16")
+    add("--min-sample-ms", type=float, default=None,
+        help="the least a sample lasts (default 200; quick 20)")
+    add("--batch-size", type=int, default=256)
+    add("--lr", type=float, default=0.3,
+        help="learning rate of both paths (default 0.3, lesson 01's baseline)")
+    add("--quick", action="store_true", help="the quick-mode slice of the data")
     _out_option(ap, "dataloader")
     args = ap.parse_args(argv)
     samples = args.samples if args.samples is not None else (

@@ -1,23 +1,18 @@
 """Benchmark: step time of our DistributedDataParallel strategies against torch's DDP.
 
 ``python -m course_lib.bench ddp [--quick] [--models lenet,resnet18] [--out PATH]`` prints JSON
-(and writes it to ``results/ddp-MACHINE.json``, or ``--out``; quick runs write nothing unless
-told): for LeNet (256 images per rank; ResNet-18, 32 per rank, with ``--models``: by default its
-DDP comparison is the 2-worker launch of ``bench scaling``), 2 ranks (gloo on a CPU), the time of
-one training
-step (forward, backward with the gradient averaging, SGD step) of ``local`` (the plain module, no
-communication: the compute floor), ``strategy="naive"``, ``"overlap"``, ``"bucketed"``,
-``"bucketed+bf16"`` (with ``bf16_compress_hook``) and
-``torch.nn.parallel.DistributedDataParallel``: median, min, quartiles, and ``ratio_to_torch``
-(median / torch's median; goal: bucketed <= 1.10) with its 95 % bootstrap interval and a verdict
-that names the faster one only when the interval excludes 1. All run in the same workers,
-interleaved (``course_lib.timing.compare``: the order rotating every round, each sample a loop
-of steps sized from the median of several steps, the slowest rank's time), so a noisy machine
-hurts them alike. ``--link-latency-ms L``: every DDP variant (bf16 left out) sends over a
-``SlowLink`` that adds L ms to each message, one message at a time, using no core (what a
-network's latency adds where the computation does not share the cores with the sums), and
-``"bucketed_small"``, the bucketed strategy at ``bucket_cap_mb=0.1``, joins them.
-PyTorch counterpart: none (torch's DDP is the yardstick). Notebook 07 shows this measurement.
+(written to ``results/ddp-MACHINE.json``, or ``--out``; quick runs write nothing unless told):
+for LeNet (256 images per rank; ResNet-18, 32, with ``--models``: by default its comparison is
+``bench scaling``'s 2-worker launch), 2 ranks (gloo on a CPU), one training step of ``local``
+(no communication: the compute floor), ``strategy="naive"``, ``"overlap"``, ``"bucketed"``,
+``"bucketed+bf16"`` (``bf16_compress_hook``) and torch's ``DistributedDataParallel``: median,
+min, quartiles, ``ratio_to_torch`` (goal: bucketed <= 1.10) with its 95 % bootstrap interval
+and a verdict naming the faster only when the interval excludes 1. All interleaved in the same
+workers (``course_lib.timing.compare``, the slowest rank's time), so a noisy machine hurts them
+alike. ``--link-latency-ms L``: every DDP variant (bf16 left out) sends over a ``SlowLink``
+adding L ms to each message, one at a time, using no core (a network's latency), and
+``"bucketed_small"`` (``bucket_cap_mb=0.1``) joins them. PyTorch counterpart: none (torch's
+DDP is the yardstick). Notebook 07 shows this measurement.
 """
 from __future__ import annotations
 
@@ -67,8 +62,8 @@ def implementations(link_latency_s: float = 0.0) -> list[str]:
     if not link_latency_s:
         return list(IMPLEMENTATIONS)
     names = [n for n in IMPLEMENTATIONS if n != "bucketed+bf16"]
-    return names[:names.index("bucketed") + 1] + ["bucketed_small"] + names[
-        names.index("bucketed") + 1:]
+    at = names.index("bucketed") + 1
+    return names[:at] + ["bucketed_small"] + names[at:]
 
 
 def _wrap(name: str, module: nn.Module, link: SlowLink | None = None) -> nn.Module:
@@ -143,15 +138,11 @@ def _time_steps(models: list[str], quick: bool, samples: int, steps: int | None,
 
 
 def summarize(seconds: list[float], reference: list[float]) -> dict[str, float]:
-    """Median, min and interquartile range of step times (and the times), three ratios to torch's.
+    """Median, min and interquartile range of ``seconds`` (one implementation's step times, one
+    per round; the times too), and three ratios to ``reference`` (torch's, the same rounds).
 
-    ``ratio_to_torch`` divides the medians; ``min_ratio_to_torch`` the minima;
-    ``paired_ratio_to_torch`` is the median over rounds of the ratio within each round (both
-    timed seconds apart), the steadiest of the three when other work loads the machine.
-
-    Args:
-        seconds: one implementation's step times, one per round.
-        reference: torch's DDP's step times from the same rounds.
+    ``ratio_to_torch`` divides the medians, ``min_ratio_to_torch`` the minima;
+    ``paired_ratio_to_torch`` is the median of each round's ratio, the steadiest under load.
     """
     stats = summarize_samples(seconds)
     return {**stats, "ratio_to_torch": stats["median_s"] / statistics.median(reference),
@@ -167,21 +158,11 @@ def measure_step_times(models: list[str], *, world_size: int = 2, quick: bool = 
                        timeout: float = 1800.0) -> dict:
     """Time every implementation on each model in one launch, interleaved; a JSON-ready dict.
 
-    Args:
-        models: names from ``MODELS``.
-        world_size: ranks (2: one per core of the course's 2-core machine).
-        quick: small ResNet-18 batch, short samples.
-        rounds: timed rounds, at least 2 (default 15, quick 3); each times every
-            implementation once (one sample, a loop of steps).
-        steps: steps per timed call (default 1); a sample is as many calls as last
-            ``min_sample_s``; times are reported per step.
-        batch: examples per rank (default per model).
-        warmup: untimed calls of each implementation first.
-        min_sample_s: the least a sample lasts (default per model: LeNet 0.3 s, ResNet-18
-            0.5 s; quick 0.01 s).
-        link_latency_s: > 0: every DDP variant sends over a ``SlowLink`` with this latency
-            per message (``"bucketed+bf16"`` left out).
-        timeout: seconds for the whole launch.
+    ``rounds`` (at least 2; default 15, quick 3) each time every implementation once, a sample
+    being as many calls of ``steps`` steps (default 1) as last ``min_sample_s`` (default LeNet
+    0.3 s, ResNet-18 0.5 s; quick 0.01 s); times are per step. ``batch``: examples per rank
+    (default per model); ``warmup``: untimed calls first; ``link_latency_s > 0``: every DDP
+    variant (bf16 left out) sends over a ``SlowLink`` with this latency per message.
 
     Returns:
         ``{"backend", "world_size", "link_latency_s", "models": {model: {"batch_per_rank",
@@ -225,34 +206,29 @@ def main(argv: list[str]) -> int:
     """``python -m course_lib.bench ddp``: print the JSON (and write it to --out); 0 if it ran."""
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench ddp",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="a quick look (under a minute): 3 rounds, short samples, smaller "
-                        "batches")
-    parser.add_argument("--models", default="lenet",
-                        help=f"comma-separated, from {', '.join(MODELS)} (default lenet: "
-                        "ResNet-18's DDP strategies are timed by `bench scaling` at 2 workers)")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help=f"timed rounds, at least 2 (default {SAMPLES}, quick "
-                        f"{QUICK_SAMPLES})")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="steps per timed call (default 1); samples are sized in calls")
-    parser.add_argument("--min-sample-ms", type=float, default=None,
-                        help="the least a sample lasts (default: LeNet 300, ResNet-18 500; "
-                        "quick 10)")
-    parser.add_argument("--batch", type=int, default=None,
-                        help="examples per rank (default: LeNet 256, ResNet-18 32; quick 128, 4)")
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--link-latency-ms", type=float, default=0.0,
-                        help="every DDP variant sends over a SlowLink adding this latency to "
-                        "each message, one at a time (default 0: no link; bf16 left out)")
-    parser.add_argument("--timeout", type=float, default=1800.0,
-                        help="seconds for the launch before its workers are stopped (default "
-                        "1800)")
+    add = parser.add_argument
+    add("--quick", action="store_true",
+        help="a quick look (under a minute): 3 rounds, short samples, smaller batches")
+    add("--models", default="lenet", help=f"comma-separated, from {', '.join(MODELS)} (default "
+        "lenet: ResNet-18's DDP strategies are timed by `bench scaling` at 2 workers)")
+    add("--rounds", type=int, default=None,
+        help=f"timed rounds, at least 2 (default {SAMPLES}, quick {QUICK_SAMPLES})")
+    add("--steps", type=int, default=None,
+        help="steps per timed call (default 1); samples are sized in calls")
+    add("--min-sample-ms", type=float, default=None,
+        help="the least a sample lasts (default: LeNet 300, ResNet-18 500; quick 10)")
+    add("--batch", type=int, default=None,
+        help="examples per rank (default: LeNet 256, ResNet-18 32; quick 128, 4)")
+    add("--world-size", type=int, default=2)
+    add("--link-latency-ms", type=float, default=0.0,
+        help="every DDP variant sends over a SlowLink adding this latency to each message, one "
+        "at a time (default 0: no link; bf16 left out)")
+    add("--timeout", type=float, default=1800.0,
+        help="seconds for the launch before its workers are stopped (default 1800)")
     _out_option(parser, "ddp")
     args = parser.parse_args(argv)
     models = _model_names(parser, args.models, MODELS)
-    rounds = args.rounds if args.rounds is not None else (QUICK_SAMPLES if args.quick
-                                                          else SAMPLES)
+    rounds = args.rounds if args.rounds is not None else QUICK_SAMPLES if args.quick else SAMPLES
     if rounds < 2:
         parser.error(f"--rounds must be at least 2 (a spread and an interval need several "
                      f"samples), got {rounds}.")

@@ -3,33 +3,27 @@
 ``python -m course_lib.bench gpt-baseline [--quick] [--steps N] [--out PATH]`` trains the small
 GPT (``course_lib.models.gpt``) in ONE process on the real text (``course_lib.data_text``) with
 AdamW from a fixed seed, and prints JSON (written to ``results/gpt-baseline-MACHINE.json``, or
-``--out``): the loss of every step, the tokens per second over the steps after a warm-up (median,
-and the spread from the fastest and slowest step), the loss on held-out text at the start and at
-the end, the configuration. It is the oracle later lessons compare with: the same seed, the same
-batches (``batch_schedule``) and the same optimizer must give the same losses, to rounding.
+``--out``): every step's loss, the tokens per second after a warm-up (median, and the spread
+from the fastest and slowest step), the held-out loss at the start and the end, the config. It
+is the oracle of later lessons: the same seed, batches (``batch_schedule``) and optimizer must
+give the same losses, to rounding.
 
-``python -m course_lib.bench tp-vs-dp [--quick] [--out PATH]`` times, in the same 2 worker
-processes (one torch thread each, gloo on a CPU), interleaved, the training step of
-
-- ``tensor_parallel``: the model split by ``parallelize_gpt`` over the world (Megatron-LM), every
-  rank the whole batch;
-- ``data_parallel``: the model whole on every rank, each rank ``1/world`` of the same batch, the
-  gradients averaged by the course's ``DistributedDataParallel`` (``strategy="bucketed"``);
-
-the same global batch, the same AdamW. It reports the samples, medians, the time ratio TP/DP with
-its bootstrap interval and a verdict that names a winner only when the interval excludes 1; the
-all-reduces one step makes in each (counted by wrapping ``torch.distributed.all_reduce``: for TP
-Megatron's count, ``2 (2 L + 1)`` of ``B*T*C`` elements and 3 of ``B*T`` for the loss; for DP
-one per bucket, the gradients' bytes in all); and the loss of both on their first step (equal,
-to float32 rounding: the comparison is of equal work). Written to
+``python -m course_lib.bench tp-vs-dp [--quick] [--out PATH]`` times, interleaved in the same 2
+worker processes (one torch thread each, gloo on a CPU), on the same global batch with AdamW,
+the step of ``tensor_parallel`` (``parallelize_gpt`` over the world, Megatron-LM, every rank
+the whole batch) and ``data_parallel`` (the whole model on every rank, each ``1/world`` of the
+batch, the course's ``DistributedDataParallel(strategy="bucketed")``). It reports the samples,
+medians, the TP/DP ratio with its bootstrap interval and a verdict naming a winner only when the
+interval excludes 1; the all-reduces one step makes (``dist.all_reduce`` wrapped: for TP
+Megatron's ``2 (2 L + 1)`` of ``B*T*C`` and 3 of ``B*T`` for the loss, for DP one per bucket);
+and both first-step losses (equal to float32 rounding: equal work). Written to
 ``results/tp-vs-dp-MACHINE.json``.
 
-Why the course's DDP and not torch's: torch's ``DistributedDataParallel`` sends its buckets from
-its C++ reducer straight to the process group, never through ``dist.all_reduce``, so wrapping
-that function counts nothing (checked: zero calls per step); the course's DDP calls
-``dist.all_reduce`` in its communication hook, once per bucket. Its step time is within a few
-per cent of torch's (``bench ddp``). PyTorch counterpart: none (torch's DDP and
-``torch.distributed.tensor.parallel`` are what the two variants build by hand). Lesson 14.
+Why the course's DDP: torch's sends its buckets from its C++ reducer straight to the process
+group, so wrapping ``dist.all_reduce`` counts nothing (checked: zero calls per step); the
+course's calls it in its hook, once per bucket, and steps within a few per cent of torch's
+(``bench ddp``). PyTorch counterpart: none (torch's DDP and ``torch.distributed.tensor.parallel``
+are what the two variants build by hand). Lesson 14.
 """
 from __future__ import annotations
 
@@ -118,11 +112,9 @@ def _eval_loss(model: GPT, tokens: torch.Tensor, batch_size: int, seq_len: int, 
                seed: int, device: torch.device) -> float:
     """The mean loss over ``batches`` batches of ``tokens``, always the same ones (``seed``)."""
     sched = batch_schedule(tokens, batch_size, seq_len, seed=seed)
-    total = 0.0
-    for _ in range(batches):
-        X, Y = next(sched)
-        total += model(X.to(device), Y.to(device))[1].item()
-    return total / batches
+    losses = [model(X.to(device), Y.to(device))[1].item()
+              for X, Y in (next(sched) for _ in range(batches))]
+    return sum(losses) / batches
 
 
 def baseline(steps: int, batch_size: int, seq_len: int, *, config: GPTConfig | None = None,
@@ -131,24 +123,14 @@ def baseline(steps: int, batch_size: int, seq_len: int, *, config: GPTConfig | N
              device: torch.device | str = "cpu") -> dict:
     """Train the small GPT in one process on the real text; a JSON-ready dict of what happened.
 
-    The model is ``GPT(config)`` built after ``torch.manual_seed(seed)``; step i trains on the
-    i-th batch of ``batch_schedule(train, batch_size, seq_len, seed=seed)`` (``train``: the first
-    90 % of the corpus's tokens, see ``split_tokens``) with AdamW (``lr``, torch's other
-    defaults). The held-out loss is the mean over ``eval_batches`` fixed batches of the last
-    10 % (seed ``seed + 1``), before the first step and after the last.
-
-    Args:
-        steps: training steps (more than ``warmup``).
-        batch_size, seq_len: the batch, ``(batch_size, seq_len)`` tokens.
-        config: the model's sizes (default ``GPTConfig()``).
-        lr: AdamW's learning rate.
-        seed: the model's initialisation and the batches.
-        threads: torch's intra-op threads during the run (default: every core,
-            ``cpu_cores()``); restored after.
-        warmup: the first steps, left out of the tokens per second.
-        eval_batches: held-out batches for the validation loss.
-        max_bytes: read only the first ``max_bytes`` bytes of the corpus (a quick run).
-        device: where to train (default the CPU: the oracle is a CPU run).
+    ``GPT(config)`` is built after ``torch.manual_seed(seed)``; step i (of ``steps``, more than
+    ``warmup``) trains with AdamW (``lr``, torch's other defaults) on the i-th ``(batch_size,
+    seq_len)`` batch of ``batch_schedule(train, batch_size, seq_len, seed=seed)`` (``train``: the
+    first 90 % of the tokens, ``split_tokens``). The held-out loss, before the first step and
+    after the last, is the mean over ``eval_batches`` fixed batches of the last 10 % (seed
+    ``seed + 1``). ``threads``: torch's threads meanwhile (default ``cpu_cores()``), restored
+    after; ``warmup``: first steps left out of the tokens per second; ``max_bytes``: read only
+    that much of the corpus; ``device``: default the CPU (the oracle is a CPU run).
 
     Returns:
         ``{"losses", "loss_first", "loss_last", "val_loss_start", "val_loss", "step_seconds",
@@ -271,6 +253,7 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
             return loss
         return step
     tp_step, dp_step = phased(tp_model, tp_opt, batches), phased(dp_model, dp_opt, mine)
+    alone_step = phased(alone, alone_opt, batches)
 
     def both_losses() -> dict:
         """Each variant's loss on the first batch (DP's: the mean over the ranks)."""
@@ -280,16 +263,11 @@ def _tp_vs_dp_worker(config: GPTConfig, batch_size: int, seq_len: int, samples: 
     def tp_compute_step(i: int) -> torch.Tensor:
         """The tensor-parallel step with every all-reduce skipped: the same arithmetic on the
         same shapes (its numbers are wrong: nothing is summed), without the communication."""
-        X, Y = batches[i]
         all_reduce, dist.all_reduce = dist.all_reduce, lambda *args, **kwargs: None
         try:
-            alone_opt.zero_grad(set_to_none=True)
-            _, loss = alone(X, Y)
-            loss.backward()
-            alone_opt.step()
+            return alone_step(i)
         finally:
             dist.all_reduce = all_reduce
-        return loss
 
     # step 1: the same work? The TP loss is the whole batch's; DP's mean over ranks is too.
     first = both_losses()
@@ -349,27 +327,16 @@ def tp_vs_dp(world_size: int = 2, batch_size: int = TP_VS_DP_DEFAULTS["batch_siz
     the same ``world_size`` workers (one torch thread each); a JSON-ready dict.
 
     Both start from ``GPT(config)`` after ``torch.manual_seed(seed)`` and train with AdamW on the
-    same global batches (``batch_schedule`` of the training text, ``steps_per_sample`` of them,
-    repeated every sample): TP (``parallelize_gpt`` over the world) gives every rank the whole
-    ``(batch_size, seq_len)`` batch; DP (the course's ``DistributedDataParallel``, bucketed)
-    gives rank r rows ``r * B/w`` to ``(r + 1) * B/w``. The first step of each checks they
-    compute the same loss; the second counts the all-reduces; then ``samples`` rounds, each a
-    sample of ``steps_per_sample`` steps of both, the first variant alternating (a barrier
-    before each sample, the slowest rank's time).
+    same ``steps_per_sample`` global batches (``batch_schedule`` of the training text), repeated
+    every sample: TP (``parallelize_gpt``) gives every rank the whole batch, DP (the course's
+    bucketed DDP) rank r rows ``r * B/w`` to ``(r + 1) * B/w``. Step 1 checks the losses agree,
+    step 2 counts the all-reduces; then ``samples`` rounds of ``steps_per_sample`` steps each,
+    the first variant alternating (a barrier before each sample, the slowest rank's time).
 
-    Args:
-        world_size: ranks; must divide ``batch_size``, ``config.n_head`` and ``vocab_size``.
-        batch_size: the global batch (sequences).
-        seq_len: tokens per sequence (at most ``config.block_size``).
-        samples: timed rounds, at least 2.
-        steps_per_sample: training steps per sample (and distinct batches).
-        config: the model's sizes (default ``GPTConfig()``).
-        seed: the model's initialisation and the batches.
-        lr: AdamW's learning rate.
-        warmup: untimed calls of each variant before the timed ones (beside the two steps of
-            the checks and one calibration call).
-        max_bytes: read only the first ``max_bytes`` bytes of the corpus.
-        timeout: seconds for the whole launch.
+    ``world_size`` must divide ``batch_size`` (the global batch), ``config.n_head`` and
+    ``vocab_size``; ``seq_len`` is at most ``config.block_size``; ``samples`` at least 2;
+    ``warmup``: untimed calls of each variant (beside the two check steps and one calibration
+    call); ``max_bytes``: read only that much of the corpus; ``timeout``: for the whole launch.
 
     Returns:
         ``{"seconds_per_step": {variant: [...]}, "median_s", "min_s", "ratio_tp_over_dp",
@@ -479,18 +446,17 @@ def main_baseline(argv: list[str]) -> int:
                                      description="The small GPT trained in one process on "
                                      "the real text: losses, tokens per second, held-out loss "
                                      "(lesson 14's oracle).")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"a quick look: {BASELINE_QUICK['steps']} steps of batch "
-                        f"{BASELINE_QUICK['batch_size']} x {BASELINE_QUICK['seq_len']}")
-    parser.add_argument("--steps", type=int, default=None, help=f"default {d['steps']}")
-    parser.add_argument("--batch", type=int, default=None, help=f"default {d['batch_size']}")
-    parser.add_argument("--seq-len", type=int, default=None, help=f"default {d['seq_len']}")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help=f"steps left out of the tokens per second (default {d['warmup']})")
-    parser.add_argument("--eval-batches", type=int, default=None,
-                        help=f"held-out batches (default {d['eval_batches']})")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: every core)")
+    q, add = BASELINE_QUICK, parser.add_argument
+    add("--quick", action="store_true",
+        help=f"a quick look: {q['steps']} steps of batch {q['batch_size']} x {q['seq_len']}")
+    add("--steps", type=int, default=None, help=f"default {d['steps']}")
+    add("--batch", type=int, default=None, help=f"default {d['batch_size']}")
+    add("--seq-len", type=int, default=None, help=f"default {d['seq_len']}")
+    add("--warmup", type=int, default=None,
+        help=f"steps left out of the tokens per second (default {d['warmup']})")
+    add("--eval-batches", type=int, default=None,
+        help=f"held-out batches (default {d['eval_batches']})")
+    add("--threads", type=int, default=None, help="torch threads (default: every core)")
     _model_options(parser)
     _out_option(parser, "gpt-baseline")
     args = parser.parse_args(argv)
@@ -521,20 +487,17 @@ def main_tp_vs_dp(argv: list[str]) -> int:
                                      description="A tensor-parallel against a data-parallel "
                                      "training step of the small GPT, interleaved in the same "
                                      "workers, with the all-reduces each sends (lesson 14).")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"a quick look: {TP_VS_DP_QUICK['samples']} samples of "
-                        f"{TP_VS_DP_QUICK['steps_per_sample']} steps, batch "
-                        f"{TP_VS_DP_QUICK['batch_size']} x {TP_VS_DP_QUICK['seq_len']}")
-    parser.add_argument("--world-size", type=int, default=d["world_size"])
-    parser.add_argument("--batch", type=int, default=None,
-                        help=f"the global batch (default {d['batch_size']})")
-    parser.add_argument("--seq-len", type=int, default=None, help=f"default {d['seq_len']}")
-    parser.add_argument("--samples", type=int, default=None, help=f"default {d['samples']}")
-    parser.add_argument("--steps-per-sample", type=int, default=None,
-                        help=f"default {d['steps_per_sample']}")
+    q, add = TP_VS_DP_QUICK, parser.add_argument
+    add("--quick", action="store_true", help=f"a quick look: {q['samples']} samples of "
+        f"{q['steps_per_sample']} steps, batch {q['batch_size']} x {q['seq_len']}")
+    add("--world-size", type=int, default=d["world_size"])
+    add("--batch", type=int, default=None, help=f"the global batch (default {d['batch_size']})")
+    add("--seq-len", type=int, default=None, help=f"default {d['seq_len']}")
+    add("--samples", type=int, default=None, help=f"default {d['samples']}")
+    add("--steps-per-sample", type=int, default=None, help=f"default {d['steps_per_sample']}")
     _model_options(parser)
-    parser.add_argument("--timeout", type=float, default=1800.0,
-                        help="seconds for the launch before its workers are stopped")
+    add("--timeout", type=float, default=1800.0,
+        help="seconds for the launch before its workers are stopped")
     _out_option(parser, "tp-vs-dp")
     args = parser.parse_args(argv)
     sizes = TP_VS_DP_QUICK if args.quick else d

@@ -2,11 +2,10 @@
 
 Run: ``python -m course_lib.bench gpu-queue [--n 4096] [--runs 7] [--quick] [--out PATH]`` on a
 machine with a CUDA GPU (full runs write ``results/gpu-queue-MACHINE.json``). Prints JSON. Ten
-products of an ``(n, n)`` float32 matrix are timed ``runs`` times, the three ways interleaved:
-the clock read as soon as the calls return (the kernels are only queued),
-``course_lib.timing.Timer`` (it synchronizes, then reads the clock) and CUDA events (recorded in
-the GPU's own stream).
-PyTorch counterpart: ``torch.utils.benchmark.Timer``, which synchronizes CUDA around its loop.
+``(n, n)`` float32 products are timed ``runs`` times, three ways interleaved: the clock read as
+the calls return (the kernels only queued), ``course_lib.timing.Timer`` (synchronizes first)
+and CUDA events (in the GPU's own stream). PyTorch counterpart: ``torch.utils.benchmark.Timer``,
+which synchronizes CUDA around its loop.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ import torch
 
 from ..devices import synchronize, try_gpu
 from ..timing import Timer, matmul_flops
-from .scaling import _out_option, load_average, report_header, results_path, write_report
+from .scaling import _finish, _out_option, report_header
 
 __all__ = ["WAYS", "main", "stored_runs", "time_three_ways"]
 
@@ -86,14 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--runs must be at least 3 (a median needs several), got {args.runs}.")
     n = args.n or (1024 if args.quick else 4096)
     report = report_header("gpu-queue", list(argv or []), quick=args.quick)
+    start = time.perf_counter()
     times = time_three_ways(device, n, args.runs)
-    end = load_average()
-    report["load"]["load_end"] = end[0] if end else None
-    medians = {way: statistics.median(xs) for way, xs in times.items()}
     report.update({"what": "ten (n, n) @ (n, n) float32 products on one GPU, timed three ways",
                    "device_name": torch.cuda.get_device_name(device), "n": n, "products": 10,
                    "runs": args.runs, "flops": 10 * matmul_flops(n, n, n), "seconds": times,
-                   "median_s": medians})
-    write_report(report, results_path("gpu-queue", args.out, args.quick))
-    print(json.dumps(report, indent=2))
-    return 0
+                   "median_s": {way: statistics.median(xs) for way, xs in times.items()}})
+    return _finish(report, "gpu-queue", args.out, args.quick, start)

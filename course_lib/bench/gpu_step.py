@@ -2,25 +2,23 @@
 
 Run: ``python -m course_lib.bench gpu-step [--samples 12] [--quick] [--out PATH]`` on a machine
 with a CUDA GPU (full runs write ``results/gpu-step-MACHINE.json``). Prints JSON. The step is the
-baseline's (``train.sgd_step``: functional LeNet, mean cross-entropy, backward, ``sgd`` at lr
-0.3) on batches already on the device. Two measurements:
+baseline's (``train.sgd_step``: functional LeNet, cross-entropy, backward, ``sgd`` at lr 0.3)
+on batches already on the device. Two measurements:
 
-1. **Step time against batch size** (16 to 1024 examples): every size timed with
-   ``timing.compare``, interleaved round by round, the device synchronized around each sample.
-   If the step were arithmetic, time would grow with the batch; where it stays flat, something
-   else (issuing the step's operations) sets it.
-2. **A ``torch.profiler`` trace** of ``steps`` steps at one batch size: the kernels each step
-   launches, the time the GPU spends running them (the union of their intervals, so overlapping
-   kernels count once) and the host time spent in launch calls. Set beside the step's wall time
-   from (1), it says what share of a step the GPU is busy.
+1. **Step time against batch size** (16 to 1024), interleaved with ``timing.compare``. Were the
+   step arithmetic, time would grow with the batch; where it stays flat, issuing the step's
+   operations sets it.
+2. **A ``torch.profiler`` trace** of ``steps`` steps at one batch size: the kernels per step,
+   the GPU's busy time (the union of their intervals) and the host's time in launch calls;
+   beside (1)'s step time, the share of a step the GPU is busy.
 
 PyTorch counterpart: ``torch.profiler.profile`` itself; this reduces its trace to four numbers.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -30,7 +28,7 @@ from ..devices import synchronize, try_gpu
 from ..models.lenet import init_lenet_params, lenet
 from ..timing import compare
 from ..train import sgd_step
-from .scaling import _out_option, load_average, report_header, results_path, write_report
+from .scaling import _finish, _out_option, report_header
 
 __all__ = ["BATCHES", "main", "profile_step", "time_by_batch_size"]
 
@@ -39,8 +37,9 @@ BATCHES = (16, 32, 64, 128, 256, 512, 1024)
 _LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 
 
-def _batch(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``batch_size`` Fashion-MNIST training images and labels (seed 0), on ``device``."""
+def _stepper(batch_size: int, device: torch.device, lr: float):
+    """One baseline step on the first ``batch_size`` Fashion-MNIST training images (seed 0)."""
+    params = init_lenet_params(seed=0, device=device)
     X, y = [], []
     for Xb, yb in load_fashion_mnist(256, fast=True, device=device, quick=False, seed=0)[0]:
         X.append(Xb)
@@ -51,18 +50,11 @@ def _batch(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.T
     if len(X) != batch_size:
         raise ValueError(f"a batch of {batch_size} needs that many training images; the data "
                          f"gave {len(X)}.")
-    return X, y
-
-
-def _stepper(batch_size: int, device: torch.device, lr: float):
-    """A function that runs one baseline step on a fixed batch of ``batch_size``."""
-    params = init_lenet_params(seed=0, device=device)
-    X, y = _batch(batch_size, device)
     return lambda: sgd_step(params, lr, None, lenet, X, y)
 
 
 def time_by_batch_size(device: torch.device, batches=BATCHES, *, samples: int = 12,
-               min_sample_s: float = 0.1, lr: float = 0.3, baseline: int = 256) -> dict:
+                       min_sample_s: float = 0.1, lr: float = 0.3, baseline: int = 256) -> dict:
     """Seconds per step for each batch size, interleaved (``timing.compare``).
 
     Returns ``{"batches": [...], "median_s": {b: ...}, "min_s": {b: ...}, "ratio_to_baseline":
@@ -93,14 +85,13 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def profile_step(device: torch.device, batch_size: int = 256, *, steps: int = 20,
-                  lr: float = 0.3) -> dict:
+                 lr: float = 0.3) -> dict:
     """A ``torch.profiler`` trace of ``steps`` steps after a warm-up, reduced per step.
 
-    Returns ``{"steps", "batch_size", "ops_per_step"`` (operators the host ran, top level and
-    nested, counted by the profiler), ``"kernels_per_step"`` (GPU kernels, memory copies and
-    sets; 0 on a CPU), ``"gpu_busy_s_per_step"`` (the union of their intervals: time the GPU
-    was running something), ``"launch_s_per_step"`` (host time in kernel-launch calls),
-    ``"profiled_wall_s_per_step"`` (the profiled region, slower than unprofiled steps)``}``."""
+    Returns ``{"steps", "batch_size", "ops_per_step"`` (host operators, nested included),
+    ``"kernels_per_step"`` (GPU kernels, copies and sets; 0 on a CPU), ``"gpu_busy_s_per_step"``
+    (the union of their intervals), ``"launch_s_per_step"`` (host time in launch calls),
+    ``"profiled_wall_s_per_step"`` (slower than unprofiled steps)``}``."""
     step = _stepper(batch_size, device, lr)
     for _ in range(5):
         step()
@@ -151,11 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick or args.cpu
     batches = (64, 256) if quick else BATCHES
     report = report_header("gpu-step", list(argv or []), quick=quick)
+    start = time.perf_counter()
     times = time_by_batch_size(device, batches, samples=args.samples,
-                       min_sample_s=0.02 if quick else 0.1)
+                               min_sample_s=0.02 if quick else 0.1)
     trace = profile_step(device, 256, steps=args.steps)
-    end = load_average()
-    report["load"]["load_end"] = end[0] if end else None
     report.update({
         "what": "lesson 01's LeNet step (sgd_step, lr 0.3) on batches already on the device: "
                 "seconds per step against batch size, and a profiler trace at batch 256",
@@ -168,10 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_busy_share": trace["gpu_busy_s_per_step"] / times["median_s"][256],
     })
     out = args.out if args.out is not None else ("-" if args.cpu else None)
-    write_report(report, results_path("gpu-step", out, quick))
-    print(json.dumps(report, indent=2, default=str))
-    return 0
-
+    return _finish(report, "gpu-step", out, quick, start)
 
 if __name__ == "__main__":
     sys.exit(main())

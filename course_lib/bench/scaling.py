@@ -1,33 +1,28 @@
 """Benchmark: time per step against the number of workers, for each data-parallel way of the course.
 
 ``python -m course_lib.bench scaling [--quick] [--models lenet,resnet18] [--out PATH]`` prints
-JSON and writes ``results/scaling-<machine>.json``. For LeNet and ResNet-18, the same global
-batch split over 1, 2 (and 4, 8 where the hardware has them) workers, it times one training
-step (forward, backward with the gradient averaging, SGD update) of
+JSON and writes ``results/scaling-<machine>.json``. For LeNet and ResNet-18, one global batch
+split over 1, 2 (4, 8 where the hardware has them) workers, it times one training step of
 
-- ``baseline``: plain training on ONE worker (the bare module, the whole global batch, one
-  worker's threads): the one baseline of every speed-up, timed in the one-worker launch only
-  (always run, even when ``--workers`` leaves 1 out);
+- ``baseline``: plain training on ONE worker, the one baseline of every speed-up, timed in the
+  one-worker launch only (always run, even when ``--workers`` leaves 1 out);
 - ``plain``: the bare module in one process with all k workers' cores as intra-op threads;
 - ``dp_scratch`` (a): ``course_lib.train.train_batch``, one process, a thread per device;
-- ``nn_dataparallel`` (b): ``torch.nn.DataParallel``; on a CPU it keeps ``device_ids=[]`` and
-  just calls the module (compare it with ``plain``);
-- ``local``: each DDP rank's own step on its shard with no communication (the compute floor);
+- ``nn_dataparallel`` (b): ``torch.nn.DataParallel`` (on a CPU ``device_ids=[]``: it just
+  calls the module, compare ``plain``);
+- ``local``: each DDP rank's own step on its shard, no communication (the compute floor);
 - ``naive`` / ``overlap`` / ``bucketed`` (c): the course's ``DistributedDataParallel``;
 - ``torch`` (d): ``torch.nn.parallel.DistributedDataParallel``;
-- ``NAME_nocomm`` (k >= 2) for each DDP: the same wrapper with a communication hook that sends
-  nothing, so ``exposed communication = step(NAME) - step(NAME_nocomm)`` is measured as named.
+- ``NAME_nocomm`` (k >= 2): each DDP with a hook that sends nothing, so ``exposed communication
+  = step(NAME) - step(NAME_nocomm)``.
 
-One launch per worker count runs every variant interleaved (``course_lib.timing.compare``: the
-order rotating every round, each sample a loop sized from the median of several steps, the
-slowest rank's time is the step's time); each speed-up is ``baseline / variant``, the one
-baseline of the one-worker launch over the variant's median, with a bootstrap interval (the two
-launches' samples resampled independently), and every table that prints a speed-up prints that
-baseline beside it (``speedup_table``). On a CPU a worker is one core: each rank gets
-``cores // max(workers)`` torch threads. LeNet's buckets are capped at 0.1 MiB (several
-buckets, so that overlap can show; torch's DDP gets the same cap); ResNet-18's at 25 MiB
-(torch's default). Beside the steps, the all-reduces one step makes are timed alone (one per
-parameter, and one per bucket). PyTorch counterpart: none (torch's DDP is the yardstick).
+One launch per worker count runs every variant interleaved (``course_lib.timing.compare``, the
+slowest rank's time); each speed-up is the one baseline over the variant's median, with a
+bootstrap interval, and ``speedup_table`` prints that baseline beside it. On a CPU each rank gets
+``cores // max(workers)`` threads. Buckets: LeNet's capped at 0.1 MiB (so overlap can show;
+torch's DDP too), ResNet-18's at 25 MiB (torch's default). The all-reduces of one step are also
+timed alone (one per parameter, one per bucket). PyTorch counterpart: none (torch's DDP is the
+yardstick).
 """
 from __future__ import annotations
 
@@ -119,11 +114,11 @@ def machine_slug() -> str:
 
 def report_header(name: str, argv: list[str], *, quick: bool,
                   max_wait_s: float | None = None) -> dict:
-    """What every results file starts with: the command, machine, hardware, versions, date, and
-    the load: waits (bounded, ``wait_for_quiet``; 5 minutes, none for quick runs) for a quiet
-    machine, then records ``load`` (``busy``: True when still loaded) and prints its message.
-    ``COURSE_QUIET_WAIT_S`` in the environment caps the wait (``make test`` sets 0: a test only
-    checks the report, and stamps it busy when it is)."""
+    """What every results file starts with: command, machine, hardware, versions, date, load.
+
+    Waits up to 5 minutes (none for quick runs; ``COURSE_QUIET_WAIT_S`` caps it, ``make test``
+    sets 0) for a quiet machine (``wait_for_quiet``), records ``load`` (``busy``: still loaded)
+    and prints its message."""
     if max_wait_s is None:
         max_wait_s = 0 if quick else 300
     cap = os.environ.get("COURSE_QUIET_WAIT_S")
@@ -152,12 +147,10 @@ def report_header(name: str, argv: list[str], *, quick: bool,
 
 def results_path(name: str, out: str | None, quick: bool) -> Path | None:
     """Where to write: ``--out`` if given (``-``: nowhere), else ``results/NAME-MACHINE.json``
-    (relative to the current folder; ``make bench`` runs in the repository root) for full
-    runs and nowhere for quick ones (a quick look must not overwrite the measurements)."""
-    if out == "-":
-        return None
+    (relative to the current folder) for full runs and nowhere for quick ones (a quick look
+    must not overwrite the measurements)."""
     if out is not None:
-        return Path(out)
+        return None if out == "-" else Path(out)
     return None if quick else Path("results") / f"{name}-{machine_slug()}.json"
 
 
@@ -231,11 +224,8 @@ def _wrap(name: str, module: nn.Module, cap_mb: float) -> nn.Module:
 
 
 class _Functional:
-    """``net(X, params)`` for an ``nn.Module``, so ``train_batch`` can run ResNet-18.
-
-    ``torch.func.functional_call`` with the replica's parameters; each replica keeps its own
-    batch-norm buffers (keyed by where its first parameter lives), as a real replica would.
-    """
+    """``net(X, params)`` for an ``nn.Module`` (``functional_call``), so ``train_batch`` can run
+    ResNet-18; each replica keeps its own batch-norm buffers (keyed by its first parameter)."""
 
     def __init__(self, module: nn.Module):
         self.module = module
@@ -267,13 +257,11 @@ def _scaling_worker(model: str, global_batch: int, threads: int, samples: int,
     def stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
                 n_threads: int | None = None) -> Callable[[], None]:
         step = _stepper(net, X, y, LR)
-        if n_threads is None or device.type != "cpu":
-            return step
 
         def step_with_threads() -> None:
             with cpu_threads(n_threads):
                 step()
-        return step_with_threads
+        return step if n_threads is None or device.type != "cpu" else step_with_threads
 
     def rank0(step: Callable[[], None]) -> Callable[[], None]:
         return step if rank == 0 else (lambda: None)  # the other ranks wait at the max
@@ -356,13 +344,9 @@ def measure_scaling(models: list[str], *, workers: list[int] | None = None, quic
                     warmup: int = 1, timeout: float = 3600.0) -> dict:
     """Time every variant for each model and worker count (one launch per count); a dict.
 
-    Args:
-        models: names from ``MODELS``.
-        workers: worker counts (default ``default_workers()``); 1 is always added: its launch
-            times the one baseline of every speed-up.
-        quick: the small batches and short samples of ``ModelSpec.quick``.
-        warmup: untimed steps of each variant before calibrating.
-        timeout: seconds for each launch.
+    ``workers`` defaults to ``default_workers()``; 1 is always added (its launch times the one
+    baseline). ``quick``: ``ModelSpec.quick``'s sizes; ``warmup``: untimed steps of each variant
+    before calibrating; ``timeout``: seconds for each launch.
     """
     workers = sorted({1, *(workers or default_workers())})  # 1: the launch of the baseline
     gpu_workers = num_gpus() >= max(workers)   # else every worker is CPU cores (gloo)
@@ -402,10 +386,6 @@ def measure_scaling(models: list[str], *, workers: list[int] | None = None, quic
     return out
 
 
-def _median(entry: dict, k: int, name: str) -> float:
-    return entry["by_workers"][str(k)]["step"][name]["median_s"]
-
-
 def overlap_reason(n_buckets: int, threads_per_worker: int | None, backend: str) -> str:
     """Why backward may have hidden none of the communication, in one sentence."""
     if n_buckets <= 1:
@@ -423,11 +403,10 @@ def derive(entry: dict) -> dict:
     """Speed-ups over the common baseline, efficiency, epoch time, ratios to torch's DDP,
     exposed communication and overlap, each with its interval where it has one.
 
-    - ``speedup[impl][k] = baseline / impl`` (medians). The baseline is ONE measurement for
-      every k: plain training timed in the one-worker launch, ``baseline_s`` its median (a
-      ``baseline`` re-timed in other launches, in files of older runs, is ignored).
-      ``speedup_interval[impl][k]`` is its 95 % bootstrap interval (paired by round at k = 1,
-      the launches resampled independently otherwise); ``efficiency = speedup / k``.
+    - ``speedup[impl][k] = baseline / impl`` (medians), the baseline ONE measurement for every
+      k: the one-worker launch's, ``baseline_s`` its median (older files' re-timed baselines
+      are ignored). ``speedup_interval[impl][k]``: its 95 % bootstrap interval (paired by round
+      at k = 1, else the launches resampled independently); ``efficiency = speedup / k``.
     - ``epoch_s[impl][k] = median step * steps_per_epoch`` (derived from the step, not timed).
     - ``ratio_to_torch[impl][k]`` (medians), ``paired_ratio_to_torch`` (median of the per-round
       ratios), ``ratio_to_torch_interval`` (bootstrap).
@@ -444,23 +423,22 @@ def derive(entry: dict) -> dict:
     impls = [n for n in entry["by_workers"][str(ks[-1])]["step"]
              if not n.endswith("_nocomm") and n != BASELINE]
     base = entry["by_workers"]["1"]["step"][BASELINE]["seconds"]  # the one baseline
+    ddps = ("naive", "overlap", "bucketed", "torch")
     per_impl = ("speedup", "speedup_interval", "efficiency", "epoch_s")
     against_torch = ("ratio_to_torch", "paired_ratio_to_torch", "ratio_to_torch_interval", "comm")
     d: dict = {"baseline": BASELINE, "baseline_s": statistics.median(base), "baseline_workers": 1,
-               **{key: {} for key in per_impl + against_torch}}
+               **{key: {name: {} for name in impls} for key in per_impl},
+               **{key: {name: {} for name in ddps} for key in against_torch}}
     for name in impls:
-        for key in per_impl:
-            d[key][name] = {}
         for k in ks:
             mine = entry["by_workers"][str(k)]["step"][name]["seconds"]
             s, lo, hi = bootstrap_ratio(base, mine, paired=k == 1)  # k > 1: another launch
             d["speedup"][name][str(k)] = s
             d["speedup_interval"][name][str(k)] = [lo, hi]
             d["efficiency"][name][str(k)] = s / k
-            d["epoch_s"][name][str(k)] = _median(entry, k, name) * entry["steps_per_epoch"]
-    for name in ("naive", "overlap", "bucketed", "torch"):
-        for key in against_torch:
-            d[key][name] = {}
+            d["epoch_s"][name][str(k)] = (entry["by_workers"][str(k)]["step"][name]["median_s"]
+                                          * entry["steps_per_epoch"])
+    for name in ddps:
         for k in ks:
             step = entry["by_workers"][str(k)]["step"]
             r, lo, hi = bootstrap_ratio(step[name]["seconds"], step["torch"]["seconds"])
@@ -494,10 +472,8 @@ def speedup_table(run: dict, model: str, impls: list[str] | None = None) -> str:
     """The speed-up table of ``model``: for each implementation and worker count, the median
     step and ``[baseline / step = speed-up]``, the one baseline printed in every cell.
 
-    Args:
-        run: a run (``measure_scaling``) or a whole report, with ``derived`` filled in.
-        model: a name in ``run["models"]``.
-        impls: the rows (default: every implementation of the largest worker count).
+    ``run``: a run (``measure_scaling``) or a whole report, with ``derived`` filled in;
+    ``impls``: the rows (default: every implementation of the largest worker count).
     """
     e = run["models"][model]
     d, ks = e["derived"], sorted(e["by_workers"], key=int)
@@ -549,10 +525,10 @@ def goals(run: dict) -> dict:
         g["lenet_speedup_2_vs_1_met"] = _verdict(*d["speedup_interval"]["bucketed"]["2"], 1.8,
                                                  at_least=True)
     k = str(max(run["workers"]))
-    ratios = {m: e["derived"]["ratio_to_torch"]["bucketed"][k] for m, e in run["models"].items()}
-    intervals = {m: e["derived"]["ratio_to_torch_interval"]["bucketed"][k]
-                 for m, e in run["models"].items()}
-    g[f"bucketed_over_torch_at_{k}_workers"] = ratios
+    derived = {m: e["derived"] for m, e in run["models"].items()}
+    intervals = {m: d["ratio_to_torch_interval"]["bucketed"][k] for m, d in derived.items()}
+    g[f"bucketed_over_torch_at_{k}_workers"] = {m: d["ratio_to_torch"]["bucketed"][k]
+                                                for m, d in derived.items()}
     g["bucketed_over_torch_interval"] = intervals
     g["bucketed_over_torch_goal"] = 1.10
     g["bucketed_over_torch_met"] = {m: _verdict(*i, 1.10, at_least=False)
@@ -564,17 +540,15 @@ def main(argv: list[str]) -> int:
     """``python -m course_lib.bench scaling``: print the JSON, write it; 0 if it ran."""
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench scaling",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="a quick look: tiny batches, short samples, two of them")
-    parser.add_argument("--models", default="lenet,resnet18",
-                        help=f"comma-separated, from {', '.join(MODELS)}")
-    parser.add_argument("--workers", default=None,
-                        help="comma-separated worker counts (default: 1, 2, 4, 8 up to the GPUs "
-                        "or CPU cores)")
-    parser.add_argument("--rederive", metavar="PATH", default=None,
-                        help="measure nothing: recompute the speed-ups and goals of a stored "
-                        "results file from its samples, print its tables, and write it back "
-                        "(to --out if given)")
+    add = parser.add_argument
+    add("--quick", action="store_true",
+        help="a quick look: tiny batches, short samples, two of them")
+    add("--models", default="lenet,resnet18", help=f"comma-separated, from {', '.join(MODELS)}")
+    add("--workers", default=None,
+        help="comma-separated worker counts (default: 1, 2, 4, 8 up to the GPUs or CPU cores)")
+    add("--rederive", metavar="PATH", default=None,
+        help="measure nothing: recompute the speed-ups and goals of a stored results file from "
+        "its samples, print its tables, and write it back (to --out if given)")
     _out_option(parser, "scaling")
     args = parser.parse_args(argv)
     models = _model_names(parser, args.models, MODELS)
@@ -588,13 +562,10 @@ def main(argv: list[str]) -> int:
     report = report_header("scaling", argv, quick=args.quick)
     start = time.perf_counter()
     run = measure_scaling(models, workers=workers, quick=args.quick)
-    report.update({"goals": goals(run), **run, "load_average_end": load_average(),
-                   "method": "one launch per worker count, every variant interleaved "
-                             "(course_lib.timing.compare); speed-ups over the common baseline "
-                             "with 95 % bootstrap intervals",
-                   "wall_s": round(time.perf_counter() - start, 1)})
-    print(json.dumps(report, indent=2))
     for model in run["models"]:
         print(speedup_table(run, model), file=sys.stderr)
-    write_report(report, results_path("scaling", args.out, args.quick))
-    return 0
+    report.update({"goals": goals(run), **run,
+                   "method": "one launch per worker count, every variant interleaved "
+                             "(course_lib.timing.compare); speed-ups over the common baseline "
+                             "with 95 % bootstrap intervals"})
+    return _finish(report, "scaling", args.out, args.quick, start)

@@ -62,17 +62,12 @@ def torch_bucket_bytes(net: nn.Module, caps: Sequence[int]) -> list[int]:
     """Bytes of each gradient bucket torch's reducer uses for ``net`` once it has rebuilt them.
 
     The first iteration puts every parameter in one bucket; before the second forward the
-    reducer rebuilds them, with ``dist._compute_bucket_assignment_by_size``, in the order the
-    gradients arrived. This helper models those rebuilt buckets, calling that function with
-    reverse registration order as an approximation of the arrival order (close for a chain of
-    layers; not checked against the order a run records): bucket ``i`` capped at
-    ``caps[min(i, len(caps) - 1)]`` bytes; a tensor is added, then the bucket closes once full.
-
-    Args:
-        net: the module whose parameters are bucketed.
-        caps: byte limits, as ``DistributedDataParallel`` passes them: ``[first, rest]`` by
-            default (``dist._DEFAULT_FIRST_BUCKET_BYTES``, 25 MiB), ``[cap]`` when
-            ``bucket_cap_mb`` is given.
+    reducer rebuilds them (``dist._compute_bucket_assignment_by_size``) in the order the
+    gradients arrived, which this approximates by reverse registration order (close for a chain
+    of layers; not checked against a run): bucket ``i`` capped at ``caps[min(i, len(caps) -
+    1)]`` bytes, closing once full. ``caps`` as ``DistributedDataParallel`` passes them:
+    ``[first, rest]`` by default (``dist._DEFAULT_FIRST_BUCKET_BYTES``, 25 MiB), ``[cap]`` with
+    ``bucket_cap_mb``.
     """
     params = list(net.parameters())
     order = list(range(len(params)))[::-1]
