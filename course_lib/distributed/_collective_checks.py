@@ -1,10 +1,6 @@
-"""Checks for ``collectives``, kept out of the lesson's module: do all ranks pass alike tensors?
-
-Ranks whose tensors differ in shape or dtype would exchange chunks of different sizes in a
-hand-written ring or tree and hang, or crash. ``check_same`` asks every rank in one small
-``all_gather`` what it passes and raises on every rank, naming each rank's tensor, when they
-differ; a rank's own argument error (``src_problem``, ``tensor_list_problem``,
-``segments_problem``) travels in the same message, so that its peers stop too.
+"""Checks for ``collectives``: do all ranks pass alike tensors (else a hand-written ring or tree
+hangs, or crashes)? A rank's own argument error travels in the same all-gather, so that its
+peers stop too.
 """
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """Bookkeeping behind ``course_lib.distributed.fsdp`` that lesson 11 need not read.
 
-* ``ShardedCheckpoints``: ``FullyShardedDataParallel``'s checkpoints (``full_state_dict``,
-  ``state_dict``, ``load_state_dict``, ``load_full_state_dict``: full tensors under the module's
-  own names, loadable at another world size) and ``clip_grad_norm_`` (the global gradient norm
-  over flat shards, padding left out, and replicated parameters, as torch's FSDP1);
-* ``Join`` and ``agree_on_use``: the start of backward, where the ranks agree which unit calls
-  any rank used (one all-reduce of flags); this rank feeds zeros to those it did not use, so that
-  every rank runs the same reduce-scatters in the same order (a rank that skipped one would pair
-  its next collective with another's);
-* ``ShardedPlaceholder``: what a module holds for a sharded parameter between uses;
-* ``assign_units`` and ``split_by_kind``: which unit holds each parameter, and which of a unit's
-  parameters share one flat vector (same ``requires_grad`` and dtype);
-* ``cast_hooks``: a compute dtype for the parameters that stay whole;
-* the argument checks and the errors' texts.
+* ``ShardedCheckpoints``: full-tensor checkpoints under the module's own names (loadable at
+  another world size) and ``clip_grad_norm_``, as torch's FSDP1;
+* ``Join`` and ``agree_on_use``: at the start of backward the ranks agree (one all-reduce of
+  flags) which unit calls any rank used, so that every rank runs the same reduce-scatters in
+  the same order;
+* ``ShardedPlaceholder``, ``assign_units``, ``split_by_kind``, ``cast_hooks`` and the checks.
 """
 from __future__ import annotations
 
@@ -112,13 +105,8 @@ def check_norm_type(max_norm, norm_type) -> float:
 
 def grad_norm(sharded: list[torch.Tensor], replicated: list[torch.Tensor], norm_type: float,
               group, device: torch.device) -> torch.Tensor:
-    """The norm of all the model's gradients as one vector, the same on every rank.
-
-    ``sharded``: this rank's pieces of the sharded gradients (padding already cut off), each
-    element on exactly one rank: their ``norm ** p`` is summed over ranks (the maximum for the
-    inf norm). ``replicated``: gradients equal on every rank, counted once, here. Computed in
-    the widest of the gradients' dtypes (float32 at least). Collective: one all-reduce of a
-    scalar, on every rank even where ``sharded`` is empty."""
+    """Collective: the norm of all gradients as one vector, the same on every rank.
+    ``sharded`` pieces (padding cut off) count over the ranks, ``replicated`` ones once."""
     dtype = torch.float32
     for g in sharded + replicated:
         dtype = torch.promote_types(dtype, g.dtype)
@@ -142,8 +130,7 @@ def grad_norm(sharded: list[torch.Tensor], replicated: list[torch.Tensor], norm_
 
 def check_state_dict(state_dict, names: list[str], shapes: dict[str, torch.Size],
                      strict: bool) -> tuple[list[str], list[str]]:
-    """(missing, unexpected) keys of ``state_dict`` against the module's ``names``; raise a clear
-    error for a key of the wrong shape, or (``strict``) for any missing or unexpected key."""
+    """(missing, unexpected) keys; raise for a wrong shape, or (``strict``) a key mismatch."""
     if not hasattr(state_dict, "keys"):
         raise TypeError(f"FullyShardedDataParallel.load_state_dict expects a dict of name -> "
                         f"tensor (as state_dict() or full_state_dict() return), got "
@@ -183,11 +170,8 @@ _METADATA = {"__get__", "size", "dim", "numel", "element_size", "is_floating_poi
 
 
 class ShardedPlaceholder(torch.Tensor):
-    """What a unit's module holds between uses for a sharded parameter: a tensor on the meta
-    device (shape, no memory) that refuses to compute. Reading the parameter anywhere but in
-    its own unit's forward (a parent's ``F.linear(h, self.emb.weight)``, an ``nn.init`` call)
-    would otherwise compute with no values; torch's FSDP2 keeps a sharded DTensor there and
-    fails as loudly."""
+    """What a module holds for a sharded parameter between uses: a meta tensor (shape, no
+    memory) that refuses to compute, as loudly as torch's FSDP2's sharded DTensor."""
 
     @staticmethod
     def make(shape: torch.Size, dtype: torch.dtype, name: str) -> ShardedPlaceholder:
@@ -214,9 +198,7 @@ class ShardedPlaceholder(torch.Tensor):
 
 
 class ShardedCheckpoints:
-    """``FullyShardedDataParallel``'s checkpoints and gradient clipping: methods that read its
-    ``handles`` (``FlatShard`` s), ``_replicated_params``, ``_param_names``, ``_state_names``
-    and ``_full_shapes``."""
+    """``FullyShardedDataParallel``'s checkpoints and gradient clipping."""
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -308,8 +290,7 @@ def _load(handle, tensors: list[torch.Tensor]) -> None:
 
 
 def reached_nodes(roots: Iterable) -> set:
-    """Every autograd node reachable from ``roots`` (nodes, None skipped) through
-    ``next_functions``: the nodes a backward started there runs."""
+    """Every autograd node a backward started at ``roots`` (None skipped) runs."""
     seen: set = set()
     stack = [r for r in roots if r is not None]
     while stack:
@@ -322,12 +303,8 @@ def reached_nodes(roots: Iterable) -> set:
 
 
 class Join(torch.autograd.Function):
-    """Identity on the model's outputs whose backward runs ``agree_on_use`` first, on every rank.
-
-    ``apply(fsdp, gathers, n, *outputs, *units_outputs)``: the first ``n`` tensors are the
-    model's outputs (returned), then the outputs of each unit call (``gathers``' ``outputs``),
-    which receive zeros or None in backward.
-    """
+    """Identity on the model's ``n`` outputs whose backward runs ``agree_on_use`` first; the
+    unit calls' outputs that follow receive zeros or None in backward."""
 
     @staticmethod
     def forward(ctx, fsdp, gathers: list, n: int, *tensors: torch.Tensor):
@@ -346,12 +323,9 @@ class Join(torch.autograd.Function):
 
 
 def agree_on_use(fsdp, ctx, grads) -> list[torch.Tensor | None]:
-    """Start of backward (in ``Join``), every rank: which unit calls does any rank's loss use,
-    which kept gradients (no_sync) wait? One all-reduce of flags. Sets ``fsdp._plan`` (what
-    ``_finish_backward`` reduces) and returns zeros for the outputs of each unit call used
-    anywhere (so every rank runs its backward, its reduce-scatter, in the same order: the engine
-    runs nodes by creation order), None for the others (no rank reduces them: their ``.grad``
-    stays None, as torch's)."""
+    """One all-reduce of flags: which unit calls any rank used, which no_sync gradients wait.
+    Sets ``fsdp._plan`` (for ``_finish_backward``); zeros for the outputs of calls used anywhere
+    (every rank runs the same reduce-scatters in creation order), None for the others."""
     n = ctx.n
     nodes = [node for node, _ in ctx.next_functions]  # the n outputs, then units' outputs
     reached = reached_nodes(node for node, g in zip(nodes[:n], grads) if g is not None)

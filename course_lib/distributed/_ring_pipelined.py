@@ -27,13 +27,9 @@ def ring_allreduce_pipelined(tensor: torch.Tensor, group=None, segments: int | N
                              check: bool = True) -> torch.Tensor:
     """``ring_allreduce`` with pipelined segments: the fast version, for the benchmarks.
 
-    The flat tensor is cut into ``p = world_size`` chunks. In step s (of ``2 (p - 1)``) every
-    rank sends chunk ``rank - s`` to its right neighbour and receives chunk ``rank - s - 1`` from
-    its left one. In the first ``p - 1`` steps (reduce-scatter) it adds the received chunk into
-    its own; afterwards rank r holds the full sum of chunk ``r + 1``. In the last ``p - 1``
-    steps (all-gather) the finished chunks travel round the ring and land in place. What a rank
-    sends in step s + 1 is what it received in step s. Each rank sends ``2 (p - 1) / p`` times
-    the tensor, whatever ``p``: the bandwidth-optimal schedule of gloo's and NCCL's rings.
+    The chunks and the ``2 (p - 1)`` steps of ``ring_allreduce`` (reduce-scatter, then
+    all-gather): each rank sends ``2 (p - 1) / p`` times the tensor, whatever ``p``, the
+    bandwidth-optimal schedule of gloo's and NCCL's rings.
 
     Args:
         tensor: the same shape and dtype on every rank; overwritten with the sum.

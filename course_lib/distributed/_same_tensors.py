@@ -1,12 +1,8 @@
 """Are every rank's tensors alike? One check shared by DDP, FSDP and ZeroRedundancyOptimizer.
 
-torch's DDP calls ``_verify_param_shape_across_processes`` at construction: a model that differs
-on one rank (a layer less, another width) would otherwise pair the wrong tensors in every
-collective, or hang. ``course_lib.parallel.DistributedDataParallel`` and
-``course_lib.distributed.FullyShardedDataParallel`` call ``verify_same_model``,
-``course_lib.distributed.optim.ZeroRedundancyOptimizer`` calls ``verify_same_tensors``. Then
-``_broadcast_coalesced`` makes them equal: DDP's start from rank 0's values (torch's
-``_sync_module_states``, in torch/distributed/utils.py).
+As torch's DDP's ``_verify_param_shape_across_processes``: a model that differs on one rank
+would pair the wrong tensors in every collective, or hang. Then ``_broadcast_coalesced`` gives
+every rank rank 0's values (torch's ``_sync_module_states``).
 """
 from __future__ import annotations
 
@@ -25,21 +21,12 @@ def communication_device(group: dist.ProcessGroup | None, device: torch.device) 
 def verify_same_tensors(states: list[tuple[str, str, torch.Tensor]],
                         group: dist.ProcessGroup | None, *, owner: str, expects: str,
                         noun: str, advice: str) -> None:
-    """Raise on every rank unless every rank has the same tensors, in the same order.
+    """Raise on every rank unless every rank has the same tensors, in the same order: two
+    all-gathers (length, then each rank's description), the same verdict everywhere.
 
-    Each rank describes its tensors (kind, shape, dtype, requires_grad; the label only for the
-    message), two all-gathers of fixed-size messages (length, then the padded description)
-    share them, and every rank reaches the same verdict from the same data. Bounded: every rank
-    makes exactly these two collectives.
-
-    Args:
-        states: ``(kind, label, tensor)`` per tensor, in order; ``kind`` is compared ("parameter",
-            "buffer", "param_groups[1]"), ``label`` is only printed (``"'fc1.weight'"``).
-        group: the ranks to compare (None: the default group).
-        owner: who checks, first word of the message (``"DistributedDataParallel"``).
-        expects: what must be alike (``"the same model"``).
-        noun: what differs, plural (``"parameters and buffers"``).
-        advice: the last sentence: what to do about it.
+    ``states``: ``(kind, label, tensor)`` in order; kind, shape, dtype and requires_grad are
+    compared, ``label`` only printed. ``owner``, ``expects``, ``noun`` (plural) and ``advice``
+    fill the message.
     """
     mine = [[kind, label, list(t.shape), str(t.dtype).removeprefix("torch."),
              bool(t.requires_grad)] for kind, label, t in states]

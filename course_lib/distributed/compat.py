@@ -3,18 +3,11 @@
 torch 2.14 renamed ``dist.all_gather_into_tensor`` and ``dist.reduce_scatter_tensor`` to
 ``dist.all_gather_single`` and ``dist.reduce_scatter_single`` and warns (``FutureWarning``) on the
 old names; earlier releases have only the old names. The course calls them here, under the old
-names that torch's documentation and every reference still use:
+names that torch's documentation and every reference still use.
 
-* ``all_gather_into_tensor(output, input, group=None)``: ``output`` (world * n,) <- every rank's
-  ``input`` (n,), in rank order;
-* ``reduce_scatter_tensor(output, input, op=SUM, group=None)``: ``output`` (n,) <- the reduction
-  over ranks of this rank's slice of ``input`` (world * n,).
-
-Whether the backend has them at all is decided from a fact every rank shares (the backend's name),
-never from an exception one rank happened to see, so every rank of a group
-takes the same path and their collectives keep matching. Where the backend lacks one, the same
-result comes from collectives every backend has (a list all-gather; an all-reduce of the whole
-vector, keeping this rank's slice: the same sums with twice the traffic of a reduce-scatter).
+Whether the backend has them at all is decided from the backend's name, a fact every rank shares,
+so every rank takes the same path. Where the backend lacks one, the same result comes from a
+list all-gather, or an all-reduce of the whole vector (twice a reduce-scatter's traffic).
 """
 from __future__ import annotations
 
@@ -34,10 +27,8 @@ _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 def has_native(collective: str, group=None) -> bool:
     """Does this group's backend implement ``collective`` (``"all_gather_into_tensor"`` or
-    ``"reduce_scatter_tensor"``) on flat tensors? The same answer on every rank: it depends only
-    on the backend's name. Gloo and NCCL have both in every torch the course supports (2.11 to
-    2.15; tests/test_compat.py runs them on gloo); any other backend (MPI, a custom one) takes
-    the fallback, slower and never wrong."""
+    ``"reduce_scatter_tensor"``) on flat tensors? By the backend's name, the same on every rank:
+    gloo and NCCL do (torch 2.11 to 2.15); any other takes the fallback, slower, never wrong."""
     if collective not in ("all_gather_into_tensor", "reduce_scatter_tensor"):
         raise ValueError(f"has_native: expected 'all_gather_into_tensor' or "
                          f"'reduce_scatter_tensor', got {collective!r}")

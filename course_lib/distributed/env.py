@@ -22,17 +22,8 @@ import torch.distributed as dist
 
 from ..devices import cpu_cores, num_gpus
 
-__all__ = [
-    "BackendChoice",
-    "DistInfo",
-    "choose_backend",
-    "cleanup",
-    "current_device",
-    "first_host",
-    "init_distributed_mode",
-    "is_main_process",
-    "reduce_value",
-]
+__all__ = ["BackendChoice", "DistInfo", "choose_backend", "cleanup", "current_device",
+           "first_host", "init_distributed_mode", "is_main_process", "reduce_value"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -115,11 +115,8 @@ class _Unshard(torch.autograd.Function):
 
 
 class FlatShard:
-    """Some parameters of one unit, flattened, padded to a multiple of the world size, sharded.
-
-    ``shard`` (an ``nn.Parameter`` of ``padded / world_size`` elements) is this rank's slice:
-    the master weights the optimizer updates and whose ``.grad`` backward fills.
-    """
+    """Some parameters of one unit, flattened, padded to a multiple of the world size, sharded:
+    ``shard`` (an ``nn.Parameter``, ``padded / world_size`` elements) is this rank's slice."""
 
     def __init__(self, entries: list[tuple[nn.Module, str, nn.Parameter]], names: list[str], *,
                  compute_dtype: torch.dtype | None, group):
@@ -182,8 +179,7 @@ class FlatShard:
         return full.split([numel for *_, numel in self.entries] + [self.padded - self.numel])
 
     def placeholders(self) -> None:
-        """Between uses, each attribute is a tensor on the meta device: shape, no memory; any
-        computation with it raises an error naming the parameter (see ShardedPlaceholder)."""
+        """Between uses, each attribute is a ``ShardedPlaceholder``."""
         for (module, name, shape, _), full_name in zip(self.entries, self.names):
             setattr(module, name, ShardedPlaceholder.make(shape, self.dtype, full_name))
 
@@ -267,8 +263,7 @@ class FullyShardedDataParallel(ShardedCheckpoints, nn.Module):
         self._pending_replicated: set[int] = set()  # ids of grads no_sync() left unreduced
 
     def _setup_replicated(self, module: nn.Module) -> None:
-        """The parameters left whole on every rank (rank 0's values); with a compute dtype,
-        their owners' forward sees them cast to it."""
+        """The parameters left whole (rank 0's values), cast for their owners' forward."""
         sharded = {id(h.shard) for h in self.handles}  # the originals are gone already
         replicated, seen = [], set()
         for m in module.modules():
@@ -368,10 +363,8 @@ class FullyShardedDataParallel(ShardedCheckpoints, nn.Module):
             Variable._execution_engine.queue_callback(self._finish_backward)
 
     def _finish_backward(self) -> None:
-        """End of backward: reduce what waited (kept by no_sync, units no call of which ran),
-        average the replicated gradients used on any rank (zeros from the ranks that did not
-        use them), free what is still gathered. A parameter no rank used keeps ``.grad`` None.
-        """
+        """End of backward: reduce what waited (no_sync), average the replicated gradients used
+        on any rank, free what is still gathered."""
         self._finish_queued = False
         for g in self._gathers:
             g.free()

@@ -66,11 +66,9 @@ _GUARD = re.compile(r"""if\s+(__name__\s*==\s*['"]__main__['"]"""
 
 
 def unguarded_main_script(again: str) -> str | None:
-    """What to do when the script this process runs keeps its code outside
-    ``if __name__ == "__main__":``: worker processes import the script that started them as
-    they start (Python's multiprocessing does), so each would ``again`` (for example "call
-    launch again"). None in a notebook, under ``python -c``, for ``python -m package`` (a
-    package's ``__main__`` is not imported again) and for a guarded script."""
+    """Advice when the running script keeps its code outside ``if __name__ == "__main__":``
+    (each worker imports it, so each would ``again``); None in a notebook, under ``python -c``
+    or ``-m package``, and for a guarded script."""
     main = sys.modules.get("__main__")
     path, spec = getattr(main, "__file__", None), getattr(main, "__spec__", None)
     if not path or not str(path).endswith(".py") or (spec and spec.name.endswith("__main__")):
@@ -163,21 +161,15 @@ def run_worker(rank: int, world_size: int, backend: str, init_method: str, timeo
 
 
 def _kill_what_we_started(tag: str) -> None:
-    """Kill this worker's descendants, also those in a session of their own (``setsid``,
-    ``start_new_session=True``), found by parenthood or by ``tag`` in their environment
-    (which survives their parent's death)."""
+    """Kill this worker's descendants, by parenthood or by ``tag`` in their environment."""
     kill_processes(descendant_processes([os.getpid()]) + tagged_processes("COURSE_LAUNCH_TAG",
                                                                            tag))
 
 
 def _watch_launcher(launcher: int, folder: str, rank: int, tag: str, every: float = 0.5) -> None:
-    """Die (with everything this worker started) within ``every`` s of the launcher's death.
-
-    ``PR_SET_PDEATHSIG`` is not enough: under the forkserver a worker's parent is the
-    forkserver, not the process that called ``launch``, so killing the launcher (kill -9, the
-    OOM killer) would leave the workers running. Rank 0 also removes the rendezvous folder and
-    the launcher's multiprocessing folder (``_mp_temp_dir``), which nobody else would.
-    """
+    """Die (with everything this worker started) within ``every`` s of the launcher's death:
+    under the forkserver ``PR_SET_PDEATHSIG`` watches the forkserver, not the launcher. Rank 0
+    also removes the rendezvous folder and the launcher's multiprocessing folder."""
     def watch() -> None:
         while pid_alive(launcher):
             time.sleep(every)
@@ -207,13 +199,8 @@ _MP_PREFIX = "pymp-course-"
 
 
 def _mp_temp_dir() -> str:
-    """multiprocessing's temporary folder for this process (it holds the forkserver's socket),
-    named after our pid so that one left by a ``kill -9`` can be told from a live one.
-
-    multiprocessing removes its ``pymp-*`` folder at a normal exit only. Unless this process
-    already has one, it gets ``pymp-course-PID-*`` instead; folders of that name whose process
-    is gone are removed here, and the workers remove their launcher's when it dies.
-    """
+    """multiprocessing's temporary folder (the forkserver's socket), ``pymp-course-PID-*``
+    unless it has one already: named by pid, so that those left by a ``kill -9`` are removed."""
     import multiprocessing.process
     import multiprocessing.util
 
@@ -232,11 +219,9 @@ def _context(start_method: str):
     _mp_temp_dir()
     ctx = mp.get_context(start_method)
     if start_method == "forkserver" and not _PRELOADED:
-        # Workers re-import the main module of a script (or of `python -m pkg.mod`) before they
-        # run: import it (for -m, its top-level package: importing pkg.mod itself would make
-        # runpy warn) in the server once, with torch, and forking a worker costs little.
-        # torch._dynamo too: torch's DDP and every optimizer's first step import it, 3 to 7 s
-        # per fresh worker on a 2-core machine when each worker imports it itself.
+        # Import once in the server what each worker would: the main module (for -m, its
+        # top-level package: runpy warns otherwise), torch, and torch._dynamo (DDP and every
+        # optimizer's first step import it: 3 to 7 s per worker on a 2-core machine).
         main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
         preload = ["__main__", "torch", "torch.distributed", "torch._dynamo", __name__]
         ctx.set_forkserver_preload(preload + ([main_spec.name.partition(".")[0]] if main_spec
@@ -318,9 +303,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str | None = None,
             conns.append(recv_end)
         return _collect(procs, conns, deadline, timeout)
     finally:
-        # Every worker's group, also a finished worker's: something it started may live on,
-        # also in a session of its own: found by parenthood (while the worker lives) or by the
-        # COURSE_LAUNCH_DIR its environment inherited (after).
+        # Every worker's group, and what they started in sessions of their own: found by
+        # parenthood (while the worker lives) or by the COURSE_LAUNCH_DIR in its environment.
         pids = [p.pid for p in procs if p.pid is not None]
         escaped = descendant_processes(pids)
         stop_process_groups(pids)
@@ -353,9 +337,7 @@ def _died(procs, rank: int) -> WorkerError:
 
 def _root_cause(procs, pending: dict, rank: int, what: str, tb: str, deadline: float,
                 grace: float = 3.0) -> tuple[int, str, str]:
-    """A rank lost its peer: give the others ``grace`` seconds to report why (the rank that
-    raised first and closed its connections), and name that one instead when it does. A rank
-    that died without a word (its pipe closed) is the cause: that is raised at once."""
+    """A rank lost its peer: for ``grace`` s, wait for the rank that raised first (or died)."""
     until = min(deadline, time.monotonic() + grace)
     while pending and time.monotonic() < until:
         for c in wait_for_any(list(pending), timeout=max(0.0, until - time.monotonic())):

@@ -18,8 +18,7 @@ __all__ = ["descendant_processes", "group_alive", "kill_processes", "pid_alive",
 
 
 def _live_processes() -> Iterator[tuple[int, int, int]]:
-    """``(pid, parent pid, process group)`` of every live process that is not a zombie, read
-    from Linux's /proc (the caller checks that /proc exists)."""
+    """``(pid, parent pid, process group)`` of every live non-zombie process (Linux /proc)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -54,11 +53,8 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def _wait_gone(pgids: Sequence[int], timeout: float) -> bool:
-    """Block until every process in these groups has died; False if the time ran out.
-
-    A SIGKILL is not instantaneous: the process must be scheduled to die, which takes a while
-    on a loaded machine.
-    """
+    """Block until every process in these groups has died (a SIGKILLed process must still be
+    scheduled to die); False if the time ran out."""
     end = time.monotonic() + timeout
     for pgid in pgids:
         while group_alive(pgid):

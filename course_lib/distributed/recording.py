@@ -68,11 +68,9 @@ def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 
 def _requires_grad(args: tuple, kwargs: dict) -> bool:
-    for v in list(args) + list(kwargs.values()):
-        for x in (v if isinstance(v, (list, tuple)) else (v,)):
-            if isinstance(x, torch.Tensor) and x.requires_grad:
-                return True
-    return False
+    return any(isinstance(x, torch.Tensor) and x.requires_grad
+               for v in (*args, *kwargs.values())
+               for x in (v if isinstance(v, (list, tuple)) else (v,)))
 
 
 def _group_ranks(group) -> tuple[int, ...]:

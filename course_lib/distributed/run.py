@@ -61,12 +61,9 @@ class CommandTimeout(subprocess.TimeoutExpired):
                 f".output; pass a larger timeout if it was only slow)")
 
 
-# The watchdog: a tiny process, in a session of its own, holding the read end of a pipe whose
-# write end only the caller has. When the caller exits, however it exits (SIGKILL included),
-# the kernel closes the write end, the read returns, and the watchdog SIGKILLs every process
-# tagged with the run's tag (torchrun and its workers, which torch elastic starts in sessions
-# of their own, out of reach of a process-group kill). Plain Python without torch: it starts
-# in milliseconds, and it is not tagged itself.
+# The watchdog: a tiny process (plain Python, untagged) reading a pipe whose write end only the
+# caller holds. However the caller exits (SIGKILL included), the read returns, and it SIGKILLs
+# every process tagged with the run's tag (torch elastic's workers live in sessions of their own).
 _WATCHDOG = r"""
 import os, signal, sys, time
 tag = ("COURSE_RUN_TAG=" + sys.argv[1]).encode()
@@ -115,7 +112,6 @@ def _start_watchdog(tag: str) -> tuple[subprocess.Popen | None, int | None]:
     return watchdog, write_end
 
 
-
 def example_path(name: str) -> Path:
     """Path of a runnable example script in ``course_lib/examples/`` (``"hello_dist.py"``)."""
     path = EXAMPLES / name
@@ -134,11 +130,8 @@ def _shown(arg) -> str:
 
 
 def _stop(procs: Sequence[subprocess.Popen], tag: str) -> None:
-    """SIGTERM each command's whole process group, SIGKILL what is left, reap the leaders.
-
-    Then the stragglers: torch elastic starts each worker in a session of its own, outside
-    torchrun's process group, so they are found by the tag in their environment.
-    """
+    """SIGTERM each command's process group, SIGKILL what is left (also the tagged workers
+    torch elastic starts in sessions of their own), reap the leaders."""
     stop_process_groups([p.pid for p in procs], term_grace=3.0)
     kill_processes(tagged_processes("COURSE_RUN_TAG", tag))
     for p in procs:
@@ -261,17 +254,14 @@ def torchrun(script: str | Path, *script_args: str, nproc_per_node: int = 2, nno
     base = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}"]
     if nnodes == 1:
         commands = [base + ["--standalone", str(script), *script_args]]
-    elif rdzv == "static":
-        port = find_free_port()
-        commands = [base + [f"--nnodes={nnodes}", f"--node_rank={i}", "--master_addr=127.0.0.1",
-                            f"--master_port={port}", str(script), *script_args]
-                    for i in range(nnodes)]
     else:
         port = find_free_port()
-        commands = [base + [f"--nnodes={nnodes}", "--rdzv-backend=c10d",
-                            f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=course-{port}",
-                            str(script), *script_args]
-                    for _ in range(nnodes)]
+        static = ["--master_addr=127.0.0.1", f"--master_port={port}"]
+        c10d = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id=course-{port}"]
+        commands = [base + [f"--nnodes={nnodes}",
+                            *([f"--node_rank={i}", *static] if rdzv == "static" else c10d),
+                            str(script), *script_args] for i in range(nnodes)]
     if echo:
         for c in commands:
             print("$ " + " ".join(["torchrun", *map(_shown, c[3:])]))

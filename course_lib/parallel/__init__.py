@@ -36,23 +36,7 @@ from .replicate import replicate
 from .scatter_gather import gather, scatter_kwargs
 from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, global_batch_stats
 
-__all__ = [
-    "DataParallel",
-    "DistributedDataParallel",
-    "SyncBatchNorm",
-    "allreduce",
-    "broadcast",
-    "check_allreduce",
-    "convert_sync_batchnorm",
-    "gather",
-    "get_params",
-    "global_batch_stats",
-    "parallel_apply",
-    "ps_allreduce",
-    "replicate",
-    "replicate_params",
-    "ring_allreduce",
-    "scatter",
-    "scatter_kwargs",
-    "split_batch",
-]
+__all__ = ["DataParallel", "DistributedDataParallel", "SyncBatchNorm", "allreduce", "broadcast",
+           "check_allreduce", "convert_sync_batchnorm", "gather", "get_params",
+           "global_batch_stats", "parallel_apply", "ps_allreduce", "replicate", "replicate_params",
+           "ring_allreduce", "scatter", "scatter_kwargs", "split_batch"]

@@ -1,17 +1,11 @@
-"""Bookkeeping around ``ddp``'s buckets, kept beside the lesson's module as torch keeps it in its
-reducer (torch/csrc/distributed/c10d/reducer.cpp):
+"""Bookkeeping around ``ddp``'s buckets, as torch keeps it in its reducer (reducer.cpp):
 
 * ``assign_buckets``: which parameters share a bucket (torch's
   ``_compute_bucket_assignment_by_size``; lesson 07 shows it with ``BucketedStrategy``);
-* ``GradBucketInterface``: ``torch.distributed.GradBucket``'s methods, so that communication
-  hooks written for torch's DDP run on ``ddp.Bucket`` unchanged, and the bucket's small helpers
-  (views shaped like each parameter, the parameters still awaited, its repr);
-* ``Buckets``: a strategy's bookkeeping (its arguments, the reset after each backward), the
-  buckets rebuilt once in the order the first synchronised backward produced the gradients
-  (rank 0's), and the parameters that no rank used in a step (left alone);
-* ``strategy_options``: ``bucket_cap_mb`` as the byte caps torch uses (the first bucket
-  smaller), and torch's rules for rebuilding the buckets and finding unused parameters;
-* ``weak_hook``: a DDP method as an autograd hook that does not keep the DDP object alive.
+* ``GradBucketInterface``: ``torch.distributed.GradBucket``'s methods, for torch's hooks;
+* ``Buckets``: a strategy's bookkeeping: the reset after each backward, the one rebuild in
+  rank 0's arrival order, the parameters no rank used;
+* ``strategy_options`` (torch's byte caps and rules) and ``weak_hook``.
 """
 from __future__ import annotations
 
@@ -35,12 +29,9 @@ FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MB)
 
 def strategy_options(bucket_cap_mb: float | None, find_unused_parameters: bool,
                      static_graph: bool) -> dict[str, Any]:
-    """The strategies' byte caps for DDP's ``bucket_cap_mb`` (None: torch's 25 MiB, the first
-    bucket after the rebuild 1 MiB; ``math.inf``: one bucket per dtype and device; before a
-    rebuild, torch's one bucket for everything) and torch's rules: the buckets are rebuilt
-    unless unused parameters are looked for without a static graph; with a static graph,
-    parameters unused in every step are found (and left alone) whatever
-    ``find_unused_parameters`` says."""
+    """torch's byte caps for ``bucket_cap_mb`` (None: 25 MiB, the first rebuilt bucket 1 MiB;
+    ``math.inf``: one bucket per dtype and device) and its rules for rebuilding the buckets
+    and finding unused parameters (always with a static graph)."""
     rebuild = static_graph or not find_unused_parameters
     cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
     cap_bytes = sys.maxsize if math.isinf(cap) else int(cap * MB)
@@ -96,9 +87,8 @@ def one_bucket_per_parameter(params: Sequence[torch.Tensor], bucket_cap_bytes: i
 
 
 class GradBucketInterface:
-    """``torch.distributed.GradBucket``'s methods on a bucket with ``_buffer`` (the flat buffer),
-    ``_index`` (its place in launch order), ``_is_last``, ``_params`` and ``_views`` (each
-    parameter's gradient, a view of the buffer); ``set_buffer`` copies values in."""
+    """``torch.distributed.GradBucket``'s methods on a bucket with ``_buffer``, ``_index``,
+    ``_is_last``, ``_params`` and ``_views`` (each parameter's gradient in the buffer)."""
 
     def buffer(self) -> torch.Tensor:
         return self._buffer
@@ -150,13 +140,8 @@ class GradBucketInterface:
 
 
 class Buckets:
-    """The bookkeeping of ``ddp``'s strategies, which add ``build`` (make ``buckets`` and
-    ``bucket_of`` from an assignment): the reset after each backward, the rebuild in arrival
-    order, and the parameters unused on every rank.
-
-    ``named_params``: (name, parameter) to average, in registration order; the byte caps as
-    ``strategy_options`` gives them; ``rebuild``: rebuild the buckets once, in arrival order.
-    """
+    """The bookkeeping of ``ddp``'s strategies (which add ``build``: ``buckets`` and
+    ``bucket_of`` from an assignment); the byte caps as ``strategy_options`` gives them."""
 
     #: Whether the first synchronised backward sends nothing before the rebuild: where a
     #: bucket holds several parameters the rebuild changes where each gradient sits in it.
@@ -198,25 +183,17 @@ class Buckets:
         return self.delay_first_step
 
     def all_arrived(self) -> bool:
-        """In the first step of ``"overlap"``: once every gradient has come, rebuild the buckets
-        (and put the gradients in); True then."""
+        """First step of ``"overlap"``: True, with the buckets rebuilt, once all have come."""
         if len(self.arrivals) < len(self.params):
             return False
         self.rebuild_buckets([])
         return True
 
     def rebuild_buckets(self, unused: list[torch.Tensor]) -> None:
-        """Once, at the end of the first synchronised backward: buckets in the order the
-        gradients arrived (those of ``unused`` last); with ``delay_first_step`` the gradients
-        that arrived are copied in, to be sent.
-
-        Every rank takes rank 0's order (one broadcast), so all launch the same buckets in the
-        same order. torch rebuilds before the next forward and sends the first step in its one
-        initial bucket; with ``delay_first_step`` the first step here already travels in the
-        rebuilt buckets, so every step sums each element in the same layout, and a run resumed
-        from a checkpoint (whose new DDP starts over) stays bitwise equal to one never
-        stopped, at any world size (a + b + c in another order is another float).
-        """
+        """Once, after the first synchronised backward: buckets in rank 0's arrival order
+        (``unused`` last). With ``delay_first_step`` (unlike torch) the first step already
+        travels in them, so that a run resumed from a checkpoint stays bitwise equal to one
+        never stopped (a + b + c in another order is another float)."""
         arrivals = list(self.arrivals)
         arrived = [self.params[i] for i in arrivals]
         device = communication_device(self.process_group, self.params[0].device)
@@ -231,10 +208,8 @@ class Buckets:
             self.bucket_of[id(param)].mark_ready(param)
 
     def mark_unused_ready(self) -> list[torch.Tensor]:
-        """At the end of backward: the parameters whose gradient did not arrive, each marked
-        ready (a zero contribution, or a stale ``.grad`` as torch's reducer sends); without
-        ``find_unused_parameters`` a clear error instead. With ``delay_first_step`` the first
-        step's buckets are rebuilt first, so that step travels in them."""
+        """End of backward: mark ready the parameters whose gradient did not arrive (a clear
+        error without ``find_unused_parameters``)."""
         arrived = set(self.arrivals or ())  # the first backward marked nothing ready yet
         unused = [p for bucket in self.buckets for p in bucket.unready()
                   if self.index_of[id(p)] not in arrived]
@@ -247,11 +222,8 @@ class Buckets:
         return unused
 
     def unused_everywhere(self, unused: list[torch.Tensor]) -> set[int]:
-        """Ids of the parameters no rank used since the last synchronisation.
-
-        Their ``.grad`` stays untouched, as in torch. A parameter used in a ``no_sync()``
-        micro-step counts as used: its accumulated gradient is averaged like any other.
-        """
+        """Ids of the parameters no rank used since the last synchronisation (``no_sync()``
+        micro-steps count); their ``.grad`` stays untouched, as in torch."""
         if not self.find_unused_parameters:
             return set()
         unused_ids = {id(p) for p in unused} - self.used_since_sync

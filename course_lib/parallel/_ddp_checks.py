@@ -1,8 +1,5 @@
 """Checks for ``ddp``, kept out of the lesson's module: arguments, devices, hooks, unused gradients.
-
-Each function raises a clear error (naming what is wrong and what to do) where torch's DDP would
-fail later, hang, or silently let the replicas drift apart; none changes what DDP computes.
-"""
+Each raises a clear error where torch's DDP would fail later, hang, or let the replicas drift."""
 from __future__ import annotations
 
 import math
@@ -54,9 +51,7 @@ def check_arguments(module: nn.Module, device_ids: Sequence[int | torch.device] 
 
 def check_devices(module: nn.Module, device_ids: Sequence[int | torch.device] | None,
                   output_device: int | torch.device | None) -> tuple:
-    """``(device, device_ids, output_device)`` as DDP keeps them: the one device of
-    ``device_ids``, checked against the module's, ``[its index]`` and the output device (all
-    None for a CPU module)."""
+    """``(device, device_ids, output_device)`` as DDP keeps them (all None for a CPU module)."""
     devices = {p.device for p in module.parameters()}
     if device_ids is not None and len(device_ids) > 1:
         raise ValueError(f"DistributedDataParallel: device_ids can only be None or hold one "

@@ -1,12 +1,10 @@
 """Communication hooks beyond DDP's default, as torch keeps them in
 ``torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py``.
 
-A hook is ``hook(state, bucket) -> Future[Tensor]`` (``ddp.allreduce_hook`` is the default);
-lesson 07 registers ``bf16_compress_hook`` with ``register_comm_hook`` to halve the bytes sent
-(re-exported by ``course_lib.parallel.ddp``); lesson 10 times a step with ``divide_only_hook``,
-which sends nothing (re-exported by ``course_lib.bench.step_comm``); lesson 07 times the
-strategies over a slower link with ``slow_link_hook`` and its state, ``SlowLink`` (both
-re-exported by ``course_lib.parallel.ddp``; torch has no counterpart).
+A hook is ``hook(state, bucket) -> Future[Tensor]`` (``ddp.allreduce_hook`` is the default).
+Lesson 07 halves the bytes sent with ``bf16_compress_hook`` and times the strategies over a
+slower link with ``slow_link_hook`` and ``SlowLink`` (no torch counterpart), all re-exported by
+``course_lib.parallel.ddp``; lesson 10 times a step with ``divide_only_hook``, which sends nothing.
 """
 from __future__ import annotations
 

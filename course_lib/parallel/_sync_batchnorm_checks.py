@@ -1,10 +1,5 @@
-"""Checks for ``sync_batchnorm``, kept out of the lesson's module: every rank's layer the same size.
-
-SyncBatchNorm's forward all-gathers 1 + 2C numbers per rank. When one rank's layer has another
-C (another model, another width), gloo ends with "Received data size doesn't match" or kills the
-process (signal 6); NCCL may hang. ``check_same_channels`` runs once per layer, before its first
-statistics, as one all-gather of one number per rank, and raises the same clear error on every
-rank.
+"""Checks for ``sync_batchnorm``: every rank's layer the same size (else gloo fails obscurely
+or aborts, and NCCL may hang, in the all-gather of 1 + 2C numbers per rank).
 """
 from __future__ import annotations
 

@@ -19,18 +19,8 @@ from torch import nn
 
 from ..distributed.collectives import ring_chunk_bounds
 
-__all__ = [
-    "allreduce",
-    "broadcast",
-    "check_allreduce",
-    "gather",
-    "get_params",
-    "ps_allreduce",
-    "replicate_params",
-    "ring_allreduce",
-    "scatter",
-    "split_batch",
-]
+__all__ = ["allreduce", "broadcast", "check_allreduce", "gather", "get_params", "ps_allreduce",
+           "replicate_params", "ring_allreduce", "scatter", "split_batch"]
 
 Device = torch.device | str
 

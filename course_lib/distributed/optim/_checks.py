@@ -1,7 +1,4 @@
-"""What ``ZeroRedundancyOptimizer`` checks before it trusts its arguments (errors that help).
-
-Kept apart so that the optimizer's module reads as the algorithm, top to bottom.
-"""
+"""What ``ZeroRedundancyOptimizer`` checks before it trusts its arguments (errors that help)."""
 from __future__ import annotations
 
 import torch.distributed as dist
@@ -18,11 +15,7 @@ TORCH_ONLY_OPTIONS = {
 
 
 def check_torch_options(**options: object) -> None:
-    """Accept torch's ZeRO-only keywords at their default (False); refuse True clearly.
-
-    Without this they would reach the local optimizer as options and fail there with
-    ``TypeError: __init__() got an unexpected keyword argument``.
-    """
+    """Accept torch's ZeRO-only keywords at their default (False); refuse True clearly."""
     for name, value in options.items():
         if not isinstance(value, bool):
             raise TypeError(f"ZeroRedundancyOptimizer: {name} must be True or False, got "
@@ -36,12 +29,8 @@ def check_torch_options(**options: object) -> None:
 
 
 def check_same_params(param_groups: list[dict], group: dist.ProcessGroup | None) -> None:
-    """Raise on every rank unless every rank passed the same parameters in the same groups.
-
-    Each rank keeps the state of its own shard and broadcasts it to the others: a rank whose
-    list is shorter, reordered or of other shapes would partition differently, and gloo
-    accepts a broadcast shorter than the buffer, so the job would go on, silently wrong.
-    """
+    """Raise on every rank unless every rank passed the same parameters in the same groups
+    (else the ranks would partition differently, and gloo would go on, silently wrong)."""
     states = [(f"param_groups[{g}]", f"parameter {j}", p)
               for g, param_group in enumerate(param_groups)
               for j, p in enumerate(param_group["params"])]

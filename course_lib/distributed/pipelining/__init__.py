@@ -32,25 +32,8 @@ from .schedules import (
 from .split import balance_stages, flatten_sequential, layer_costs, split_sequential, stage_costs
 from .stage import PipeEvent, PipelineStage, PipelineStageBase
 
-__all__ = [
-    "ActivationMeter",
-    "ModelParallel",
-    "PipeEvent",
-    "PipelineStage",
-    "PipelineStageBase",
-    "Schedule1F1B",
-    "ScheduleGPipe",
-    "balance_stages",
-    "bubble_fraction",
-    "check_order",
-    "flatten_sequential",
-    "gpipe_order",
-    "idle_fraction",
-    "layer_costs",
-    "one_f_one_b_order",
-    "p2p_program",
-    "simulate_schedule",
-    "split_microbatches",
-    "split_sequential",
-    "stage_costs",
-]
+__all__ = ["ActivationMeter", "ModelParallel", "PipeEvent", "PipelineStage", "PipelineStageBase",
+           "Schedule1F1B", "ScheduleGPipe", "balance_stages", "bubble_fraction", "check_order",
+           "flatten_sequential", "gpipe_order", "idle_fraction", "layer_costs",
+           "one_f_one_b_order", "p2p_program", "simulate_schedule", "split_microbatches",
+           "split_sequential", "stage_costs"]

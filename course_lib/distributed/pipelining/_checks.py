@@ -1,12 +1,6 @@
-"""The checks of ``schedules``, kept out of it so that the lesson's ``step`` reads top to bottom.
-
-``check_sizes`` and ``check_order``: arguments, and an order of operations (each forward and
-backward once, a backward after its forward). ``check_same_program``: do all ranks run one
-program? Stages that run different schedules, or different numbers of micro-batches, post sends
-and receives that never pair up, and would wait on each other until the process group's timeout
-(minutes). It asks every rank once per step, in one small ``all_gather``, what it runs (the
-schedule's name, the number of micro-batches and of stages, and a digest of every stage's
-order) and raises on every rank, naming which rank runs what, when they differ.
+"""The checks of ``schedules``: its arguments, an order of operations (each forward and backward
+once, a backward after its forward), and whether all ranks run one program (else their sends
+and receives never pair up, and every rank waits until the process group's timeout).
 """
 from __future__ import annotations
 
@@ -34,10 +28,8 @@ def check_sizes(who: str, num_stages, num_microbatches, stage=None) -> None:
 
 
 def check_order(order: Sequence, stage: int, num_microbatches: int) -> list[Op]:
-    """``order`` as a list of ``(kind, microbatch)``, or ValueError saying what is wrong with it.
-
-    Every ``("F", i)`` and ``("B", i)`` for i < m exactly once, and ``B(i)`` after ``F(i)``.
-    """
+    """``order`` as a list of ``(kind, microbatch)``: every ``("F", i)`` and ``("B", i)`` for
+    i < m exactly once, ``B(i)`` after ``F(i)``; or ValueError saying what is wrong."""
     check_sizes("check_order", 1, num_microbatches)
     ops: list[Op] = []
     for op in order:
@@ -87,11 +79,7 @@ def _describe(program: tuple[str, int, int, int], with_digest: bool) -> str:
 
 def check_same_program(stage, name: str, n_microbatches: int, digest: int) -> None:
     """Raise on every rank of ``stage.group`` unless all run ``name`` with as many
-    micro-batches, stages and the same orders (``digest``, from ``order_digest``).
-
-    One ``all_gather`` of ``_FIELDS + _NAME_BYTES`` integers (a few hundred bytes); nothing
-    with one stage.
-    """
+    micro-batches, stages and the same orders (``digest``): one small ``all_gather``."""
     if stage.num_stages == 1:
         return
     mine = _encode(name, n_microbatches, stage.num_stages, digest).to(stage._wire)

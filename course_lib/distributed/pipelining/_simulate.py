@@ -80,16 +80,8 @@ def _what(message: Message) -> str:
                                 "activation" if kind == "F" else "gradient")
 
 
-def _describe(op: tuple[str, int, Message], stage: int) -> str:
-    direction, peer, message = op
-    if direction == "send":
-        return f"stage {peer} to receive {_what(message)}"
-    return f"{_what(message)} from stage {peer}"
-
-
 def _mismatch(send: list, sender: int, recv: list, receiver: int) -> str:
-    """A send and a receive that pair up on NCCL (the k-th of their link) but mean different
-    messages: what each meant, and what the receiver would compute on."""
+    """A send and a receive that pair up on NCCL but mean different messages."""
     carries, expects = _what(send[2]), _what(recv[2])
     runs = f"{recv[2][0]}({recv[2][1]})"
     return (f"messages out of order: stage {receiver}'s receive no. {recv[4] + 1} from stage "
@@ -102,15 +94,9 @@ def _mismatch(send: list, sender: int, recv: list, receiver: int) -> str:
 
 def _play(programs: list[list[tuple]], durations: list[dict[str, float]],
           comm_time: float) -> list[PipeEvent]:
-    """Run every stage's program as NCCL runs point-to-point operations.
-
-    Each stage's batches run one after another, in the order posted (one stream). An operation
-    of the batch at the head of stage s completes when the head batch of its peer holds the
-    matching one: a send does not finish before the peer has reached its receive. NCCL has no
-    tags: the k-th send from s to r matches the k-th receive on r from s, whatever each meant
-    to carry; when the two mean different messages, ValueError. A batch is done when all its
-    operations are; a "wait" blocks the stage until then.
-    """
+    """Run every stage's program as NCCL runs point-to-point operations: each stage's batches
+    in the order posted (one stream); an operation completes when its peer's head batch holds
+    the match (the k-th send from s to r pairs with the k-th receive on r: no tags)."""
     p = len(programs)
     pc, clock = [0] * p, [0.0] * p
     queue: list[list[dict]] = [[] for _ in range(p)]       # posted batches not done yet, in order
@@ -179,7 +165,10 @@ def _play(programs: list[list[tuple]], durations: list[dict[str, float]],
                 continue
             current = next((f"{a[1]}({a[2]})" for a in programs[s][pc[s]:] if a[0] == "compute"),
                            "the end of the step")
-            blocked = [_describe(op[:3], s) for op in head(s)["ops"] if op[3] is None]
+            blocked = [f"stage {peer} to receive {_what(message)}" if direction == "send"
+                       else f"{_what(message)} from stage {peer}"
+                       for direction, peer, message, finished, _ in head(s)["ops"]
+                       if finished is None]
             waits.append(f"stage {s} waits in {current} for {' and '.join(blocked)}")
         raise ValueError("deadlock: " + "; ".join(waits) + ", which never comes (each stage's "
                          "operations run in order, as on NCCL).")

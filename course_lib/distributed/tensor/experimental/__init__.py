@@ -19,13 +19,5 @@ from .load_balance import (
     zigzag_split,
 )
 
-__all__ = [
-    "RingAttentionWork",
-    "block_mask_kind",
-    "merge_partial_attention",
-    "ring_attention",
-    "ring_attention_work",
-    "sequence_chunks",
-    "zigzag_gather",
-    "zigzag_split",
-]
+__all__ = ["RingAttentionWork", "block_mask_kind", "merge_partial_attention", "ring_attention",
+           "ring_attention_work", "sequence_chunks", "zigzag_gather", "zigzag_split"]

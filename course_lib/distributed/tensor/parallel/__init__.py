@@ -37,26 +37,13 @@ from .sequence import (
 )
 from .transformer import parallelize_attention, parallelize_gpt, parallelize_mlp
 
-__all__ = [
-    "SEQUENCE_DIM",
-    "ColumnParallelLinear",
-    "RowParallelLinear",
-    "SequenceParallelLayerNorm",
-    "SequenceParallelPositionEmbedding",
-    "VocabParallelEmbedding",
-    "activation_bytes_per_layer",
-    "copy_to_tensor_model_parallel_region",
-    "gather_from_sequence_parallel_region",
-    "gather_from_tensor_model_parallel_region",
-    "linear_with_sequence_parallel_input",
-    "parameter_counts",
-    "parallelize_attention",
-    "parallelize_gpt",
-    "parallelize_mlp",
-    "reduce_from_tensor_model_parallel_region",
-    "reduce_scatter_to_sequence_parallel_region",
-    "scatter_to_sequence_parallel_region",
-    "scatter_to_tensor_model_parallel_region",
-    "tensor_parallel_memory",
-    "vocab_parallel_cross_entropy",
-]
+__all__ = ["SEQUENCE_DIM", "ColumnParallelLinear", "RowParallelLinear",
+           "SequenceParallelLayerNorm", "SequenceParallelPositionEmbedding",
+           "VocabParallelEmbedding", "activation_bytes_per_layer",
+           "copy_to_tensor_model_parallel_region", "gather_from_sequence_parallel_region",
+           "gather_from_tensor_model_parallel_region", "linear_with_sequence_parallel_input",
+           "parameter_counts", "parallelize_attention", "parallelize_gpt", "parallelize_mlp",
+           "reduce_from_tensor_model_parallel_region",
+           "reduce_scatter_to_sequence_parallel_region", "scatter_to_sequence_parallel_region",
+           "scatter_to_tensor_model_parallel_region", "tensor_parallel_memory",
+           "vocab_parallel_cross_entropy"]

@@ -1,8 +1,4 @@
-"""Argument checks and error texts of ``course_lib.distributed.tensor.parallel``.
-
-Kept apart so that the layers read top to bottom; each error says what was expected, what was
-found and what to do.
-"""
+"""Argument checks and error texts of ``course_lib.distributed.tensor.parallel``."""
 from __future__ import annotations
 
 import torch

@@ -22,12 +22,8 @@ import torch.distributed as dist
 
 from ._checks import divisible, group_rank_size
 
-__all__ = [
-    "copy_to_tensor_model_parallel_region",
-    "gather_from_tensor_model_parallel_region",
-    "reduce_from_tensor_model_parallel_region",
-    "scatter_to_tensor_model_parallel_region",
-]
+__all__ = ["copy_to_tensor_model_parallel_region", "gather_from_tensor_model_parallel_region",
+           "reduce_from_tensor_model_parallel_region", "scatter_to_tensor_model_parallel_region"]
 
 
 def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:

@@ -32,16 +32,10 @@ from ... import compat
 from ._checks import divisible, group_rank_size
 from .mappings import _Conjugate, copy_to_tensor_model_parallel_region
 
-__all__ = [
-    "SEQUENCE_DIM",
-    "SequenceParallelLayerNorm",
-    "SequenceParallelPositionEmbedding",
-    "gather_from_sequence_parallel_region",
-    "linear_with_sequence_parallel_input",
-    "reduce_scatter_to_sequence_parallel_region",
-    "row_parallel_output_along_sequence",
-    "scatter_to_sequence_parallel_region",
-]
+__all__ = ["SEQUENCE_DIM", "SequenceParallelLayerNorm", "SequenceParallelPositionEmbedding",
+           "gather_from_sequence_parallel_region", "linear_with_sequence_parallel_input",
+           "reduce_scatter_to_sequence_parallel_region", "row_parallel_output_along_sequence",
+           "scatter_to_sequence_parallel_region"]
 
 SEQUENCE_DIM = 1    # (B, T, C)
 
