@@ -5,6 +5,8 @@ announces), labels in 0..9, at most 60,000 / 10,000 examples (fewer: a deliberat
 for a full-size file the md5 of its uncompressed content. The verdict is cached per file (path,
 size, modification time) in memory and in a stamp file beside it. A damaged file is named with
 where it came from and where to fetch a genuine one (never "copy it again" from a damaged source).
+It also holds the data modules' small file helpers (``file_stamp``, ``read_json``,
+``write_atomic``), which ``course_lib.data_text`` shares.
 """
 from __future__ import annotations
 

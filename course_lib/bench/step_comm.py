@@ -106,13 +106,17 @@ def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> li
     return every
 
 
+def _stamped_all_reduce(t: torch.Tensor, stamps: list) -> None:
+    """A blocking all-reduce of ``t``, with the clock read as it enters and as it leaves."""
+    enter = time.perf_counter()
+    dist.all_reduce(t)
+    synchronize(t.device)
+    stamps.append((enter, time.perf_counter()))
+
+
 def _stamping_hook(stamps: list, bucket) -> torch.futures.Future[torch.Tensor]:
     """``allreduce_hook``, blocking, with the clock read as the call enters and as it leaves."""
-    buffer = bucket.buffer()
-    enter = time.perf_counter()
-    dist.all_reduce(buffer)
-    synchronize(buffer.device)
-    stamps.append((enter, time.perf_counter()))
+    _stamped_all_reduce(bucket.buffer(), stamps)
     return divide_only_hook(None, bucket)   # the division and a completed future
 
 
@@ -137,30 +141,26 @@ def _call_stamps(net: DistributedDataParallel, step: Callable[[], None],
     net.register_comm_hook(stamps, _stamping_hook)
     mine: dict[str, list] = {"step": [], "alone": [], "after_sleep": [], "after_spin": []}
 
-    def stamped_round() -> None:
-        for t in flats:
-            enter = time.perf_counter()
-            dist.all_reduce(t)
-            synchronize(t.device)
-            stamps.append((enter, time.perf_counter()))
+    def keep(where: str) -> None:
+        mine[where].append(stamps[:])
+        stamps.clear()
 
     dist.barrier()
     for _ in range(rounds):
         step()
-        mine["step"].append(stamps[:])
-        stamps.clear()
+        keep("step")
     dist.barrier()
     for _ in range(rounds):
-        stamped_round()
-        mine["alone"].append(stamps[:])
-        stamps.clear()
+        for t in flats:
+            _stamped_all_reduce(t, stamps)
+        keep("alone")
     for r in range(2 * rounds):   # sleep and spin by turns
         where = "after_sleep" if r % 2 == 0 else "after_spin"
         dist.barrier()
         _pause(pause_s, busy=where == "after_spin")
-        stamped_round()
-        mine[where].append(stamps[:])
-        stamps.clear()
+        for t in flats:
+            _stamped_all_reduce(t, stamps)
+        keep(where)
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return {where: [r[where] for r in every] for where in mine}
@@ -206,12 +206,11 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                         samples=samples, min_sample_seconds=min_sample_s, warmup=1,
                         calibration_calls=2, device=device, before=dist.barrier, reduce=_slowest)
         met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
-        local_s = statistics.median(steps.to_json()["variants"]["local"]["seconds"])
+        step_s = {name: v["seconds"] for name, v in steps.to_json()["variants"].items()}
         stamps = _call_stamps(nets["naive"], steppers["naive"], flats["naive"], 3 * samples,
-                              local_s)
+                              statistics.median(step_s["local"]))   # pauses as long as a step
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
-                      "step": {name: v["seconds"]
-                               for name, v in steps.to_json()["variants"].items()},
+                      "step": step_s,
                       "alone": {name: v["seconds"]
                                 for name, v in alone.to_json()["variants"].items()},
                       "local_met": met, "call_stamps": stamps}
