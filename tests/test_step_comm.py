@@ -51,25 +51,6 @@ def test_lenet_steps_and_their_messages_at_two_ranks():
     # the met local steps: every rank's duration of each step, 3 per sample
     assert len(e["local_met"]) == 2 and all(len(d) == 6 and min(d) > 0 for d in e["local_met"])
     assert slower_rank_wait(e["local_met"]) >= 0
-    # the stamped naive calls: each rank's (enter, leave) of each of its 8 calls, 6 steps, 6 rounds
-    # of each kind (back to back, after a pause asleep, after one spinning)
-    assert set(e["call_stamps"]) == {"step", "alone", "after_sleep", "after_spin"}
-    for where in e["call_stamps"]:
-        ranks = e["call_stamps"][where]
-        assert len(ranks) == 2 and all(len(rounds) == 6 for rounds in ranks)
-        for rounds in ranks:
-            calls = [c for r in rounds for c in r]
-            assert all(len(r) == len(naive) for r in rounds)
-            assert all(a < b for a, b in calls)                       # each call takes time
-            assert all(b0 <= a1 for (_, b0), (a1, _) in zip(calls, calls[1:]))   # one at a time
-        # a call ends on no rank before both ranks entered it (one clock for the machine)
-        for r0, r1 in zip(*ranks):
-            assert all(min(b0, b1) >= max(a0, a1) for (a0, b0), (a1, b1) in zip(r0, r1))
-    # the paused rounds run by turns: asleep, then spinning, each after the one before
-    for sleep_rounds, spin_rounds in zip(e["call_stamps"]["after_sleep"],
-                                         e["call_stamps"]["after_spin"]):
-        assert all(sl[-1][1] < sp[0][0] for sl, sp in zip(sleep_rounds, spin_rounds))
-        assert all(sp[-1][1] < sl[0][0] for sp, sl in zip(spin_rounds, sleep_rounds[1:]))
     assert run["threads_per_worker"] >= 1 and torch.get_num_threads() >= 1
 
 

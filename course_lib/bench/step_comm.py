@@ -16,11 +16,7 @@ Then, in a second comparison, the very messages each strategy sent (read from it
 the warm-up steps), all-reduced alone, back to back, no computation: what the alpha-beta model
 predicts. Last, ``local`` steps once more, the ranks meeting at a barrier before each, as a DDP
 step's collectives make them meet: each rank's duration of each step, from which
-``slower_rank_wait`` gives what waiting for the slower rank costs per step. Then ``naive`` steps
-once more and its messages alone, with the clock read as every rank enters and leaves each
-all-reduce: how much of a call is waiting for the other rank to enter, how much comes after;
-and the same messages after a pause as long as a local step, spent asleep (the core idle) or
-spinning (the core busy).
+``slower_rank_wait`` gives what waiting for the slower rank costs per step.
 Buffers are not broadcast (``broadcast_buffers=False``), so the only communication of a step is
 its gradients'.
 PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on a timeline).
@@ -106,66 +102,6 @@ def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> li
     return every
 
 
-def _stamped_all_reduce(t: torch.Tensor, stamps: list) -> None:
-    """A blocking all-reduce of ``t``, with the clock read as it enters and as it leaves."""
-    enter = time.perf_counter()
-    dist.all_reduce(t)
-    synchronize(t.device)
-    stamps.append((enter, time.perf_counter()))
-
-
-def _stamping_hook(stamps: list, bucket) -> torch.futures.Future[torch.Tensor]:
-    """``allreduce_hook``, blocking, with the clock read as the call enters and as it leaves."""
-    _stamped_all_reduce(bucket.buffer(), stamps)
-    return divide_only_hook(None, bucket)   # the division and a completed future
-
-
-def _pause(seconds: float, busy: bool) -> None:
-    """Wait ``seconds``: spinning on the clock (the core kept busy) or asleep (the core idle)."""
-    if not busy:
-        time.sleep(seconds)
-        return
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-def _call_stamps(net: DistributedDataParallel, step: Callable[[], None],
-                 flats: list[torch.Tensor], rounds: int, pause_s: float) -> dict[str, list]:
-    """When each rank entered and left each all-reduce (``time.perf_counter``, one clock for
-    every process of a machine): in ``rounds`` steps of ``net``; its messages sent ``rounds``
-    times back to back; then ``rounds`` times each after a pause of ``pause_s`` (the ranks
-    meeting at a barrier first) spent asleep and spent spinning. ``{"step" | "alone" |
-    "after_sleep" | "after_spin": [[[(enter, leave), ...] per round] per rank]}``."""
-    stamps: list = []
-    net.register_comm_hook(stamps, _stamping_hook)
-    mine: dict[str, list] = {"step": [], "alone": [], "after_sleep": [], "after_spin": []}
-
-    def keep(where: str) -> None:
-        mine[where].append(stamps[:])
-        stamps.clear()
-
-    dist.barrier()
-    for _ in range(rounds):
-        step()
-        keep("step")
-    dist.barrier()
-    for _ in range(rounds):
-        for t in flats:
-            _stamped_all_reduce(t, stamps)
-        keep("alone")
-    for r in range(2 * rounds):   # sleep and spin by turns
-        where = "after_sleep" if r % 2 == 0 else "after_spin"
-        dist.barrier()
-        _pause(pause_s, busy=where == "after_spin")
-        for t in flats:
-            _stamped_all_reduce(t, stamps)
-        keep(where)
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return {where: [r[where] for r in every] for where in mine}
-
-
 def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,
                       min_sample_s: float) -> dict | None:
     """Runs in both ranks: for each model, the steps, then their messages alone."""
@@ -207,13 +143,11 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                         calibration_calls=2, device=device, before=dist.barrier, reduce=_slowest)
         met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
         step_s = {name: v["seconds"] for name, v in steps.to_json()["variants"].items()}
-        stamps = _call_stamps(nets["naive"], steppers["naive"], flats["naive"], 3 * samples,
-                              statistics.median(step_s["local"]))   # pauses as long as a step
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
                       "step": step_s,
                       "alone": {name: v["seconds"]
                                 for name, v in alone.to_json()["variants"].items()},
-                      "local_met": met, "call_stamps": stamps}
+                      "local_met": met}
     return out if rank == 0 else None
 
 
@@ -235,9 +169,7 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
         ``{"models": {model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes,
         ...]}, "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
         its all-reduces, ...]}, "local_met": [[seconds of each local step, the ranks meeting
-        before each] per rank], "call_stamps": {"step" | "alone" | "after_sleep" | "after_spin":
-        [[[(enter, leave) of each naive all-reduce] per step or round] per rank]}}}}`` (the
-        pauses as long as a local step), samples paired by round within ``step`` and within
+        before each] per rank]}}}`` samples paired by round within ``step`` and within
         ``alone``; ``"threads_per_worker"`` beside the models.
     """
     unknown = sorted(set(models) - set(STEP_MODELS))
