@@ -142,24 +142,31 @@ class ZeroRedundancyOptimizer(Optimizer):
         return loss
 
     def _broadcast_shards(self) -> None:
-        """One broadcast per owner (and dtype): its parameters packed into one flat buffer,
-        freed before the next owner's is built, so that one buffer at a time is alive. (A
-        choice of this course: torch's version broadcasts each parameter in place, or, with
+        """One broadcast per owner (and dtype): its parameters packed into one flat buffer. The
+        buffer is made once, for the largest owner's shard, and each owner packs into a slice of
+        it, so that one buffer (per dtype) is alive however many owners there are. (A choice of
+        this course: torch's version broadcasts each parameter in place, or, with
         ``parameters_as_bucket_view=True``, buckets the parameters are views of: no copy.)"""
         if self.world_size == 1:
             return  # one rank owns everything: nothing to send, no buffer
-        for owner, shard in enumerate(self._shards):
+        runs = [(owner, params) for owner, shard in enumerate(self._shards)
+                for params in _by_dtype_and_device(shard)]
+        sizes: dict[tuple, int] = {}   # (dtype, device) -> the largest run's numel
+        for _, params in runs:
+            key = (params[0].dtype, params[0].device)
+            sizes[key] = max(sizes.get(key, 0), sum(p.numel() for p in params))
+        buffers = {key: torch.empty(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
+        for owner, params in runs:
             src = owner if self.process_group is None else dist.get_global_rank(
                 self.process_group, owner)
-            for params in _by_dtype_and_device(shard):
-                flat = torch.cat([p.detach().reshape(-1) for p in params])  # (sum of numel,)
-                dist.broadcast(flat, src=src, group=self.process_group)
-                if owner != self.rank:
-                    offset = 0
-                    for p in params:
-                        p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                        offset += p.numel()
-                del flat  # else it lives on while torch.cat builds the next owner's buffer
+            flat = buffers[params[0].dtype, params[0].device][:sum(p.numel() for p in params)]
+            torch.cat([p.detach().reshape(-1) for p in params], out=flat)   # (sum of numel,)
+            dist.broadcast(flat, src=src, group=self.process_group)
+            if owner != self.rank:
+                offset = 0
+                for p in params:
+                    p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
 
     # ---- checkpoints -------------------------------------------------------------------------
 
