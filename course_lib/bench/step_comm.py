@@ -142,9 +142,9 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                         samples=samples, min_sample_seconds=min_sample_s, warmup=1,
                         calibration_calls=2, device=device, before=dist.barrier, reduce=_slowest)
         met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
-        step_s = {name: v["seconds"] for name, v in steps.to_json()["variants"].items()}
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
-                      "step": step_s,
+                      "step": {name: v["seconds"]
+                               for name, v in steps.to_json()["variants"].items()},
                       "alone": {name: v["seconds"]
                                 for name, v in alone.to_json()["variants"].items()},
                       "local_met": met}

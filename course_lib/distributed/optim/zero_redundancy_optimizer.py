@@ -149,17 +149,17 @@ class ZeroRedundancyOptimizer(Optimizer):
         ``parameters_as_bucket_view=True``, buckets the parameters are views of: no copy.)"""
         if self.world_size == 1:
             return  # one rank owns everything: nothing to send, no buffer
-        runs = [(owner, params) for owner, shard in enumerate(self._shards)
-                for params in _by_dtype_and_device(shard)]
+        runs = [(owner, key, params, sum(p.numel() for p in params))
+                for owner, shard in enumerate(self._shards)
+                for key, params in _by_dtype_and_device(shard).items()]
         sizes: dict[tuple, int] = {}   # (dtype, device) -> the largest run's numel
-        for _, params in runs:
-            key = (params[0].dtype, params[0].device)
-            sizes[key] = max(sizes.get(key, 0), sum(p.numel() for p in params))
+        for _, key, _, n in runs:
+            sizes[key] = max(sizes.get(key, 0), n)
         buffers = {key: torch.empty(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
-        for owner, params in runs:
+        for owner, key, params, n in runs:
             src = owner if self.process_group is None else dist.get_global_rank(
                 self.process_group, owner)
-            flat = buffers[params[0].dtype, params[0].device][:sum(p.numel() for p in params)]
+            flat = buffers[key][:n]
             torch.cat([p.detach().reshape(-1) for p in params], out=flat)   # (sum of numel,)
             dist.broadcast(flat, src=src, group=self.process_group)
             if owner != self.rank:
@@ -237,9 +237,9 @@ def _options(group: dict) -> dict:
     return {k: v for k, v in group.items() if k != "params"}
 
 
-def _by_dtype_and_device(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """``params`` split into runs that can share one flat buffer (same dtype and device)."""
+def _by_dtype_and_device(params: list[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
+    """``params`` split into runs that can share one flat buffer: (dtype, device) -> params."""
     runs: dict[tuple, list[torch.Tensor]] = {}
     for p in params:
         runs.setdefault((p.dtype, p.device), []).append(p)
-    return list(runs.values())
+    return runs
