@@ -51,6 +51,22 @@ def test_lenet_steps_and_their_messages_at_two_ranks():
     # the met local steps: every rank's duration of each step, 3 per sample
     assert len(e["local_met"]) == 2 and all(len(d) == 6 and min(d) > 0 for d in e["local_met"])
     assert slower_rank_wait(e["local_met"]) >= 0
+    # naive's calls stamped: 8 steps and 8 rounds alone (4 per sample), both ranks, one stamp
+    # pair per message, each call starting after its round began and ending after it started,
+    # in launch order
+    for what in ("step", "alone"):
+        rounds = e["naive_calls"][what]
+        assert len(rounds) == 8 and all(len(ranks) == 2 for ranks in rounds)
+        for ranks in rounds:
+            assert min(r["begin"] for r in ranks) == 0
+            for r in ranks:
+                assert len(r["calls"]) == len(naive)
+                starts = [c[0] for c in r["calls"]]
+                assert r["begin"] <= starts[0] and starts == sorted(starts)
+                assert all(s < e_ for s, e_ in r["calls"])
+            # an all-reduce ends on no rank before the other rank started it
+            for a, b in zip(*(r["calls"] for r in ranks)):
+                assert min(a[1], b[1]) >= max(a[0], b[0])
     assert run["threads_per_worker"] >= 1 and torch.get_num_threads() >= 1
 
 

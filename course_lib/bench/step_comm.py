@@ -16,7 +16,10 @@ Then, in a second comparison, the very messages each strategy sent (read from it
 the warm-up steps), all-reduced alone, back to back, no computation: what the alpha-beta model
 predicts. Last, ``local`` steps once more, the ranks meeting at a barrier before each, as a DDP
 step's collectives make them meet: each rank's duration of each step, from which
-``slower_rank_wait`` gives what waiting for the slower rank costs per step.
+``slower_rank_wait`` gives what waiting for the slower rank costs per step. And ``naive``'s
+calls one by one (``_call_stamps``): every rank reads the clock as each all-reduce starts and
+ends, in steps and in rounds of the same messages alone, blocks of each back to back, so that
+a step's extra cost can be found in its calls.
 Buffers are not broadcast (``broadcast_buffers=False``), so the only communication of a step is
 its gradients'.
 PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on a timeline).
@@ -102,6 +105,57 @@ def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> li
     return every
 
 
+def _call_stamps(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
+                 tensors: list[torch.Tensor], blocks: int, device: torch.device,
+                 per_block: int = 4) -> dict | None:
+    """``net`` (a naive DDP) steps on (X, y) and its messages (``tensors``) all-reduced alone, in
+    alternating blocks of ``per_block`` steps and ``per_block`` rounds, each block after a
+    barrier and back to back inside, as the timed loops run them; every rank reads the clock as
+    each step (or round) begins and as each all-reduce starts and its result is ready. On rank
+    0 ``{"step" | "alone": [round][rank] -> {"begin": s, "calls": [[start, end], ...]}}``,
+    seconds from the round's earliest begin over the ranks; None on the other ranks."""
+    mine: dict[str, list[dict]] = {"step": [], "alone": []}
+
+    def launch_stamped(t: torch.Tensor, calls: list) -> torch.futures.Future:
+        start = time.perf_counter()
+
+        def done(fut: torch.futures.Future) -> torch.Tensor:
+            synchronize(device)
+            calls.append([start, time.perf_counter()])
+            return fut.value()[0]
+        return dist.all_reduce(t, async_op=True).get_future().then(done)
+
+    def hook(process_group, bucket) -> torch.futures.Future:   # allreduce_hook, stamped
+        return launch_stamped(bucket.buffer(), mine["step"][-1]["calls"]).then(
+            lambda f: f.value().div_(dist.get_world_size()))
+
+    def alone() -> None:
+        for t in tensors:
+            launch_stamped(t, mine["alone"][-1]["calls"]).wait()
+
+    net.register_comm_hook(None, hook)
+    step = _stepper(net, X, y)
+    for _ in range(blocks + 1):           # the first block: the hook's warm-up, not kept
+        for name, run in (("step", step), ("alone", alone)):
+            dist.barrier()
+            for _ in range(per_block):
+                mine[name].append({"begin": time.perf_counter(), "calls": []})
+                run()
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, {name: rounds[per_block:] for name, rounds in mine.items()})
+    if dist.get_rank() != 0:
+        return None
+    out: dict[str, list] = {}
+    for name in mine:
+        out[name] = []
+        for ranks in zip(*(e[name] for e in every)):
+            zero = min(r["begin"] for r in ranks)
+            out[name].append([{"begin": r["begin"] - zero,
+                               "calls": [[s - zero, e - zero] for s, e in r["calls"]]}
+                              for r in ranks])
+    return out
+
+
 def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,
                       min_sample_s: float) -> dict | None:
     """Runs in both ranks: for each model, the steps, then their messages alone."""
@@ -142,12 +196,13 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                         samples=samples, min_sample_seconds=min_sample_s, warmup=1,
                         calibration_calls=2, device=device, before=dist.barrier, reduce=_slowest)
         met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
+        calls = _call_stamps(nets["naive"], X, y, flats["naive"], samples, device)
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
                       "step": {name: v["seconds"]
                                for name, v in steps.to_json()["variants"].items()},
                       "alone": {name: v["seconds"]
                                 for name, v in alone.to_json()["variants"].items()},
-                      "local_met": met}
+                      "local_met": met, "naive_calls": calls}
     return out if rank == 0 else None
 
 
@@ -169,8 +224,12 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
         ``{"models": {model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes,
         ...]}, "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
         its all-reduces, ...]}, "local_met": [[seconds of each local step, the ranks meeting
-        before each] per rank]}}}`` samples paired by round within ``step`` and within
-        ``alone``; ``"threads_per_worker"`` beside the models.
+        before each] per rank], "naive_calls": {"step" | "alone": [round][rank] -> {"begin":
+        s, "calls": [[start, end] s, ...]}}}}}`` samples paired by round within ``step`` and
+        within ``alone``; ``naive_calls``: ``4 * samples`` naive steps and as many rounds of the
+        same messages alone, in alternating blocks of 4 back to back, every rank's clock at each
+        round's begin and at each all-reduce's start and end, from the round's earliest begin;
+        ``"threads_per_worker"`` beside the models.
     """
     unknown = sorted(set(models) - set(STEP_MODELS))
     if unknown or not models:
