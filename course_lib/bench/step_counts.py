@@ -66,8 +66,8 @@ def torch_bucket_bytes(net: nn.Module, caps: Sequence[int]) -> list[int]:
     gradients arrived, which this approximates by reverse registration order (close for a chain
     of layers; not checked against a run): bucket ``i`` capped at ``caps[min(i, len(caps) -
     1)]`` bytes, closing once full. ``caps`` as ``DistributedDataParallel`` passes them:
-    ``[first, rest]`` by default (``dist._DEFAULT_FIRST_BUCKET_BYTES``, 25 MiB), ``[cap]`` with
-    ``bucket_cap_mb``.
+    ``[first, rest]`` by default (``dist._DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB, then 25
+    MiB), ``[cap]`` with ``bucket_cap_mb``.
     """
     params = list(net.parameters())
     order = list(range(len(params)))[::-1]
