@@ -124,8 +124,10 @@ def _cpu_name() -> str:
 def hardware_summary() -> str:
     """One block of text naming the CPU, its cores, the GPUs and the torch version (the first
     cell of every notebook prints it, so stored outputs say what measured them)."""
-    lines = [f"CPU:     {_cpu_name()} ({cpu_cores()} cores usable, "
-             f"{torch.get_num_threads()} torch threads)", f"GPUs:    {num_gpus()}"]
+    threads = torch.get_num_threads()
+    isa = torch.backends.cpu.get_cpu_capability()   # the vector instructions torch's kernels use
+    lines = [f"CPU:     {_cpu_name()} ({cpu_cores()} cores usable, {threads} torch "
+             f"thread{'' if threads == 1 else 's'}, {isa} kernels)", f"GPUs:    {num_gpus()}"]
     for i in range(num_gpus()):
         props = torch.cuda.get_device_properties(i)
         lines.append(f"  cuda:{i} {props.name}, {props.total_memory / 2**30:.0f} GiB")

@@ -16,10 +16,10 @@ Then, in a second comparison, the very messages each strategy sent (read from it
 the warm-up steps), all-reduced alone, back to back, no computation: what the alpha-beta model
 predicts. Last, ``local`` steps once more, the ranks meeting at a barrier before each, as a DDP
 step's collectives make them meet: each rank's duration of each step, from which
-``slower_rank_wait`` gives what waiting for the slower rank costs per step. And ``naive``'s
-calls one by one (``_call_stamps``): every rank reads the clock as each all-reduce starts and
-ends, in steps and in rounds of the same messages alone, blocks of each back to back, so that
-a step's extra cost can be found in its calls.
+``slower_rank_wait`` gives what waiting for the slower rank costs per step. And, for LeNet,
+``naive``'s calls one by one (``_call_stamps``): every rank reads the clock as each all-reduce
+starts and ends, in steps and in rounds of the same messages alone, blocks of each back to back,
+so that a step's extra cost can be found in its calls.
 Buffers are not broadcast (``broadcast_buffers=False``), so the only communication of a step is
 its gradients'.
 PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on a timeline).
@@ -45,14 +45,16 @@ from ..parallel._ddp_comm_hooks import divide_only_hook
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import bootstrap_median, compare  # bootstrap_median: public here too
 
-__all__ = ["STEP_MODELS", "STRATEGIES_TIMED", "bootstrap_median", "measure_step_comm",
-           "divide_only_hook", "slower_rank_wait"]
+__all__ = ["STEP_MODELS", "STAMPED_MODELS", "STRATEGIES_TIMED", "bootstrap_median",
+           "measure_step_comm", "divide_only_hook", "slower_rank_wait"]
 
 #: model -> (builder, bucket cap in MiB, global batch, global batch in quick mode). LeNet's
 #: buckets are capped at 0.1 MiB so that its 0.49 MiB of gradients make several; ResNet-18 runs
 #: a small batch: its 43 MiB of gradients cost the same whatever the batch.
 STEP_MODELS: dict[str, tuple[Callable[[], nn.Module], float, int, int]] = {
     "lenet": (LeNet, 0.1, 256, 64), "resnet18": (resnet18, 25.0, 16, 4)}
+#: The models whose naive calls are stamped one by one (``naive_calls``).
+STAMPED_MODELS = ("lenet",)
 #: The course's DDP strategies timed, beside ``local`` (each also as ``<name>_nosend``).
 STRATEGIES_TIMED = ["naive", "bucketed"]
 
@@ -196,13 +198,15 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                         samples=samples, min_sample_seconds=min_sample_s, warmup=1,
                         calibration_calls=2, device=device, before=dist.barrier, reduce=_slowest)
         met = _met_steps(_stepper(nets["local"], X, y), 3 * samples, device)
-        calls = _call_stamps(nets["naive"], X, y, flats["naive"], samples, device)
         out[model] = {"global_batch": n * k, "bucket_cap_mb": cap_mb, "messages": messages,
                       "step": {name: v["seconds"]
                                for name, v in steps.to_json()["variants"].items()},
                       "alone": {name: v["seconds"]
                                 for name, v in alone.to_json()["variants"].items()},
-                      "local_met": met, "naive_calls": calls}
+                      "local_met": met}
+        if model in STAMPED_MODELS:   # every call stamped: LeNet's few calls only
+            out[model]["naive_calls"] = _call_stamps(nets["naive"], X, y, flats["naive"],
+                                                     samples, device)
     return out if rank == 0 else None
 
 
@@ -226,7 +230,8 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
         its all-reduces, ...]}, "local_met": [[seconds of each local step, the ranks meeting
         before each] per rank], "naive_calls": {"step" | "alone": [round][rank] -> {"begin":
         s, "calls": [[start, end] s, ...]}}}}}`` samples paired by round within ``step`` and
-        within ``alone``; ``naive_calls``: ``4 * samples`` naive steps and as many rounds of the
+        within ``alone``; ``naive_calls``, for the models of ``STAMPED_MODELS`` only (LeNet):
+        ``4 * samples`` naive steps and as many rounds of the
         same messages alone, in alternating blocks of 4 back to back, every rank's clock at each
         round's begin and at each all-reduce's start and end, from the round's earliest begin;
         ``"threads_per_worker"`` beside the models.
