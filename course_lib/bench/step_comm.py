@@ -231,9 +231,9 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
         before each] per rank], "naive_calls": {"step" | "alone": [round][rank] -> {"begin":
         s, "calls": [[start, end] s, ...]}}}}}`` samples paired by round within ``step`` and
         within ``alone``; ``naive_calls``, for the models of ``STAMPED_MODELS`` only (LeNet):
-        ``4 * samples`` naive steps and as many rounds of the
-        same messages alone, in alternating blocks of 4 back to back, every rank's clock at each
-        round's begin and at each all-reduce's start and end, from the round's earliest begin;
+        ``4 * samples`` naive steps and as many rounds of the same messages alone, in
+        alternating blocks of 4 back to back, every rank's clock at each round's begin and at
+        each all-reduce's start and end, from the round's earliest begin;
         ``"threads_per_worker"`` beside the models.
     """
     unknown = sorted(set(models) - set(STEP_MODELS))
