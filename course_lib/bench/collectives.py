@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from ..distributed import current_device, launch, ring_allreduce, ring_allreduce_pipelined
 from ..distributed.env import _pin_to_cores, _slowest
-from ..timing import compare
+from ..timing import Comparison, compare
 from .scaling import _finish, _out_option, _verdict, default_workers, report_header
 
 __all__ = ["BASELINE", "DEFAULT_SIZES", "KB", "MB", "OPS", "QUICK_SIZES", "bus_bandwidth", "main",
@@ -102,20 +102,27 @@ OPS = {"naive": naive_allreduce, "ring": functools.partial(ring_allreduce, check
 
 def _collectives_worker(sizes: list[int], names: list[str], samples: int, min_sample_s: float,
                         max_ops: int, calibration_calls: int) -> dict | None:
-    """Runs in every rank of ``launch``; rank 0 returns {bytes: ``Comparison.to_json()``}."""
+    """Runs in every rank of ``launch``; rank 0 returns {bytes: ``Comparison.to_json()``}.
+
+    Every operation at every size is one variant of a single ``compare``: each round times them
+    all, so a slow minute of the machine slows every size alike instead of one size's samples."""
     _pin_to_cores()                      # on a CPU, each rank on cores of its own
     device = current_device()
+    # zeros stay zeros however often they are summed: no overflow, no denormals
+    xs = {n: torch.zeros(max(1, n // 4), dtype=torch.float32, device=device) for n in sizes}
+    variants = {(name, n): functools.partial(OPS[name], xs[n]) for n in sizes for name in names}
+    timed = compare({f"{name}@{n}": fn for (name, n), fn in variants.items()},
+                    samples=samples, min_sample_seconds=min_sample_s, warmup=2,
+                    calibration_calls=calibration_calls, max_loops=max_ops, device=device,
+                    before=dist.barrier, reduce=_slowest)
+    baseline = BASELINE if BASELINE in names else names[-1]
     out: dict[int, dict] = {}
-    for nbytes in sizes:
-        # zeros stay zeros however often they are summed: no overflow, no denormals
-        x = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)  # (n,) fp32
-        timed = compare({name: functools.partial(OPS[name], x) for name in names},
-                        samples=samples, min_sample_seconds=min_sample_s, warmup=2,
-                        calibration_calls=calibration_calls, max_loops=max_ops,
-                        baseline=BASELINE if BASELINE in names else names[-1], device=device,
-                        before=dist.barrier, reduce=_slowest)
-        out[nbytes] = timed.to_json()
-        del x
+    for n in sizes:   # one Comparison per size, its rounds still those of the whole run
+        key = {f"{name}@{n}": name for name in names}
+        seconds = {key[k]: v for k, v in timed.seconds.items() if k in key}
+        loops = {key[k]: v for k, v in timed.loops.items() if k in key}
+        order = [key[k] for k in timed.order if k in key]
+        out[n] = Comparison(names, baseline, seconds, loops, order, timed.confidence).to_json()
     return out if dist.get_rank() == 0 else None
 
 
@@ -129,7 +136,8 @@ def summarize_samples(seconds: list[float]) -> dict[str, float]:
 def measure_collectives(world_size: int, sizes: list[int], *, names: list[str] | None = None,
                         samples: int = 41, min_sample_s: float = 0.05, max_ops: int = 2000,
                         calibration_calls: int = 5, timeout: float = 1200.0) -> list[dict]:
-    """Time the operations of ``OPS`` at each size over ``world_size`` ranks, interleaved.
+    """Time the operations of ``OPS`` at each size over ``world_size`` ranks, every operation
+    and size interleaved round by round.
 
     Args:
         world_size: ranks (one per core on a CPU, one per GPU with NCCL).
