@@ -110,8 +110,8 @@ def _collectives_worker(sizes: list[int], names: list[str], samples: int, min_sa
     device = current_device()
     # zeros stay zeros however often they are summed: no overflow, no denormals
     xs = {n: torch.zeros(max(1, n // 4), dtype=torch.float32, device=device) for n in sizes}
-    variants = {(name, n): functools.partial(OPS[name], xs[n]) for n in sizes for name in names}
-    timed = compare({f"{name}@{n}": fn for (name, n), fn in variants.items()},
+    timed = compare({f"{name}@{n}": functools.partial(OPS[name], xs[n])
+                     for n in sizes for name in names},
                     samples=samples, min_sample_seconds=min_sample_s, warmup=2,
                     calibration_calls=calibration_calls, max_loops=max_ops, device=device,
                     before=dist.barrier, reduce=_slowest)
