@@ -51,19 +51,24 @@ def test_lenet_steps_and_their_messages_at_two_ranks():
     # the met local steps: every rank's duration of each step, 3 per sample
     assert len(e["local_met"]) == 2 and all(len(d) == 6 and min(d) > 0 for d in e["local_met"])
     assert slower_rank_wait(e["local_met"]) >= 0
-    # naive's calls stamped: 8 steps and 8 rounds alone (4 per sample), both ranks, one stamp
-    # pair per message, each call starting after its round began and ending after it started,
-    # in launch order
+    # bucketed's calls stamped: 4 steps and 4 rounds alone (samples // 2 blocks of 4), both
+    # ranks, one stamp pair per message, each call starting after its round began and ending
+    # after it started, in launch order; in a step, backward's end (its last gradient) comes
+    # after every call started, and the first bucket (the last layers) starts before it
     for what in ("step", "alone"):
-        rounds = e["naive_calls"][what]
-        assert len(rounds) == 8 and all(len(ranks) == 2 for ranks in rounds)
+        rounds = e["bucketed_calls"][what]
+        assert len(rounds) == 4 and all(len(ranks) == 2 for ranks in rounds)
         for ranks in rounds:
             assert min(r["begin"] for r in ranks) == 0
             for r in ranks:
-                assert len(r["calls"]) == len(naive)
+                assert len(r["calls"]) == len(bucketed)
                 starts = [c[0] for c in r["calls"]]
                 assert r["begin"] <= starts[0] and starts == sorted(starts)
                 assert all(s < e_ for s, e_ in r["calls"])
+                if what == "step":
+                    assert starts[0] < starts[-1] <= r["backward_end"]
+                else:
+                    assert r["backward_end"] is None
             # an all-reduce ends on no rank before the other rank started it
             for a, b in zip(*(r["calls"] for r in ranks)):
                 assert min(a[1], b[1]) >= max(a[0], b[0])

@@ -16,10 +16,10 @@ Then, in a second comparison, the very messages each strategy sent (read from it
 the warm-up steps), all-reduced alone, back to back, no computation: what the alpha-beta model
 predicts. Last, ``local`` steps once more, the ranks meeting at a barrier before each, as a DDP
 step's collectives make them meet: each rank's duration of each step, from which
-``slower_rank_wait`` gives what waiting for the slower rank costs per step. And, for LeNet,
-``naive``'s calls one by one (``_call_stamps``): every rank reads the clock as each all-reduce
-starts and ends, in steps and in rounds of the same messages alone, blocks of each back to back,
-so that a step's extra cost can be found in its calls.
+``slower_rank_wait`` gives what waiting for the slower rank costs per step. And ``bucketed``'s
+calls one by one (``_call_stamps``): every rank reads the clock as each all-reduce starts and
+ends and as its last gradient is accumulated, in steps and in rounds of the same messages alone,
+blocks of each back to back, so that one sees which calls run during backward and which after.
 Buffers are not broadcast (``broadcast_buffers=False``), so the only communication of a step is
 its gradients'.
 PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on a timeline).
@@ -53,8 +53,8 @@ __all__ = ["STEP_MODELS", "STAMPED_MODELS", "STRATEGIES_TIMED", "bootstrap_media
 #: a small batch: its 43 MiB of gradients cost the same whatever the batch.
 STEP_MODELS: dict[str, tuple[Callable[[], nn.Module], float, int, int]] = {
     "lenet": (LeNet, 0.1, 256, 64), "resnet18": (resnet18, 25.0, 16, 4)}
-#: The models whose naive calls are stamped one by one (``naive_calls``).
-STAMPED_MODELS = ("lenet",)
+#: The models whose bucketed calls are stamped one by one (``bucketed_calls``).
+STAMPED_MODELS = ("lenet", "resnet18")
 #: The course's DDP strategies timed, beside ``local`` (each also as ``<name>_nosend``).
 STRATEGIES_TIMED = ["naive", "bucketed"]
 
@@ -110,13 +110,17 @@ def _met_steps(step: Callable[[], None], steps: int, device: torch.device) -> li
 def _call_stamps(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
                  tensors: list[torch.Tensor], blocks: int, device: torch.device,
                  per_block: int = 4) -> dict | None:
-    """``net`` (a naive DDP) steps on (X, y) and its messages (``tensors``) all-reduced alone, in
-    alternating blocks of ``per_block`` steps and ``per_block`` rounds, each block after a
+    """``net`` (a course DDP) steps on (X, y) and its messages (``tensors``) all-reduced alone,
+    in alternating blocks of ``per_block`` steps and ``per_block`` rounds, each block after a
     barrier and back to back inside, as the timed loops run them; every rank reads the clock as
-    each step (or round) begins and as each all-reduce starts and its result is ready. On rank
-    0 ``{"step" | "alone": [round][rank] -> {"begin": s, "calls": [[start, end], ...]}}``,
+    each step (or round) begins, as each all-reduce starts and its result is ready, and as each
+    gradient is accumulated (the latest kept: backward's end). On rank 0 ``{"step" | "alone":
+    [round][rank] -> {"begin": s, "calls": [[start, end], ...], "backward_end": s or None}}``,
     seconds from the round's earliest begin over the ranks; None on the other ranks."""
     mine: dict[str, list[dict]] = {"step": [], "alone": []}
+
+    def grad_ready(p: torch.Tensor) -> None:   # after DDP's own hook on p: backward's end, at last
+        mine["step"][-1]["backward_end"] = time.perf_counter()
 
     def launch_stamped(t: torch.Tensor, calls: list) -> torch.futures.Future:
         start = time.perf_counter()
@@ -136,12 +140,15 @@ def _call_stamps(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
             launch_stamped(t, mine["alone"][-1]["calls"]).wait()
 
     net.register_comm_hook(None, hook)
+    for p in net.module.parameters():
+        p.register_post_accumulate_grad_hook(grad_ready)
     step = _stepper(net, X, y)
     for _ in range(blocks + 1):           # the first block: the hook's warm-up, not kept
         for name, run in (("step", step), ("alone", alone)):
             dist.barrier()
             for _ in range(per_block):
-                mine[name].append({"begin": time.perf_counter(), "calls": []})
+                mine[name].append({"begin": time.perf_counter(), "calls": [],
+                                   "backward_end": None})
                 run()
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, {name: rounds[per_block:] for name, rounds in mine.items()})
@@ -153,8 +160,9 @@ def _call_stamps(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
         for ranks in zip(*(e[name] for e in every)):
             zero = min(r["begin"] for r in ranks)
             out[name].append([{"begin": r["begin"] - zero,
-                               "calls": [[s - zero, e - zero] for s, e in r["calls"]]}
-                              for r in ranks])
+                               "calls": [[s - zero, e - zero] for s, e in r["calls"]],
+                               "backward_end": None if r["backward_end"] is None
+                               else r["backward_end"] - zero} for r in ranks])
     return out
 
 
@@ -204,9 +212,9 @@ def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int
                       "alone": {name: v["seconds"]
                                 for name, v in alone.to_json()["variants"].items()},
                       "local_met": met}
-        if model in STAMPED_MODELS:   # every call stamped: LeNet's few calls only
-            out[model]["naive_calls"] = _call_stamps(nets["naive"], X, y, flats["naive"],
-                                                     samples, device)
+        if model in STAMPED_MODELS:   # every call stamped, 4 steps per block
+            out[model]["bucketed_calls"] = _call_stamps(nets["bucketed"], X, y, flats["bucketed"],
+                                                        max(1, samples // 2), device)
     return out if rank == 0 else None
 
 
@@ -228,10 +236,11 @@ def measure_step_comm(models: list[str], *, quick: bool = False, samples: int = 
         ``{"models": {model: {"global_batch", "bucket_cap_mb", "messages": {strategy: [bytes,
         ...]}, "step": {variant: [seconds per step, ...]}, "alone": {strategy: [seconds per round of
         its all-reduces, ...]}, "local_met": [[seconds of each local step, the ranks meeting
-        before each] per rank], "naive_calls": {"step" | "alone": [round][rank] -> {"begin":
-        s, "calls": [[start, end] s, ...]}}}}}`` samples paired by round within ``step`` and
-        within ``alone``; ``naive_calls``, for the models of ``STAMPED_MODELS`` only (LeNet):
-        ``4 * samples`` naive steps and as many rounds of the same messages alone, in
+        before each] per rank], "bucketed_calls": {"step" | "alone": [round][rank] -> {"begin":
+        s, "calls": [[start, end] s, ...], "backward_end": s (None alone)}}}}}`` samples paired
+        by round within ``step`` and within ``alone``; ``bucketed_calls``, for the models of
+        ``STAMPED_MODELS``: ``4 * (samples // 2)`` bucketed steps (at least 4) and as many
+        rounds of the same messages alone, in
         alternating blocks of 4 back to back, every rank's clock at each round's begin and at
         each all-reduce's start and end, from the round's earliest begin;
         ``"threads_per_worker"`` beside the models.
