@@ -39,6 +39,12 @@ def execute(path: Path, timeout: int) -> float:
     os.environ.update(env)           # the kernel inherits this process's environment
     try:
         client.execute()
+    except Exception:   # keep what ran, for a look, outside the repository's notebooks
+        failed = ROOT / "build" / f"failed-{path.name}"
+        failed.parent.mkdir(exist_ok=True)
+        nbformat.write(nb, failed)
+        print(f"   the partial run: {failed.relative_to(ROOT)}", flush=True)
+        raise
     finally:
         os.environ.clear()
         os.environ.update(old)

@@ -1,0 +1,172 @@
+"""Reading a ``step_comm.measure_step_comm`` run (lesson 10, section 2): each number with its
+95 % bootstrap interval, and a verdict only where two intervals lie apart.
+
+- ``prediction_check``: each strategy's all-reduces alone against the alpha-beta model's price;
+- ``step_parts``: a step's exposed time split into the wrapper's own work and its all-reduces;
+- ``stamp_summary``: when ``bucketed``'s all-reduces ran, from their stamps, and how much of
+  their time in the step did not lengthen it.
+
+Every function takes the run as ``measure_step_comm`` returns it and returns plain numbers
+(seconds, as ``(median, low, high)``); the ``*_table`` functions print them.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable
+
+from .._compare import _percentile_interval
+from ..timing import bootstrap_difference, bootstrap_median
+from .cost_model import predicted_comm
+from .step_comm import STRATEGIES_TIMED, slower_rank_wait
+
+__all__ = ["ms", "compare_intervals", "prediction_check", "prediction_table", "step_parts",
+           "parts_table", "stamp_summary", "stamp_table"]
+
+Interval = tuple[float, float, float]   # (median, low, high), seconds
+
+
+def ms(t: Interval) -> str:
+    """``(median, low, high)`` in seconds as ``"median [low, high]"`` in ms (2 decimals under
+    10 ms, else 1)."""
+    d = 2 if abs(t[0]) < 0.01 else 1
+    return f"{t[0] * 1e3:.{d}f} [{t[1] * 1e3:.{d}f}, {t[2] * 1e3:.{d}f}]"
+
+
+def compare_intervals(a: Interval, b: Interval) -> str:
+    """``"lower"`` or ``"higher"`` where a's interval lies wholly below or above b's, else
+    ``"not told apart"``."""
+    return "lower" if a[2] < b[1] else "higher" if a[1] > b[2] else "not told apart"
+
+
+def prediction_check(run: dict, alpha: float, beta: float, p: int = 2) -> dict:
+    """For each (model, strategy): ``calls`` (all-reduces per step), ``alone`` (the same calls
+    all-reduced alone, one round's seconds, as an interval), ``predicted`` (their price as ring
+    all-reduces one after another, ``cost_model.predicted_comm``) and ``ratio`` (predicted /
+    alone, an interval: the prediction over the interval's ends). Per model, ``"<model>
+    naive - bucketed"``: the paired difference of the two strategies' rounds alone."""
+    out: dict = {}
+    for m, e in run["models"].items():
+        for s in STRATEGIES_TIMED:
+            msgs, alone = e["messages"][s], bootstrap_median(e["alone"][s])
+            pred = predicted_comm(msgs, p, alpha, beta)
+            out[m, s] = {"calls": len(msgs), "bytes": sum(msgs), "alone": alone,
+                         "predicted": pred,
+                         "ratio": (pred / alone[0], pred / alone[2], pred / alone[1])}
+        out[m, "naive - bucketed"] = bootstrap_difference(e["alone"]["naive"],
+                                                          e["alone"]["bucketed"])
+    return out
+
+
+def prediction_table(check: dict) -> str:
+    """``prediction_check``'s rows, one per model and strategy, then each model's difference."""
+    lines = [f"{'':>18} calls | {'alone, ms [95 %]':<22} | predicted ms | predicted / alone"]
+    for key, c in check.items():
+        if key[1] in STRATEGIES_TIMED:
+            r = c["ratio"]
+            lines.append(f"{key[0]:>9} {key[1]:>8}: {c['calls']:>3} | {ms(c['alone']):<22} | "
+                         f"{c['predicted'] * 1e3:12.2f} | {r[0]:.2f} [{r[1]:.2f}, {r[2]:.2f}]")
+    for key, d in check.items():
+        if key[1] == "naive - bucketed":
+            lines.append(f"{key[0]}: naive's calls alone - bucketed's, paired rounds: {ms(d)} ms")
+    return "\n".join(lines)
+
+
+def step_parts(run: dict, wait: Callable[[list[list[float]]], float] = slower_rank_wait) -> dict:
+    """For each (model, strategy), paired differences of steps (intervals): ``exposed`` =
+    step - local, ``wrapper`` = nosend - local (the wrapper's own work), ``comm`` = step -
+    nosend (the all-reduces in the step, the wait for the slower rank included). Per model,
+    ``(model, "wait")``: ``wait(local_met)``, seconds per step, and ``(model, "naive -
+    bucketed")``: the steps' paired difference."""
+    out: dict = {}
+    for m, e in run["models"].items():
+        st = e["step"]
+        for s in STRATEGIES_TIMED:
+            out[m, s] = {"exposed": bootstrap_difference(st[s], st["local"]),
+                         "wrapper": bootstrap_difference(st[f"{s}_nosend"], st["local"]),
+                         "comm": bootstrap_difference(st[s], st[f"{s}_nosend"])}
+        out[m, "wait"] = wait(e["local_met"])
+        out[m, "naive - bucketed"] = bootstrap_difference(st["naive"], st["bucketed"])
+    return out
+
+
+def parts_table(parts: dict, check: dict) -> str:
+    """``step_parts`` beside the calls alone (``prediction_check``), ms per step."""
+    lines = ["ms per step, median [95 %]:  exposed (step - local) | wrapper (nosend - local) |",
+             f"{'':>29}all-reduces in the step (step - nosend) | the same calls alone"]
+    for key, p in parts.items():
+        if key[1] in STRATEGIES_TIMED:
+            lines.append(f"{key[0]:>9} {key[1]:>8}: " + " | ".join(
+                ms(p[k]) for k in ("exposed", "wrapper", "comm")) + f" | {ms(check[key]['alone'])}")
+    for key, d in parts.items():
+        if key[1] == "naive - bucketed":
+            m = key[0]
+            lines.append(f"{m}: naive's step - bucketed's {ms(d)}; waiting for the slower rank "
+                         f"{parts[m, 'wait'] * 1e3:.1f} ms per step")
+    return "\n".join(lines)
+
+
+def _stamped_rows(rounds: list, in_step: bool) -> list[dict]:
+    rows = []
+    for ranks in rounds:
+        for r in ranks:
+            calls = r["calls"]
+            busy = sum(e - s for s, e in calls)
+            row = {"calls": busy}
+            if in_step:
+                end = r["backward_end"]
+                row |= {"lead": end - calls[0][0], "tail": max(0.0, calls[-1][1] - end),
+                        "share": sum(max(0.0, min(e, end) - s) for s, e in calls) / busy}
+            rows.append(row)
+    return rows
+
+
+def _hidden(calls_by_step: list[list[float]], step: list[float], nosend: list[float],
+            resamples: int = 2000, seed: int = 0) -> Interval:
+    """``median(calls) - (median(step) - median(nosend))`` and its percentile bootstrap
+    interval: the stamped steps resampled whole (every rank's row of a drawn step), and, apart
+    from them, the rounds of step and nosend resampled whole (the two were timed in the same
+    rounds; the stamped steps ran later)."""
+    def stat(rows: list[float], s: list[float], n: list[float]) -> float:
+        return statistics.median(rows) - (statistics.median(s) - statistics.median(n))
+
+    def resample(rng: random.Random) -> float:
+        rows = [c for _ in calls_by_step for c in calls_by_step[rng.randrange(len(calls_by_step))]]
+        idx = [rng.randrange(len(step)) for _ in step]
+        return stat(rows, [step[i] for i in idx], [nosend[i] for i in idx])
+    return (stat([c for cs in calls_by_step for c in cs], step, nosend),
+            *_percentile_interval(resample, 0.95, resamples, seed))
+
+
+def stamp_summary(run: dict, model: str) -> dict:
+    """``bucketed``'s stamped steps of ``model``, over steps and ranks (medians, intervals):
+    ``lead`` (the first call's start before backward's end), ``share`` (of the calls' time
+    before backward's end), ``tail`` (backward's end to the last result), ``in_step`` (the
+    calls' summed time, launch to result, in the step) and ``alone`` (the same in the rounds
+    alone); ``steps``: how many (steps x ranks); ``hidden``: the calls' time in the step that
+    did not lengthen it, ``in_step`` less the step's growth over ``bucketed_nosend``
+    (``_hidden``)."""
+    e = run["models"][model]
+    stamps = e["bucketed_calls"]
+    rows = _stamped_rows(stamps["step"], in_step=True)
+    out = {k: bootstrap_median([r[k] for r in rows]) for k in ("lead", "share", "tail", "calls")}
+    out["in_step"] = out.pop("calls")
+    out["alone"] = bootstrap_median([r["calls"] for r in _stamped_rows(stamps["alone"], False)])
+    out["steps"] = len(rows)
+    by_step = [[r["calls"] for r in _stamped_rows([ranks], True)] for ranks in stamps["step"]]
+    out["hidden"] = _hidden(by_step, e["step"]["bucketed"], e["step"]["bucketed_nosend"])
+    return out
+
+
+def stamp_table(summaries: dict) -> str:
+    """``{model: stamp_summary(...)}`` printed, one block per model."""
+    lines = ["bucketed's calls, stamped: median over steps and ranks [95 %], ms"]
+    for m, s in summaries.items():
+        lines.append(f"{m:>9} ({s['steps']} steps x ranks): the first call starts "
+                     f"{ms(s['lead'])} before backward's end; {s['share'][0]:.0%} of the calls' "
+                     f"time runs before it;\n{'':>11}the tail after it {ms(s['tail'])}; the calls "
+                     f"last {ms(s['in_step'])} in the step, {ms(s['alone'])} alone "
+                     f"({s['in_step'][0] / s['alone'][0]:.1f}x)")
+        lines.append(f"{'':>11}of their time in the step, {ms(s['hidden'])} did not lengthen "
+                     "it (the calls in the step - the step's growth over bucketed_nosend)")
+    return "\n".join(lines)
