@@ -177,3 +177,67 @@ def test_rows_that_fail_the_noise_rule_get_a_flag_not_a_verdict():
     for c in (comparison(spread, slow), comparison(tight, [3.0, 9.0, 8.0, 7.5, 8.5])):
         text = verdict_or_flag(c, "ring")
         assert "NOISY" in text and "slower" not in text, text
+
+
+# ---- exercise 2 with ring=True: the messages must make a ring -----------------------------------
+
+def gathers_at_rank_0(tensor):
+    # correct sums, but rank 0 sends and receives (p - 1) n elements: not a ring
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        received = torch.empty_like(tensor)
+        for src in range(1, world):
+            dist.recv(received, src=src)
+            tensor += received
+        for dst in range(1, world):
+            dist.send(tensor, dst=dst)
+    else:
+        dist.send(tensor, dst=0)
+        dist.recv(tensor, src=0)
+
+
+def passes_the_whole_tensor_round(tensor):
+    # right neighbours only, but the whole tensor every step: 2 (p - 1) n elements sent
+    rank, p = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % p, (rank - 1) % p
+    moving, total = tensor.clone(), tensor.clone()
+    for _ in range(p - 1):
+        incoming = torch.empty_like(moving)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, moving, right),
+                                         dist.P2POp(dist.irecv, incoming, left)]):
+            w.wait()
+        total += incoming
+        moving = incoming
+    tensor.copy_(total)
+
+
+def uses_the_course_ring(tensor):
+    from course_lib.distributed import ring_allreduce
+    ring_allreduce(tensor, check=False)
+
+
+def test_ring_mode_passes_the_reference_ring_at_2_3_and_4_ranks(capsys):
+    from solutions.lesson06 import allreduce
+
+    assert check_dist_allreduce(allreduce, p2p_only=True, ring=True)
+    assert "right neighbour" in capsys.readouterr().out
+
+
+def test_ring_mode_names_what_is_not_a_ring(capsys):
+    # gathering at rank 0 is a correct allreduce, and at 2 ranks looks like a ring
+    assert check_dist_allreduce(gathers_at_rank_0, world_sizes=(2, 3), p2p_only=True)
+    capsys.readouterr()
+    assert check_dist_allreduce(gathers_at_rank_0, world_sizes=(2,), ring=True)
+    capsys.readouterr()
+    result = check_dist_allreduce(gathers_at_rank_0, world_sizes=(3,), ring=True)
+    out = capsys.readouterr().out
+    assert not result.ok and "% world_size" in out and "neighbour" in out
+    result = check_dist_allreduce(passes_the_whole_tensor_round, world_sizes=(3,), ring=True)
+    out = capsys.readouterr().out
+    assert not result.ok and "one chunk per step" in out and "at most" in out
+    result = check_dist_allreduce(uses_the_course_ring, world_sizes=(2,), ring=True)
+    out = capsys.readouterr().out
+    assert not result.ok and "course's answer" in out
+    # the patches are gone once the check ends: the course's ring works again here
+    from course_lib.distributed import collectives
+    assert collectives._exchange.__name__ == "_exchange"

@@ -142,3 +142,14 @@ def test_the_reveal_check_finds_a_shown_answer():
         "stream", name="stdout", text="def ring_allreduce(tensors):\n")])
     nb.cells = [printed, nb.cells[0]]                           # the exercise cell
     assert revealed(nb, exercises(nb)[0], "02") == ["cell 0 shows 'def ring_allreduce('"]
+
+
+def test_a_mirror_can_sit_in_the_cells_metadata():
+    # a lesson whose on-screen comment would name the answer keeps the path in the metadata
+    cell = nbformat.v4.new_code_cell("# EXERCISE: allreduce\ncheck(my_allreduce)")
+    cell.metadata["exercise_mirrors"] = {"allreduce": "course_lib.distributed.ring_allreduce"}
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    assert exercises(nb) == [Exercise(0, "allreduce", "course_lib.distributed.ring_allreduce")]
+    lesson06 = nbformat.read(NOTEBOOKS / "06_torch_distributed.ipynb", as_version=4)
+    assert {e.name: e.mirrors for e in exercises(lesson06)}["allreduce"] == \
+        "course_lib.distributed.ring_allreduce"

@@ -36,7 +36,9 @@ from ._core import GRADE_LOG
 
 __all__ = ["Exercise", "GradeReport", "Row", "exercises", "grade", "main"]
 
-#: ``# EXERCISE: name`` or ``# EXERCISE: name mirrors dotted.path``, alone on its line.
+#: ``# EXERCISE: name`` or ``# EXERCISE: name mirrors dotted.path``, alone on its line; the
+#: mirrored path may instead sit in the cell's metadata, ``{"exercise_mirrors": {name: path}}``,
+#: where naming it on screen would point the learner to the answer.
 MARKER = re.compile(r"^#\s*EXERCISE:\s*(?P<name>\w+)(?:\s+mirrors\s+(?P<mirrors>[\w.]+))?\s*$",
                     re.MULTILINE)
 
@@ -91,7 +93,9 @@ def exercises(nb) -> list[Exercise]:
     found = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
-            found += [Exercise(i, m["name"], m["mirrors"]) for m in MARKER.finditer(cell.source)]
+            hidden = cell.metadata.get("exercise_mirrors", {})   # kept off the learner's screen
+            found += [Exercise(i, m["name"], m["mirrors"] or hidden.get(m["name"]))
+                      for m in MARKER.finditer(cell.source)]
     return found
 
 

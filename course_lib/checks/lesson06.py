@@ -243,7 +243,85 @@ def _refuse(name: str) -> Callable:
     return refused
 
 
-def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
+#: The point-to-point calls ``ring=True`` watches, in ``torch.distributed`` and in its c10d
+#: module (``P2POp`` checks its ``op`` against the c10d module's ``isend`` and ``irecv``).
+_P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+
+
+def _watch_p2p(record: list) -> Callable[[], None]:
+    """Replace ``send``, ``isend``, ``recv`` and ``irecv`` with versions that append ``(name,
+    peer, elements)`` to ``record`` (``batch_isend_irecv`` calls them too), and the course's own
+    ring step with a refusal; return the function that puts everything back."""
+    import inspect
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from ..distributed import _ring_pipelined, collectives
+
+    saved, depth = [], [0]   # depth: a call made inside another (send through isend) counts once
+
+    def watched(name: str, op: Callable) -> Callable:
+        signature = inspect.signature(op)
+
+        def call(*args, **kwargs):
+            if depth[0] == 0:
+                bound = signature.bind(*args, **kwargs).arguments
+                peer = bound.get(_P2P[name])
+                if peer is None:
+                    peer = bound.get("group_" + _P2P[name])
+                record.append((name, peer, bound["tensor"].numel()))
+            depth[0] += 1
+            try:
+                return op(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return call
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("course_lib's ring is the course's answer to this exercise: write the "
+                           "ring's messages yourself with dist.send / dist.recv (or isend / "
+                           "irecv, or dist.batch_isend_irecv).")
+    for name in _P2P:
+        original = getattr(c10d, name)
+        replacement = watched(name, original)
+        for module in (dist, c10d):
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, replacement)
+    for module, name in ((collectives, "_exchange"), (_ring_pipelined, "_pieces")):
+        saved.append((module, name, getattr(module, name)))   # the course's rings' first steps
+        setattr(module, name, refused)
+
+    def restore() -> None:
+        for module, name, op in reversed(saved):
+            setattr(module, name, op)
+    return restore
+
+
+def _not_a_ring(record: list, n: int, rank: int, world: int, where: str) -> str | None:
+    """What in ``record`` (one rank's point-to-point calls for one tensor of ``n`` elements) a
+    ring allreduce would not do, or None: every send to the right neighbour, every receive from
+    the left one, and at most ``2 (p - 1) ceil(n / p)`` elements sent (a chunk per step)."""
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for name, peer, _ in record:
+        if name in ("send", "isend") and peer != right:
+            return (f"{where}: rank {rank} sent to rank {peer}. In a ring each rank sends only to "
+                    f"its right neighbour, (rank + 1) % world_size = {right}.")
+        if name in ("recv", "irecv") and peer != left:
+            return (f"{where}: rank {rank} received from "
+                    + ("any rank (src=None)" if peer is None else f"rank {peer}")
+                    + f". In a ring each rank receives only from its left neighbour, (rank - 1) "
+                    f"% world_size = {left}.")
+    sent, most = sum(e for name, _, e in record if name in ("send", "isend")), \
+        2 * (world - 1) * -(-n // world)
+    if sent > most:
+        return (f"{where}: rank {rank} sent {sent} elements of a {n}-element tensor. A ring cuts "
+                f"the tensor into {world} chunks and sends one chunk per step, 2 (p - 1) steps: "
+                f"at most 2 (p - 1) ceil(n / p) = {most} elements.")
+    return None
+
+
+def _run_allreduce_cases(spec, seed: int, p2p_only: bool, ring: bool = False) -> str | None:
     """One rank of ``check_dist_allreduce``: every shape; the first failure as text, or None.
     After each case the ranks agree (with torch's own all_reduce) whether any of them failed,
     so that they stop together instead of waiting for a rank that stopped."""
@@ -270,13 +348,18 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
                  if p2p_only else {})
         for name in saved:
             setattr(dist, name, _refuse(name))
+        record: list = []
+        restore = _watch_p2p(record) if ring else (lambda: None)
         try:
             returned = call_answer(f"{where}: your function", fn, mine)
         except StopRank as e:  # UNANSWERED, or what it raised
             problem = str(e)
         finally:
+            restore()
             for name, op in saved.items():
                 setattr(dist, name, op)
+        if ring and problem is None:
+            problem = _not_a_ring(record, mine.numel(), rank, world, where)
         got = mine.cpu()
         if problem is None and not torch.allclose(got, expected):
             why = ""
@@ -298,7 +381,7 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool) -> str | None:
 
 
 def check_dist_allreduce(fn: Callable | str | None, *, world_sizes: tuple[int, ...] = (2, 3, 4),
-                         p2p_only: bool = False, timeout: float = 60.0,
+                         p2p_only: bool = False, ring: bool = False, timeout: float = 60.0,
                          strict: bool = False) -> ExerciseResult:
     """Exercise 06: ``fn(tensor)``, called in every rank, leaves the sum of every rank's tensor in
     ``tensor``, in place (what ``dist.all_reduce(tensor)`` does).
@@ -311,13 +394,19 @@ def check_dist_allreduce(fn: Callable | str | None, *, world_sizes: tuple[int, .
     current folder); None: not answered yet. ``world_sizes``: numbers of processes to try
     (several: many wrong answers are right for 2). ``p2p_only`` forbids torch's collectives
     (``dist.all_reduce``, ``dist.reduce``, ...) during the call, so that the answer is built
-    from send / recv. ``timeout``: seconds for each world size. ``strict``: raise
-    ``AssertionError`` on a wrong answer.
+    from send / recv. ``ring``: the answer must be a ring, its point-to-point calls watched
+    (``send``, ``isend``, ``recv``, ``irecv``, also inside ``batch_isend_irecv``): each rank
+    sends only to rank + 1 and receives only from rank - 1 (mod p), at most ``2 (p - 1)
+    ceil(n / p)`` elements in all, and the course's own ring is refused; p = 2 cannot tell a
+    ring from gathering at rank 0, so 3 and 4 ranks decide. ``timeout``: seconds for each world
+    size. ``strict``: raise ``AssertionError`` on a wrong answer.
     """
     return check_in_ranks(
-        _ALLREDUCE, fn, "my_allreduce:allreduce", _run_allreduce_cases, (11, p2p_only),
+        _ALLREDUCE, fn, "my_allreduce:allreduce", _run_allreduce_cases, (11, p2p_only, ring),
         world_sizes=world_sizes, timeout=timeout, hint=_ALLREDUCE_HINT,
         hang_hint="Is every send matched by a recv on the rank it names, in every rank?",
         passed=f"every rank holds the sum, for world sizes {list(world_sizes)} and "
-               f"{len(_DIST_SHAPES)} shapes.", strict=strict,
+               f"{len(_DIST_SHAPES)} shapes" + (", every message sent to the right neighbour, "
+                                                "a chunk at a time." if ring else "."),
+        strict=strict,
         missing="write allreduce(tensor) to a file and pass it here.")
