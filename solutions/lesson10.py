@@ -1,10 +1,11 @@
 """Lesson 10, exercises: the benchmark loop of a collective; the alpha-beta fit of a ring
-all-reduce; the wait for the slower rank. No longer asked by the notebook, their checkers kept:
+all-reduce; the wait for the slower rank; the share of a step's all-reduces during backward
+and their tail. No longer asked by the notebook, their checkers kept:
 the predicted all-reduce time of a step, the alpha-beta time of a ring all-reduce (lesson 02
 derives it), the bus bandwidth of one raw row of a collectives results file.
 
 Checked by ``course_lib.checks.lesson10.check_time_collective``, ``check_alpha_beta_fit``,
-``check_slower_rank_wait``, ``check_predicted_comm``, ``check_ring_time`` and
+``check_slower_rank_wait``, ``check_overlap_of_step``, ``check_predicted_comm``, ``check_ring_time`` and
 ``check_bus_bandwidth``.
 """
 from __future__ import annotations
@@ -19,8 +20,8 @@ import torch.distributed as dist
 from course_lib.devices import synchronize
 from course_lib.distributed import current_device
 
-__all__ = ["alpha_beta_fit", "bus_bandwidth", "predicted_comm", "ring_time", "slower_rank_wait",
-           "time_collective"]
+__all__ = ["alpha_beta_fit", "bus_bandwidth", "overlap_of_step", "predicted_comm", "ring_time",
+           "slower_rank_wait", "time_collective"]
 
 
 def time_collective(op, warmup: int, samples: int, loops: int) -> float:
@@ -84,3 +85,15 @@ def bus_bandwidth(row: dict) -> float:
     seconds = statistics.median(row["seconds"])
     algbw = n / seconds                      # bytes per second
     return algbw * 2 * (p - 1) / p / 1e9     # GB/s
+
+
+def overlap_of_step(calls: list[tuple[float, float]], backward_end: float) -> tuple[float, float]:
+    """Exercise 4: one rank's stamped step. The share of the calls' summed time before
+    backward's end (a call crossing it cut at the mark), and the time from backward's end to
+    the last result (0 when every result came before it).
+
+    Checked by ``course_lib.checks.lesson10.check_overlap_of_step``."""
+    total = sum(end - start for start, end in calls)
+    before = sum(max(0.0, min(end, backward_end) - start) for start, end in calls)
+    last = max(end for _, end in calls)
+    return before / total, max(0.0, last - backward_end)

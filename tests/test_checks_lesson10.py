@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib.bench import cost_model, step_comm
+from course_lib.bench import cost_model, step_comm, step_report
 from course_lib.checks import check_time_collective
 from course_lib.checks.harness import first_failure_in_ranks, verdicts_as_expected
 from course_lib.checks.lesson10 import (
@@ -24,11 +24,13 @@ from course_lib.checks.lesson10 import (
     _cases,
     _comm_cases,
     _fit_cases,
+    _overlap_cases,
     _ring_cases,
     _time_collective_cases,
     _wait_cases,
     check_alpha_beta_fit,
     check_bus_bandwidth,
+    check_overlap_of_step,
     check_predicted_comm,
     check_ring_time,
     check_slower_rank_wait,
@@ -37,6 +39,7 @@ from course_lib.checks.lesson10 import (
     link_bytes_by_schedule,
     lstsq_relative_fit,
     median_by_sorting,
+    overlap_by_walking,
     planned_sleep,
     ring_time_by_schedule,
     wait_by_clocks,
@@ -44,6 +47,7 @@ from course_lib.checks.lesson10 import (
 from solutions.lesson10 import (
     alpha_beta_fit,
     bus_bandwidth,
+    overlap_of_step,
     predicted_comm,
     ring_time,
     slower_rank_wait,
@@ -495,12 +499,54 @@ def test_slower_rank_wait_oracle_matches_the_library_on_every_case_and_at_random
 
 # --- the three one-number checkers: the reference and the library pass, the mistakes are named ---
 
+def _overlap_open(calls, backward_end):
+    raise NotImplementedError
+
+
+def _share(calls, end):
+    return sum(max(0.0, min(e, end) - s) for s, e in calls) / sum(e - s for s, e in calls)
+
+
+OVERLAP_WRONG = {
+    "counted by call": lambda c, end: (sum(s < end for s, _ in c) / len(c),
+                                       max(0.0, max(e for _, e in c) - end)),
+    "counted wholly before it": lambda c, end: (
+        sum(e - s for s, e in c if s < end) / sum(e - s for s, e in c),
+        max(0.0, max(e for _, e in c) - end)),
+    "counted wholly after it": lambda c, end: (
+        sum(e - s for s, e in c if e <= end) / sum(e - s for s, e in c),
+        max(0.0, max(e for _, e in c) - end)),
+    "from the last call's start": lambda c, end: (_share(c, end),
+                                                  max(0.0, max(s for s, _ in c) - end)),
+    "a negative tail": lambda c, end: (_share(c, end), max(e for _, e in c) - end),
+    "the last call launched": lambda c, end: (_share(c, end), max(0.0, c[-1][1] - end)),
+}
+
+
+def test_overlap_oracle_matches_the_library_on_every_case_and_at_random():
+    cases = _overlap_cases()
+    gen = torch.Generator().manual_seed(0)
+    for k in range(20):   # random steps: 1 to 4 calls, backward's end anywhere among them
+        n = 1 + k % 4
+        starts = sorted((torch.rand(n, generator=gen) * 10).tolist())
+        calls = [(s, s + 0.1 + float(torch.rand(1, generator=gen)) * 5) for s in starts]
+        cases.append((calls, float(torch.rand(1, generator=gen)) * 15))
+    for calls, end in cases:
+        want = overlap_by_walking(calls, end)
+        got = step_report.overlap_of_step(calls, end)
+        assert all(math.isclose(g, w, rel_tol=1e-12, abs_tol=1e-12) for g, w in zip(got, want))
+        assert 0 <= want[0] <= 1 and want[1] >= 0
+    assert overlap_by_walking([(2.0, 5.0), (6.0, 9.0)], 8.0) == (5 / 6, 1.0)
+
+
 NUMBER_CHECKERS = {   # name: (checker, reference, the library's, a scaffold, the usual mistakes)
     "ring_time": (check_ring_time, ring_time, cost_model.ring_time, _ring_open, RING_WRONG),
     "predicted_comm": (check_predicted_comm, predicted_comm, cost_model.predicted_comm,
                        _comm_open, COMM_WRONG),
     "slower_rank_wait": (check_slower_rank_wait, slower_rank_wait, step_comm.slower_rank_wait,
                          _wait_open, WAIT_WRONG),
+    "overlap_of_step": (check_overlap_of_step, overlap_of_step, step_report.overlap_of_step,
+                        _overlap_open, OVERLAP_WRONG),
 }
 
 

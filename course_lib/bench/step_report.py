@@ -3,8 +3,8 @@
 
 - ``prediction_check``: each strategy's all-reduces alone against the alpha-beta model's price;
 - ``step_parts``: a step's exposed time split into the wrapper's own work and its all-reduces;
-- ``stamp_summary``: when ``bucketed``'s all-reduces ran, from their stamps, and how much of
-  their time in the step did not lengthen it.
+- ``stamp_summary``: when ``bucketed``'s all-reduces ran, from their stamps (each step read by
+  ``overlap_of_step``), and how much of their time in the step did not lengthen it.
 
 Every function takes the run as ``measure_step_comm`` returns it and returns plain numbers
 (seconds, as ``(median, low, high)``); the ``*_table`` functions print them.
@@ -21,7 +21,7 @@ from .cost_model import predicted_comm
 from .step_comm import STRATEGIES_TIMED, slower_rank_wait
 
 __all__ = ["ms", "compare_intervals", "prediction_check", "prediction_table", "step_parts",
-           "parts_table", "stamp_summary", "stamp_table"]
+           "parts_table", "overlap_of_step", "stamp_summary", "stamp_table"]
 
 Interval = tuple[float, float, float]   # (median, low, high), seconds
 
@@ -106,17 +106,28 @@ def parts_table(parts: dict, check: dict) -> str:
     return "\n".join(lines)
 
 
-def _stamped_rows(rounds: list, in_step: bool) -> list[dict]:
+def overlap_of_step(calls: list[tuple[float, float]], backward_end: float) -> tuple[float, float]:
+    """One rank's stamped step: ``calls``, each all-reduce's (start, end) clock readings in launch
+    order, and the clock at ``backward_end``. Returns ``(share, tail)``: the share of the calls'
+    summed time (launch to result) that ran before backward's end, a call that straddles it
+    split there; and the seconds from backward's end to the last result, 0 when every result
+    came before it."""
+    busy = sum(e - s for s, e in calls)
+    before = sum(max(0.0, min(e, backward_end) - s) for s, e in calls)
+    return before / busy, max(0.0, max(e for _, e in calls) - backward_end)
+
+
+def _stamped_rows(rounds: list, in_step: bool,
+                  overlap: Callable[..., tuple[float, float]] = overlap_of_step) -> list[dict]:
     rows = []
     for ranks in rounds:
         for r in ranks:
             calls = r["calls"]
-            busy = sum(e - s for s, e in calls)
-            row = {"calls": busy}
+            row = {"calls": sum(e - s for s, e in calls)}
             if in_step:
                 end = r["backward_end"]
-                row |= {"lead": end - calls[0][0], "tail": max(0.0, calls[-1][1] - end),
-                        "share": sum(max(0.0, min(e, end) - s) for s, e in calls) / busy}
+                share, tail = overlap([tuple(c) for c in calls], end)
+                row |= {"lead": end - calls[0][0], "tail": tail, "share": share}
             rows.append(row)
     return rows
 
@@ -138,17 +149,19 @@ def _hidden(calls_by_step: list[list[float]], step: list[float], nosend: list[fl
             *_percentile_interval(resample, 0.95, resamples, seed))
 
 
-def stamp_summary(run: dict, model: str) -> dict:
+def stamp_summary(run: dict, model: str,
+                  overlap: Callable[..., tuple[float, float]] = overlap_of_step) -> dict:
     """``bucketed``'s stamped steps of ``model``, over steps and ranks (medians, intervals):
     ``lead`` (the first call's start before backward's end), ``share`` (of the calls' time
     before backward's end), ``tail`` (backward's end to the last result), ``in_step`` (the
     calls' summed time, launch to result, in the step) and ``alone`` (the same in the rounds
     alone); ``steps``: how many (steps x ranks); ``hidden``: the calls' time in the step that
     did not lengthen it, ``in_step`` less the step's growth over ``bucketed_nosend``
-    (``_hidden``)."""
+    (``_hidden``). ``overlap``: the function that reads one step's share and tail (a learner's
+    passing answer, or ``overlap_of_step``)."""
     e = run["models"][model]
     stamps = e["bucketed_calls"]
-    rows = _stamped_rows(stamps["step"], in_step=True)
+    rows = _stamped_rows(stamps["step"], in_step=True, overlap=overlap)
     out = {k: bootstrap_median([r[k] for r in rows]) for k in ("lead", "share", "tail", "calls")}
     out["in_step"] = out.pop("calls")
     out["alone"] = bootstrap_median([r["calls"] for r in _stamped_rows(stamps["alone"], False)])

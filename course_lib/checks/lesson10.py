@@ -28,10 +28,11 @@ from ._core import ExerciseResult, call_or_verdict, verdict
 from .harness import StopRank, agree, call_answer, check_in_ranks, load_answer, worker_spec
 
 __all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",
-           "check_ring_time", "check_slower_rank_wait", "check_time_collective",
+           "check_overlap_of_step", "check_ring_time", "check_slower_rank_wait",
+           "check_time_collective",
            "comm_by_schedule", "fit_line", "link_bytes_by_schedule", "lstsq_relative_fit",
-           "median_by_sorting", "planned_sleep", "ring_time_by_schedule", "time_all_reduce",
-           "wait_by_clocks"]
+           "median_by_sorting", "overlap_by_walking", "planned_sleep", "ring_time_by_schedule",
+           "time_all_reduce", "wait_by_clocks"]
 
 _HINT = ("the bus bandwidth is the bytes one rank's link carries in a ring, per second of the "
          "row's typical operation: count what a rank sends in the ring's steps, and compare "
@@ -448,6 +449,83 @@ def check_slower_rank_wait(fn: Callable | None, *, strict: bool = False) -> Exer
           f"{len(c)} ranks x {len(c[0])} steps, durations={c}") for c in cases], _WAIT_HINT,
         _one_number(wait_by_clocks, _wait_diagnose),
         f"matches two loops run on a clock on {len(cases)} cases (2 to 4 ranks, 2 to 7 steps).")
+
+
+# ---- reading one stamped step: how much of the calls ran during backward -----------------------
+
+_OVERLAP_HINT = ("draw the calls as bars on a time line with a mark at backward's end: the share "
+                 "is the bars' length left of the mark over their whole length (cut a bar that "
+                 "crosses it), the tail the time from the mark to the bars' rightmost end.")
+
+
+def overlap_by_walking(calls: list[tuple[float, float]],
+                       backward_end: float) -> tuple[float, float]:
+    """The oracle of ``check_overlap_of_step``: each call's time cut at backward's end into a
+    part before and a part after, then the share of the parts before; the tail is the latest
+    end past the mark (0 when none is past it)."""
+    before = after = 0.0
+    tail = 0.0
+    for start, end in calls:
+        cut = min(max(backward_end, start), end)   # where the call meets the mark, if it does
+        before += cut - start
+        after += end - cut
+        tail = max(tail, end - backward_end)
+    return before / (before + after), tail
+
+
+def _overlap_cases() -> list[tuple[list[tuple[float, float]], float]]:
+    """(calls, backward_end) in ms: one straddling call, all before, all after, calls that
+    overlap each other, a later launch finishing first."""
+    return [([(1.0, 4.0), (2.0, 7.0), (6.0, 8.0)], 5.0),
+            ([(2.0, 5.0), (6.0, 9.0)], 8.0),
+            ([(1.0, 2.0), (3.0, 4.0)], 10.0),
+            ([(10.0, 12.0)], 9.0),
+            ([(4.0, 10.0)], 6.0),
+            ([(1.0, 9.0), (6.0, 7.0)], 5.0)]
+
+
+def _overlap_problem(got: object, shown: str, calls, backward_end) -> str | None:
+    want = overlap_by_walking(calls, backward_end)
+    try:
+        share, tail = (float(x) for x in got)
+    except (TypeError, ValueError):
+        return (f"returned {got!r} on {shown}; expected two numbers, (share, tail): the share "
+                "of the calls' time before backward's end and the seconds after it.")
+    if all(math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-12) for g, w in zip((share, tail), want)):
+        return None
+    busy = sum(e - s for s, e in calls)
+    usual = {
+        "the share of the calls that started before backward's end, counted by call: weigh "
+        "each by its time": (sum(s < backward_end for s, _ in calls) / len(calls), want[1]),
+        "a call that crosses backward's end counted wholly before it: cut it at the mark":
+            (sum(e - s for s, e in calls if s < backward_end) / busy, want[1]),
+        "a call that crosses backward's end counted wholly after it: cut it at the mark":
+            (sum(e - s for s, e in calls if e <= backward_end) / busy, want[1]),
+        "the tail measured from the last call's start: it runs to the last result":
+            (want[0], max(0.0, max(s for s, _ in calls) - backward_end)),
+        "a negative tail: when every result came before backward's end, the tail is 0":
+            (want[0], max(e for _, e in calls) - backward_end),
+        "the tail to the last call launched: the last result can come from an earlier call":
+            (want[0], max(0.0, calls[-1][1] - backward_end)),
+    }
+    why = _named(usual, (share, tail), _OVERLAP_HINT)
+    return (f"on {shown}: expected (share, tail) = ({want[0]:.6g}, {want[1]:.6g}), got "
+            f"({share:.6g}, {tail:.6g}). {why}")
+
+
+def check_overlap_of_step(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise: ``fn(calls, backward_end)``, one rank's stamped step (each all-reduce's (start,
+    end) in launch order, and backward's end), is ``(share, tail)``: the share of the calls'
+    summed time before backward's end, a straddling call cut there, and the time from
+    backward's end to the last result (0 when none is after it). Six cases in milliseconds,
+    against ``overlap_by_walking``."""
+    cases = _overlap_cases()
+    return _check_each(
+        "overlap_of_step", fn, strict,
+        [((calls, end), f"calls={calls}, backward_end={end}") for calls, end in cases],
+        _OVERLAP_HINT, _overlap_problem,
+        f"matches the time line on {len(cases)} steps (calls crossing backward's end, all before "
+        "it, all after it, calls overlapping each other, a later launch finishing first).")
 
 
 # ---- the benchmark loop of a collective, in real processes ---------------------------------------
