@@ -241,3 +241,46 @@ def test_ring_mode_names_what_is_not_a_ring(capsys):
     # the patches are gone once the check ends: the course's ring works again here
     from course_lib.distributed import collectives
     assert collectives._exchange.__name__ == "_exchange"
+
+
+def _ring_of_blocking_calls(tensor, by_parity):
+    # the ring from blocking send and recv; each step sends first, or (by_parity) odd ranks
+    # receive first
+    rank, p = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % p, (rank - 1) % p
+    flat = tensor.view(-1)
+    bounds = [(i * flat.numel() // p, (i + 1) * flat.numel() // p) for i in range(p)]
+    chunk = [flat[a:b] for a, b in bounds]
+    order = ("recv", "send") if by_parity and rank % 2 else ("send", "recv")
+
+    def step(send, recv):
+        for kind in order:
+            if kind == "send" and send.numel():
+                dist.send(send.clone(), dst=right)
+            elif kind == "recv" and recv.numel():
+                dist.recv(recv, src=left)
+
+    for s in range(p - 1):
+        incoming = torch.empty_like(chunk[(rank - s - 1) % p])
+        step(chunk[(rank - s) % p], incoming)
+        chunk[(rank - s - 1) % p] += incoming
+    for s in range(p - 1):
+        step(chunk[(rank + 1 - s) % p].clone(), chunk[(rank - s) % p])
+
+
+def sends_then_receives(tensor):
+    # every rank's blocking send first: each waits for a receive its neighbour never reaches
+    # (on gloo already with a few elements)
+    _ring_of_blocking_calls(tensor, by_parity=False)
+
+
+def even_sends_first(tensor):
+    # the same ring with the blocking calls ordered by parity: someone always receives
+    _ring_of_blocking_calls(tensor, by_parity=True)
+
+
+def test_a_send_first_ring_hangs_and_is_reported_while_parity_order_passes(capsys):
+    result = check_dist_allreduce(sends_then_receives, world_sizes=(2,), ring=True, timeout=15)
+    out = capsys.readouterr().out
+    assert not result.ok and "no result within 15 s" in out and "if every rank sends" in out
+    assert check_dist_allreduce(even_sends_first, world_sizes=(2, 3, 4), ring=True)

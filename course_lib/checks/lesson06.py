@@ -404,7 +404,9 @@ def check_dist_allreduce(fn: Callable | str | None, *, world_sizes: tuple[int, .
     return check_in_ranks(
         _ALLREDUCE, fn, "my_allreduce:allreduce", _run_allreduce_cases, (11, p2p_only, ring),
         world_sizes=world_sizes, timeout=timeout, hint=_ALLREDUCE_HINT,
-        hang_hint="Is every send matched by a recv on the rank it names, in every rank?",
+        hang_hint="Is every send matched by a recv on the rank it names, in every rank? A "
+                  "blocking send waits until its receive is posted: if every rank sends "
+                  "first, every rank waits.",
         passed=f"every rank holds the sum, for world sizes {list(world_sizes)} and "
                f"{len(_DIST_SHAPES)} shapes" + (", every message sent to the right neighbour, "
                                                 "a chunk at a time." if ring else "."),

@@ -50,9 +50,10 @@ def _peers(group) -> tuple[int, int, int, int]:
 def _exchange(send: torch.Tensor, right: int, recv: torch.Tensor, left: int, group) -> None:
     """Send to the right neighbour while receiving from the left one; empty chunks are skipped.
 
-    The send and the receive go as one ``batch_isend_irecv``: NCCL runs a rank's point-to-point
-    operations in order on one stream, so a receive queued on its own before the send (or after
-    it) waits for a peer that is itself waiting: a deadlock once messages pass NCCL's buffer.
+    The send and the receive go as one ``batch_isend_irecv``. Posted apart as blocking calls,
+    send first, every rank would wait in its send for a receive its neighbour never reaches
+    (gloo's blocking send waits for its receive even for a few elements; NCCL's can too);
+    batched, they are posted together (on NCCL as one group, ncclGroupStart / ncclGroupEnd).
     """
     ops = []
     if send.numel():
