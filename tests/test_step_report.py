@@ -57,12 +57,14 @@ def test_step_parts_are_the_paired_differences():
             assert parts["lenet", s][key] == pytest.approx((want,) * 3), (s, key)
     assert parts["lenet", "naive - bucketed"] == pytest.approx((0.021,) * 3)
     # meeting every step: mean of the per-step max (0.11, 0.12, 0.10) less the slower mean
-    assert parts["lenet", "wait"] == pytest.approx(0.11 - (0.32 / 3))
-    assert parts["lenet", "wait"] == slower_rank_wait(_run()["models"]["lenet"]["local_met"])
+    wait, lo, hi = parts["lenet", "wait"]
+    assert wait == pytest.approx(0.11 - (0.32 / 3))
+    assert wait == slower_rank_wait(_run()["models"]["lenet"]["local_met"])
+    assert 0 <= lo <= wait <= hi <= 0.02   # meeting never saves time; at most the 20 ms spread
     mine = step_report.step_parts(_run(), wait=lambda d: 0.5)   # a learner's function is used
-    assert mine["lenet", "wait"] == 0.5
+    assert mine["lenet", "wait"] == (0.5, 0.5, 0.5)
     table = step_report.parts_table(parts, step_report.prediction_check(_run(), 1e-4, 1e-9))
-    assert "34.0 [34.0, 34.0]" in table and "waiting for the slower rank 3.3 ms" in table
+    assert "34.0 [34.0, 34.0]" in table and "waiting for the slower rank 3.33 [" in table
 
 
 def test_stamp_summary_reads_the_stamps():

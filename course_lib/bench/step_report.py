@@ -72,11 +72,24 @@ def prediction_table(check: dict) -> str:
     return "\n".join(lines)
 
 
+def _wait_interval(wait: Callable[[list[list[float]]], float], durations: list[list[float]],
+                   resamples: int = 1000, seed: int = 0) -> Interval:
+    """``wait(durations)`` and its percentile bootstrap interval, the steps resampled whole (a
+    drawn step brings every rank's duration of it)."""
+    steps = len(durations[0])
+
+    def resample(rng: random.Random) -> float:
+        idx = [rng.randrange(steps) for _ in range(steps)]
+        return wait([[d[i] for i in idx] for d in durations])
+    return (wait(durations), *_percentile_interval(resample, 0.95, resamples, seed))
+
+
 def step_parts(run: dict, wait: Callable[[list[list[float]]], float] = slower_rank_wait) -> dict:
     """For each (model, strategy), paired differences of steps (intervals): ``exposed`` =
     step - local, ``wrapper`` = nosend - local (the wrapper's own work), ``comm`` = step -
     nosend (the all-reduces in the step, the wait for the slower rank included). Per model,
-    ``(model, "wait")``: ``wait(local_met)``, seconds per step, and ``(model, "naive -
+    ``(model, "wait")``: ``wait(local_met)``, seconds per step, with its interval (the steps
+    resampled, every rank's duration of a drawn step together), and ``(model, "naive -
     bucketed")``: the steps' paired difference."""
     out: dict = {}
     for m, e in run["models"].items():
@@ -85,7 +98,7 @@ def step_parts(run: dict, wait: Callable[[list[list[float]]], float] = slower_ra
             out[m, s] = {"exposed": bootstrap_difference(st[s], st["local"]),
                          "wrapper": bootstrap_difference(st[f"{s}_nosend"], st["local"]),
                          "comm": bootstrap_difference(st[s], st[f"{s}_nosend"])}
-        out[m, "wait"] = wait(e["local_met"])
+        out[m, "wait"] = _wait_interval(wait, e["local_met"])
         out[m, "naive - bucketed"] = bootstrap_difference(st["naive"], st["bucketed"])
     return out
 
@@ -102,7 +115,7 @@ def parts_table(parts: dict, check: dict) -> str:
         if key[1] == "naive - bucketed":
             m = key[0]
             lines.append(f"{m}: naive's step - bucketed's {ms(d)}; waiting for the slower rank "
-                         f"{parts[m, 'wait'] * 1e3:.1f} ms per step")
+                         f"{ms(parts[m, 'wait'])} ms per step")
     return "\n".join(lines)
 
 
