@@ -3,7 +3,9 @@
 One launch of 3 ranks: the default group (3 ranks) and a sub-group of ranks 0 and 2 (2 ranks),
 each call's record checked field by field (name, elements, bytes, ranks, op, requires_grad,
 context); a collective inside another counted once; a name imported from torch.distributed
-seen; the originals back after the block, also after an exception.
+seen; the originals back after the block, also after an exception. Point-to-point calls carry
+the global rank at the other end (``peer``), also those ``batch_isend_irecv`` posts and those
+made in a sub-group, where torch passes the rank within the group.
 """
 import torch
 import torch.distributed as dist
@@ -55,6 +57,31 @@ def _cases() -> list[str]:
         failures.append(f"rank {rank}: with names=('broadcast',) recorded {only}")
     if dist.broadcast is not real_broadcast:
         failures.append(f"rank {rank}: broadcast not restored after an exception")
+    # point-to-point: a ring step in the world (batched) and in the pair (batched: group ranks
+    # 0 and 1 are global 0 and 2), then a blocking send from 0 to 2 with a receive from any rank
+    right, left = (rank + 1) % world, (rank - 1) % world
+    with record_collectives(("send", "isend", "recv", "irecv")) as p2p:
+        box = torch.zeros(2)
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(3), right),
+                                            dist.P2POp(dist.irecv, torch.zeros(3), left)]):
+            work.wait()
+        if rank in (0, 2):
+            other = 2 - rank
+            for work in dist.batch_isend_irecv([
+                    dist.P2POp(dist.isend, torch.ones(2), group=pair, group_peer=other // 2),
+                    dist.P2POp(dist.irecv, box, group=pair, group_peer=other // 2)]):
+                work.wait()
+            if rank == 0:
+                dist.send(torch.ones(1), dst=2)
+            else:
+                dist.recv(box[:1])
+    want_p2p = [("isend", 3, right), ("irecv", 3, left)]
+    if rank in (0, 2):
+        want_p2p += [("isend", 2, 2 - rank), ("irecv", 2, 2 - rank),
+                     ("send", 1, 2) if rank == 0 else ("recv", 1, None)]
+    if [(r.name, r.elements, r.peer) for r in p2p] != want_p2p:
+        failures.append(f"rank {rank}: point-to-point recorded "
+                        f"{[(r.name, r.elements, r.peer) for r in p2p]}, expected {want_p2p}")
     return failures
 
 

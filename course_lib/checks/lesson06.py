@@ -7,6 +7,7 @@ private here (``_tree_rounds``, ``_elements_sent``): the learner imports ``cours
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from ..distributed.compat import FLAT_COLLECTIVE_NAMES
@@ -243,67 +244,37 @@ def _refuse(name: str) -> Callable:
     return refused
 
 
-#: The point-to-point calls ``ring=True`` watches, in ``torch.distributed`` and in its c10d
-#: module (``P2POp`` checks its ``op`` against the c10d module's ``isend`` and ``irecv``).
-_P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+#: The point-to-point calls ``ring=True`` records (``batch_isend_irecv`` posts them too).
+_P2P = ("send", "isend", "recv", "irecv")
 
 
-def _watch_p2p(record: list) -> Callable[[], None]:
-    """Replace ``send``, ``isend``, ``recv`` and ``irecv`` with versions that append ``(name,
-    peer, elements)`` to ``record`` (``batch_isend_irecv`` calls them too), and the course's own
-    ring step with a refusal; return the function that puts everything back."""
-    import inspect
-
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
+def _refuse_course_ring() -> Callable[[], None]:
+    """Replace the first steps of the course's own rings with a refusal; return the function
+    that puts them back."""
     from ..distributed import _ring_pipelined, collectives
-
-    saved, depth = [], [0]   # depth: a call made inside another (send through isend) counts once
-
-    def watched(name: str, op: Callable) -> Callable:
-        signature = inspect.signature(op)
-
-        def call(*args, **kwargs):
-            if depth[0] == 0:
-                bound = signature.bind(*args, **kwargs).arguments
-                peer = bound.get(_P2P[name])
-                if peer is None:
-                    peer = bound.get("group_" + _P2P[name])
-                record.append((name, peer, bound["tensor"].numel()))
-            depth[0] += 1
-            try:
-                return op(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-        return call
 
     def refused(*args, **kwargs):
         raise RuntimeError("course_lib's ring is the course's answer to this exercise: write the "
                            "ring's messages yourself with dist.send / dist.recv (or isend / "
                            "irecv, or dist.batch_isend_irecv).")
-    for name in _P2P:
-        original = getattr(c10d, name)
-        replacement = watched(name, original)
-        for module in (dist, c10d):
-            saved.append((module, name, getattr(module, name)))
-            setattr(module, name, replacement)
-    for module, name in ((collectives, "_exchange"), (_ring_pipelined, "_pieces")):
-        saved.append((module, name, getattr(module, name)))   # the course's rings' first steps
+    saved = [(module, name, getattr(module, name))
+             for module, name in ((collectives, "_exchange"), (_ring_pipelined, "_pieces"))]
+    for module, name, _ in saved:
         setattr(module, name, refused)
 
     def restore() -> None:
-        for module, name, op in reversed(saved):
+        for module, name, op in saved:
             setattr(module, name, op)
     return restore
 
 
 def _not_a_ring(record: list, n: int, rank: int, world: int, where: str) -> str | None:
-    """What in ``record`` (one rank's point-to-point calls for one tensor of ``n`` elements) a
-    ring allreduce would not do, or None: every send to the right neighbour, every receive from
-    the left one, and at most ``2 (p - 1) ceil(n / p)`` elements sent (a chunk per step)."""
+    """What in ``record`` (one rank's point-to-point calls for one tensor of ``n`` elements, as
+    ``CollectiveRecord``s) a ring allreduce would not do, or None: every send to the right
+    neighbour, every receive from the left one, and at most ``2 (p - 1) ceil(n / p)`` elements
+    sent (a chunk per step)."""
     right, left = (rank + 1) % world, (rank - 1) % world
-    for name, peer, _ in record:
+    for name, peer in ((r.name, r.peer) for r in record):
         if name in ("send", "isend") and peer != right:
             return (f"{where}: rank {rank} sent to rank {peer}. In a ring each rank sends only to "
                     f"its right neighbour, (rank + 1) % world_size = {right}.")
@@ -312,7 +283,7 @@ def _not_a_ring(record: list, n: int, rank: int, world: int, where: str) -> str 
                     + ("any rank (src=None)" if peer is None else f"rank {peer}")
                     + f". In a ring each rank receives only from its left neighbour, (rank - 1) "
                     f"% world_size = {left}.")
-    sent, most = sum(e for name, _, e in record if name in ("send", "isend")), \
+    sent, most = sum(r.elements for r in record if r.name in ("send", "isend")), \
         2 * (world - 1) * -(-n // world)
     if sent > most:
         return (f"{where}: rank {rank} sent {sent} elements of a {n}-element tensor. A ring cuts "
@@ -329,6 +300,7 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool, ring: bool = False) ->
     import torch.distributed as dist
 
     from ..distributed.env import current_device
+    from ..distributed.recording import record_collectives
 
     rank, world = dist.get_rank(), dist.get_world_size()
     all_reduce = dist.all_reduce                           # the checker's own, kept aside
@@ -349,9 +321,10 @@ def _run_allreduce_cases(spec, seed: int, p2p_only: bool, ring: bool = False) ->
         for name in saved:
             setattr(dist, name, _refuse(name))
         record: list = []
-        restore = _watch_p2p(record) if ring else (lambda: None)
+        restore = _refuse_course_ring() if ring else (lambda: None)
         try:
-            returned = call_answer(f"{where}: your function", fn, mine)
+            with (record_collectives(_P2P) if ring else contextlib.nullcontext(record)) as record:
+                returned = call_answer(f"{where}: your function", fn, mine)
         except StopRank as e:  # UNANSWERED, or what it raised
             problem = str(e)
         finally:

@@ -44,7 +44,9 @@ class CollectiveRecord:
     the piece ``x`` each rank gives. ``ranks`` are the global ranks of the group used (every
     rank for the default group). ``op`` is the ``ReduceOp`` passed, if any; ``requires_grad``
     whether any tensor handed over requires grad (autograd cannot follow a collective called
-    directly); ``context`` what the caller's ``context()`` returned at the call.
+    directly); ``context`` what the caller's ``context()`` returned at the call. ``peer``, for
+    ``send``, ``isend``, ``recv`` and ``irecv`` (also those ``batch_isend_irecv`` posts), is the
+    global rank at the other end (None for a receive from any rank, and for collectives).
     """
     name: str
     elements: int
@@ -53,6 +55,7 @@ class CollectiveRecord:
     op: object = None
     requires_grad: bool = False
     context: object = None
+    peer: int | None = None
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -82,6 +85,24 @@ def _group_ranks(group) -> tuple[int, ...]:
         return tuple(dist.get_process_group_ranks(group))
     except (RuntimeError, ValueError, AttributeError):   # not a group this rank belongs to
         return ()
+
+
+#: the argument naming the other rank of a point-to-point call: a global rank, or a rank within
+#: ``group`` (``batch_isend_irecv`` passes the latter)
+_PEERS = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+
+
+def _peer(name: str, bound: dict) -> int | None:
+    """The global rank at the other end of a point-to-point call, or None."""
+    key = _PEERS.get(name)
+    if key is None:
+        return None
+    if bound.get(key) is not None:
+        return bound[key]
+    group_peer, group = bound.get("group_" + key), bound.get("group")
+    if group_peer is None or group is None or group is dist.group.WORLD:
+        return group_peer
+    return dist.get_global_rank(group, group_peer)
 
 
 def _bound(fn: Callable) -> Callable[[tuple, dict], dict]:
@@ -129,7 +150,8 @@ def record_collectives(names: tuple[str, ...] | None = None, *,
                     bytes=sum(t.numel() * t.element_size() for t in tensors),
                     ranks=_group_ranks(bound.get("group")), op=bound.get("op"),
                     requires_grad=_requires_grad(args, kwargs),
-                    context=context() if context is not None else None))
+                    context=context() if context is not None else None,
+                    peer=_peer(name, bound)))
             depth[0] += 1
             try:
                 return fn(*args, **kwargs)

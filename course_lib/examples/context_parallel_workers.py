@@ -23,12 +23,13 @@ import torch.nn.functional as F
 
 from course_lib.distributed.device_mesh import init_device_mesh
 from course_lib.distributed.env import current_device
+from course_lib.distributed.recording import record_collectives
 from course_lib.distributed.tensor.experimental import ring_attention, zigzag_split
 from course_lib.examples import mesh_workers
 from course_lib.models.gpt import GPT
 from course_lib.utils.activation_memory import saved_tensor_bytes
 
-from .workers import _gpt, _max_diff, _spying, _text_batches, _train_step
+from .workers import _gpt, _max_diff, _text_batches, _train_step
 
 __all__ = ["mesh_lesson", "ring_against_sdpa", "saved_bytes_per_rank", "train_context_parallel"]
 
@@ -89,12 +90,6 @@ def _positions(seq_len: int, rank: int, world: int) -> torch.Tensor:
     return zigzag_split(torch.arange(seq_len), rank, world, dim=0)   # (T / cp,)
 
 
-def _sent_bytes(ops: list) -> int:
-    """Bytes of the ``isend``s among the ops of a ``batch_isend_irecv`` (``record_collectives``
-    sees that call but not its tensors)."""
-    return sum(op.tensor.nbytes for op in ops if op.op is dist.isend)
-
-
 def _cp_forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """``GPT.forward`` on a shard of every sequence: the position embeddings of the shard's
     own (global) positions instead of ``arange(T)``; the logits (b, T / cp, V)."""
@@ -135,14 +130,13 @@ def train_context_parallel(config: dict, batch_size: int, seq_len: int, steps: i
     opt_one = torch.optim.AdamW(one.parameters(), lr=lr)
     batches = _text_batches(batch_size, seq_len, seed, text_bytes)
     pos = _positions(seq_len, r, cp_size).to(dev)                  # (T / cp,) global ids
-    losses, diffs, ring_bytes, sent = [], [], [], []       # sent: this step's sends, in bytes
+    losses, diffs, ring_bytes = [], [], []
     for _ in range(steps):
         X, Y = (t.to(dev) for t in next(batches))                  # (B, T): the whole batch
         x = zigzag_split(X.chunk(dp_size)[i], r, cp_size, dim=1)   # (B / dp, T / cp)
         y = zigzag_split(Y.chunk(dp_size)[i], r, cp_size, dim=1)   # labels: the same shard
-        sent.clear()
         opt.zero_grad()
-        with _spying(dist, "batch_isend_irecv", lambda ops: sent.append(_sent_bytes(ops))):
+        with record_collectives(("isend",)) as sent:               # the rings' sends
             logits = _cp_forward(model, x, pos)                    # (B / dp, T / cp, V)
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum") \
                 / X.numel()                                        # my tokens / all tokens
@@ -155,7 +149,7 @@ def train_context_parallel(config: dict, batch_size: int, seq_len: int, steps: i
         loss_one = _train_step(one, opt_one, X, Y)
         losses.append((total.item(), loss_one.item()))
         diffs.append(_max_diff(model.parameters(), one.parameters()))
-        ring_bytes.append(sum(sent))
+        ring_bytes.append(sum(r.bytes for r in sent))
     c = one.config
     block = (batch_size // dp_size) * c.n_head * (seq_len // cp_size) * (c.n_embd // c.n_head)
     return dict(coordinate=mesh.get_coordinate(), losses=losses, params=diffs,

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.distributed.recording import record_collectives
 from course_lib.models.lenet import LeNet
 from course_lib.parallel.ddp import (
     DistributedDataParallel,
@@ -27,7 +28,7 @@ from course_lib.parallel.ddp import (
     bytes_on_wire,
 )
 
-from .workers import _max_diff, _spying
+from .workers import _max_diff
 
 __all__ = ["accumulate_with_no_sync", "broadcast_initial_state", "compare_with_torch",
            "compression", "count_all_reduce_bytes", "timeline", "timelines"]
@@ -261,11 +262,13 @@ def accumulate_with_no_sync(X: torch.Tensor, y: torch.Tensor, micro: int = 16,
 
 @contextmanager
 def count_all_reduce_bytes() -> Iterator[list[int]]:
-    """Record the bytes of every tensor handed to ``dist.all_reduce`` inside the block (the
-    hooks call ``torch.distributed.all_reduce`` by attribute: replacing it sees what they send)."""
+    """The bytes of every tensor handed to ``dist.all_reduce`` inside the block, in a list filled
+    as the block ends (``record_collectives``: the hooks call ``torch.distributed.all_reduce``
+    by attribute, so replacing it sees what they send)."""
     sizes: list[int] = []
-    with _spying(dist, "all_reduce", lambda t, *a, **k: sizes.append(t.nbytes)):
+    with record_collectives(("all_reduce",)) as records:
         yield sizes
+    sizes.extend(r.bytes for r in records)
 
 
 def compression(X: torch.Tensor, y: torch.Tensor, per_rank: int = 64, steps: int = 5) -> dict:

@@ -8,10 +8,9 @@ a training step, torch's own sharding, ...).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -45,8 +44,8 @@ def point_to_point() -> list[int]:
     rank, dev = dist.get_rank(), current_device()
     x = torch.zeros(3, dtype=torch.int64, device=dev)
     if rank == 0:
-        # send returns once its tensor may be reused (gloo: handed to the transport; NCCL: queued
-        # on the GPU's stream), not when rank 1 has it: it is not a synchronisation point.
+        # send returns once its tensor may be reused; that promises nothing about rank 1 (gloo
+        # in fact waits until rank 1's recv is posted; NCCL only queues the copy on a stream).
         dist.send(torch.tensor([1, 2, 3], device=dev), dst=1)
         req = dist.irecv(x, src=1)  # returns at once; read x only after wait()
         req.wait()
@@ -197,22 +196,6 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, X: torch.Tensor,
 
 def _max_diff(a: Iterable[torch.Tensor], b: Iterable[torch.Tensor]) -> float:
     return max(((x - z).abs().max().item() for x, z in zip(a, b)), default=0.0)
-
-
-@contextlib.contextmanager
-def _spying(owner: object, name: str, note: Callable) -> Iterator[None]:
-    """Inside the block, ``owner.name`` first calls ``note`` with its arguments."""
-    original = getattr(owner, name)
-
-    def spy(*args, **kwargs):
-        note(*args, **kwargs)
-        return original(*args, **kwargs)
-
-    setattr(owner, name, spy)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 def _torch_mesh(*shape: int, **kwargs):
