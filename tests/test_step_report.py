@@ -76,8 +76,24 @@ def test_stamp_summary_reads_the_stamps():
     assert s["in_step"] == (4.0, 4.0, 4.0) and s["alone"] == (2.0, 2.0, 2.0)
     # the step grew by exactly 10 ms over bucketed_nosend in every round: 4 s - 0.01 s hidden
     assert s["hidden"] == pytest.approx((3.99,) * 3)
+    # both ranks launch together: after launch the calls run 4 s in the step, 2 s alone
+    assert s["after_step"] == (4.0, 4.0, 4.0) and s["after_alone"] == (2.0, 2.0, 2.0)
+    assert s["after_extra"] == (2.0, 2.0, 2.0)
     table = step_report.stamp_table({"lenet": s})
     assert "75% of the calls' time" in table and "(2.0x)" in table
+    assert "paired difference 2000.0 [2000.0, 2000.0], longer in the step" in table
+
+
+def test_after_launch_counts_from_the_last_rank_s_launch_and_each_instant_once():
+    # call 0 launched at 0 and 2, call 1 at 1 and 3: neither can run before 2 and 3. Rank 0's
+    # [2, 5] and [3, 6] overlap (queued calls): 4 s, not 6; rank 1's [2, 5] and [3, 6.5]: 4.5 s
+    ranks = [{"calls": [[0.0, 5.0], [1.0, 6.0]]}, {"calls": [[2.0, 5.0], [3.0, 6.5]]}]
+    assert step_report.after_launch(ranks) == pytest.approx((4.0 + 4.5) / 2)
+    # a result stamped before the other rank's launch (clocks a hair apart) counts nothing
+    assert step_report.after_launch([{"calls": [[0.0, 1.0]]}, {"calls": [[2.0, 3.0]]}]) == 0.5
+    # three ranks: the latest of three launches
+    three = [{"calls": [[0.0, 4.0]]}, {"calls": [[1.0, 4.0]]}, {"calls": [[3.0, 4.0]]}]
+    assert step_report.after_launch(three) == pytest.approx(1.0)
 
 
 def test_hidden_interval_resamples_both_sources():

@@ -4,7 +4,8 @@
 - ``prediction_check``: each strategy's all-reduces alone against the alpha-beta model's price;
 - ``step_parts``: a step's exposed time split into the wrapper's own work and its all-reduces;
 - ``stamp_summary``: when ``bucketed``'s all-reduces ran, from their stamps (each step read by
-  ``overlap_of_step``), and how much of their time in the step did not lengthen it.
+  ``overlap_of_step``), how much of their time in the step did not lengthen it, and how long
+  they ran once both ranks had launched them (``after_launch``), in the step and alone.
 
 Every function takes the run as ``measure_step_comm`` returns it and returns plain numbers
 (seconds, as ``(median, low, high)``); the ``*_table`` functions print them.
@@ -21,7 +22,7 @@ from .cost_model import predicted_comm
 from .step_comm import STRATEGIES_TIMED, slower_rank_wait
 
 __all__ = ["ms", "compare_intervals", "prediction_check", "prediction_table", "step_parts",
-           "parts_table", "overlap_of_step", "stamp_summary", "stamp_table"]
+           "parts_table", "overlap_of_step", "after_launch", "stamp_summary", "stamp_table"]
 
 Interval = tuple[float, float, float]   # (median, low, high), seconds
 
@@ -162,6 +163,24 @@ def _hidden(calls_by_step: list[list[float]], step: list[float], nosend: list[fl
             *_percentile_interval(resample, 0.95, resamples, seed))
 
 
+def after_launch(ranks: list[dict]) -> float:
+    """One stamped round (``[rank] -> {"calls": [[start, end], ...], ...}``): the seconds the
+    calls ran once every rank had launched them, averaged over the ranks. For each rank, the
+    length of the union of ``[latest start of call j over the ranks, this rank's end of call
+    j]``: an all-reduce cannot finish before the last rank launches it, so the time before
+    that is waiting for a rank, and the union counts a call queued behind another once."""
+    starts = [max(r["calls"][j][0] for r in ranks) for j in range(len(ranks[0]["calls"]))]
+    busy = []
+    for r in ranks:
+        total, reach = 0.0, float("-inf")
+        for s, e in sorted((s, e) for s, (_, e) in zip(starts, r["calls"])):
+            if e > max(s, reach):
+                total += e - max(s, reach)
+                reach = e
+        busy.append(total)
+    return statistics.fmean(busy)
+
+
 def stamp_summary(run: dict, model: str,
                   overlap: Callable[..., tuple[float, float]] = overlap_of_step) -> dict:
     """``bucketed``'s stamped steps of ``model``, over steps and ranks (medians, intervals):
@@ -170,8 +189,10 @@ def stamp_summary(run: dict, model: str,
     calls' summed time, launch to result, in the step) and ``alone`` (the same in the rounds
     alone); ``steps``: how many (steps x ranks); ``hidden``: the calls' time in the step that
     did not lengthen it, ``in_step`` less the step's growth over ``bucketed_nosend``
-    (``_hidden``). ``overlap``: the function that reads one step's share and tail (a learner's
-    passing answer, or ``overlap_of_step``)."""
+    (``_hidden``); ``after_step`` and ``after_alone``: ``after_launch`` per round, in the step
+    and alone, and ``after_extra`` their difference, rounds paired in the order run (a stamped
+    block of steps, then one of rounds alone). ``overlap``: the function that reads one step's
+    share and tail (a learner's passing answer, or ``overlap_of_step``)."""
     e = run["models"][model]
     stamps = e["bucketed_calls"]
     rows = _stamped_rows(stamps["step"], in_step=True, overlap=overlap)
@@ -181,6 +202,9 @@ def stamp_summary(run: dict, model: str,
     out["steps"] = len(rows)
     by_step = [[r["calls"] for r in _stamped_rows([ranks], True)] for ranks in stamps["step"]]
     out["hidden"] = _hidden(by_step, e["step"]["bucketed"], e["step"]["bucketed_nosend"])
+    after = {k: [after_launch(ranks) for ranks in stamps[k]] for k in ("step", "alone")}
+    out["after_step"], out["after_alone"] = (bootstrap_median(after[k]) for k in after)
+    out["after_extra"] = bootstrap_difference(after["step"], after["alone"])
     return out
 
 
@@ -195,4 +219,9 @@ def stamp_table(summaries: dict) -> str:
                      f"({s['in_step'][0] / s['alone'][0]:.1f}x)")
         lines.append(f"{'':>11}of their time in the step, {ms(s['hidden'])} did not lengthen "
                      "it (the calls in the step - the step's growth over bucketed_nosend)")
+        extra = s["after_extra"]
+        lines.append(f"{'':>11}once both ranks had launched them: {ms(s['after_step'])} in the "
+                     f"step, {ms(s['after_alone'])} alone; paired difference {ms(extra)}, "
+                     + ("longer in the step" if extra[1] > 0 else "shorter in the step"
+                        if extra[2] < 0 else "not told apart"))
     return "\n".join(lines)
