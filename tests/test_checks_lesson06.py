@@ -2,6 +2,7 @@
 named, a scaffold is "not answered", nothing raises or hangs."""
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -284,3 +285,13 @@ def test_a_send_first_ring_hangs_and_is_reported_while_parity_order_passes(capsy
     out = capsys.readouterr().out
     assert not result.ok and "no result within 15 s" in out and "if every rank sends" in out
     assert check_dist_allreduce(even_sends_first, world_sizes=(2, 3, 4), ring=True)
+
+
+def test_the_lesson_s_send_first_ring_step_hangs_on_gloo_at_two_and_three_ranks():
+    # lesson 06 shows this hang (asserted there at 2 ranks); the checker's hang report above rests
+    # on it. A gloo that buffered small sends would return here and fail this test.
+    from course_lib import distributed as D
+    from course_lib.examples import lesson06_workers as L6
+    for world in (2, 3):
+        with pytest.raises(D.LaunchTimeout):
+            D.launch(L6.send_first_ring_step, world, timeout=5)

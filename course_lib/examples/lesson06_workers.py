@@ -1,5 +1,6 @@
 """Workers of notebook 06 that ``course_lib.distributed.launch`` starts (importable, so that
-fresh processes can run them): the timing of the hand-written rings against ``dist.all_reduce``.
+fresh processes can run them): one ring step posted send-first, and the timing of the
+hand-written rings against ``dist.all_reduce``.
 
 PyTorch counterpart: none; nccl-tests' ``all_reduce_perf`` times collectives the same way (a loop
 of many operations per sample). The comparison itself is ``course_lib.timing.compare``.
@@ -13,12 +14,26 @@ from ..distributed import current_device, ring_allreduce, ring_allreduce_pipelin
 from ..distributed.env import _slowest
 from ..timing import Comparison, LoadStamp, compare
 
-__all__ = ["NOISY_MEDIAN_OVER_MIN", "median_over_min", "time_allreduces", "verdict_or_flag"]
+__all__ = ["NOISY_MEDIAN_OVER_MIN", "median_over_min", "send_first_ring_step", "time_allreduces",
+           "verdict_or_flag"]
 
 #: The lesson's noise rule: when a variant's median is more than this many times its minimum,
 #: most samples waited for something other than the messages (other programs on the cores), and
 #: a ratio of medians says more about the machine than about the all-reduces.
 NOISY_MEDIAN_OVER_MIN = 1.5
+
+
+def send_first_ring_step(n: int = 5) -> list[float]:
+    """One ring step as two blocking calls, ``send`` first on every rank: rank r sends ``n``
+    copies of r to its right neighbour, then receives from its left one. Returns what arrived.
+    On gloo every rank waits in ``send`` for a receive that its neighbour, itself sending,
+    never posts: the step never ends, even for 5 elements."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = torch.full((n,), float(rank), device=current_device())
+    theirs = torch.empty_like(mine)
+    dist.send(mine, dst=(rank + 1) % world)
+    dist.recv(theirs, src=(rank - 1) % world)
+    return theirs.tolist()
 
 
 def median_over_min(c: Comparison, name: str) -> float:
