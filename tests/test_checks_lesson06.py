@@ -63,6 +63,23 @@ def forgets_to_destroy(rank, world_size, init_method, results):
     results.put((rank, _summed(rank)))
 
 
+def leaves_only_on_success(rank, world_size, init_method, results):
+    """Right on the happy path; an error on the way skips destroy_process_group."""
+    _join(rank, world_size, init_method)
+    results.put((rank, _summed(rank)))
+    dist.destroy_process_group()
+
+
+def puts_a_tensor(rank, world_size, init_method, results):
+    _join(rank, world_size, init_method)
+    try:
+        x = torch.tensor([rank + 1.0])
+        dist.all_reduce(x)
+        results.put((rank, x))
+    finally:
+        dist.destroy_process_group()
+
+
 def rank_1_never_joins_the_all_reduce(rank, world_size, init_method, results):
     _join(rank, world_size, init_method)
     x = torch.tensor([rank + 1.0])
@@ -109,6 +126,16 @@ def test_usual_mistakes_are_named(capsys):
     assert "expected a pair" in capsys.readouterr().out
     assert not check_spawn_worker(forgets_to_destroy, world_sizes=(2,))
     assert "destroy_process_group" in capsys.readouterr().out
+    assert not check_spawn_worker(puts_a_tensor, world_sizes=(2,))
+    assert "plain float" in capsys.readouterr().out
+
+
+def test_a_worker_that_leaves_only_when_nothing_failed_is_caught_by_a_refused_put(capsys):
+    # every happy-path check passes; the extra run, whose queue refuses the put, finds both
+    # ranks still in their group
+    assert not check_spawn_worker(leaves_only_on_success, world_sizes=(2, 3))
+    out = capsys.readouterr().out
+    assert "when results.put raised" in out and "rank(s) [0, 1]" in out and "finally" in out
 
 
 def test_the_hints_point_to_the_idea_not_the_code(capsys):

@@ -70,13 +70,23 @@ _WORKER_HINT = ("Every rank makes the four moves: join the group at init_method 
                 "results, and leave the group, also after an error.")
 
 
-def _run_worker(spec, rank: int, world_size: int, init_method: str, results, conn) -> None:
-    """One process of the check: the learner's worker with the queue ``results``; through ``conn``
-    (the checker's own channel), what it returned and whether its group is left."""
+class _RefusingQueue:
+    """A queue whose ``put`` raises: the checker's way to see a worker leave after an error."""
+
+    def put(self, item) -> None:
+        raise RuntimeError("the checker's queue refused this put on purpose")
+
+
+def _run_worker(spec, rank: int, world_size: int, init_method: str, results, conn,
+                refuse_put: bool = False) -> None:
+    """One process of the check: the learner's worker with the queue ``results`` (a queue whose
+    ``put`` raises, ``refuse_put``); through ``conn`` (the checker's own channel), what it
+    returned or raised, and whether its group was still initialised afterwards."""
     import torch.distributed as dist
 
     try:
-        returned = resolve(spec)(rank, world_size, init_method, results)
+        queue = _RefusingQueue() if refuse_put else results
+        returned = resolve(spec)(rank, world_size, init_method, queue)
         try:
             returned = float(returned)                        # a tensor, a number: its value
         except (TypeError, ValueError):
@@ -85,15 +95,18 @@ def _run_worker(spec, rank: int, world_size: int, init_method: str, results, con
     except NotImplementedError:
         conn.send(("unanswered", None, None))
     except BaseException as e:  # noqa: B036 - every failure is a verdict, never a crash
-        conn.send(("error", f"{type(e).__name__}: {' '.join(str(e).split())}", None))
+        conn.send(("error", f"{type(e).__name__}: {' '.join(str(e).split())}",
+                   dist.is_initialized()))
     finally:
         conn.close()
 
 
-def _spawn_and_collect(spec, world_size: int, timeout: float) -> tuple[list[tuple], list] | str:
+def _spawn_and_collect(spec, world_size: int, timeout: float,
+                       refuse_put: bool = False) -> tuple[list[tuple], list] | str:
     """Start ``world_size`` fresh processes (like ``torch.multiprocessing.spawn``, through the
-    forkserver), each with the same queue; every rank's report in rank order and every item put
-    on the queue, or what went wrong. Every process is gone when this returns."""
+    forkserver), each with the same queue (or one that refuses every put, ``refuse_put``);
+    every rank's report in rank order and every item put on the queue, or what went wrong.
+    Every process is gone when this returns."""
     import multiprocessing as mp
     import shutil
     import tempfile
@@ -111,7 +124,8 @@ def _spawn_and_collect(spec, world_size: int, timeout: float) -> tuple[list[tupl
         for rank in range(world_size):
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_run_worker,
-                            args=(spec, rank, world_size, init_method, results, send), daemon=True)
+                            args=(spec, rank, world_size, init_method, results, send,
+                                  refuse_put), daemon=True)
             p.start()
             send.close()
             procs.append(p)
@@ -158,6 +172,10 @@ def _judge_worker(world: int, replies: list[tuple], items: list) -> str | None:
         if not (isinstance(item, tuple) and len(item) == 2):
             return (f"world_size={world}: found {item!r} on the queue; expected a pair "
                     "(rank, sum), so that the parent knows which rank each result is from.")
+        if type(item[1]).__name__ == "Tensor":
+            return (f"world_size={world}: found {item!r} on the queue; expected the sum as a "
+                    "plain float (a tensor crossing the queue keeps the worker's memory "
+                    "shared with the parent): put its .item().")
         try:
             rank, value = int(item[0]), float(item[1])
         except (TypeError, ValueError):
@@ -220,8 +238,20 @@ def check_spawn_worker(fn: Callable | str | None, *, world_sizes: tuple[int, ...
         problem = _judge_worker(world, replies, items)
         if problem is not None:
             return verdict(_WORKER, False, f"{problem} {_WORKER_HINT}", strict)
+    # once more with a queue that refuses the put: the worker must leave its group all the same
+    run = _spawn_and_collect(spec, world_sizes[0], timeout, refuse_put=True)
+    if isinstance(run, str):
+        return verdict(_WORKER, False, f"world_size={world_sizes[0]}, with a queue whose put "
+                       f"raises: {run} {_WORKER_HINT}", strict)
+    stuck = [rank for rank, (_, _, in_group) in enumerate(run[0]) if in_group]
+    if stuck:
+        return verdict(_WORKER, False, f"world_size={world_sizes[0]}: when results.put raised "
+                       f"(the checker's queue refused it on purpose), rank(s) {stuck} still had "
+                       "the process group initialised afterwards. Leave the group in a finally: "
+                       "block, so that an error leaves too.", strict)
     return verdict(_WORKER, True, f"every rank joined, summed, reported on the queue and left, "
-                   f"for world sizes {list(world_sizes)}.", strict)
+                   f"for world sizes {list(world_sizes)}, and left also when its put "
+                   "raised.", strict)
 
 
 # ---- an allreduce of one's own, in real processes -----------------------------------------------
