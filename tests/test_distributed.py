@@ -184,6 +184,13 @@ def test_ring_allreduce_and_hand_collectives_equal_torch(world_size):
         assert result == {f"{name}, {n} elements": True for n in (9, 10) for name in names}
 
 
+def test_a_sub_group_leaves_the_middle_rank_out_at_three_ranks():
+    r0, r1, r2 = D.launch(W.collectives, 3, timeout=60)
+    key = "all_reduce in group [0, 2]"
+    assert r0[key] == r2[key] == [4, 4] and r1[key] == "(not in the group)"
+    assert r0["async all_reduce"] == r1["async all_reduce"] == r2["async all_reduce"] == [6, 6]
+
+
 def test_every_collective_on_small_tensors():
     r0, r1 = D.launch(W.collectives, 2, timeout=60)
     assert r0["broadcast"] == r1["broadcast"] == [1, 1]
@@ -195,6 +202,8 @@ def test_every_collective_on_small_tensors():
     assert (r0["reduce_scatter"], r1["reduce_scatter"]) == ([1], [3])
     assert (r0["all_to_all"], r1["all_to_all"]) == ([0, 10], [1, 11])
     assert r0["mean_loss"] == r1["mean_loss"] == 1.5
+    assert r0["async all_reduce"] == r1["async all_reduce"] == [3, 3]
+    assert r0["all_reduce in group [0, 1]"] == r1["all_reduce in group [0, 1]"] == [3, 3]
     assert r0["inputs"]["reduce_scatter"] == [0, 1] and r1["inputs"]["scatter"] == "-"
     fig = draw_collectives([r0, r1])        # the picture of lesson 06, from what the ranks held
     assert sorted(ax.get_title() for ax in fig.axes if ax.get_title()) == sorted(

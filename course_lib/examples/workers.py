@@ -100,6 +100,18 @@ def collectives() -> dict[str, list]:
     out["all_to_all"] = x.tolist()
 
     out["mean_loss"] = reduce_value(float(rank + 1))  # average a Python number for logging
+
+    x = mine()
+    work = dist.all_reduce(x, async_op=True)   # returns a Work at once; x holds the sum only
+    work.wait()                                # after wait() (meanwhile: other work, not x)
+    out["async all_reduce"] = x.tolist()
+
+    ends = [0, world - 1]
+    pair = dist.new_group(ends)                # every rank calls new_group, members or not
+    x = mine()
+    if rank in ends:
+        dist.all_reduce(x, group=pair)         # only the group's ranks take part
+    out[f"all_reduce in group {ends}"] = x.tolist() if rank in ends else "(not in the group)"
     # what the last three started from instead of "start" (for plots.draw_collectives)
     out["inputs"] = {"scatter": [p.tolist() for p in pieces] if rank == 0 else "-",
                      "reduce_scatter": mine_rs.tolist(), "all_to_all": mine_a2a.tolist()}
