@@ -163,6 +163,7 @@ def _spawn_and_collect(spec, world_size: int, timeout: float,
 
 def _judge_worker(world: int, replies: list[tuple], items: list) -> str | None:
     """The first problem with one world size's run, or None when every rank did its part."""
+    import torch
     want = world * (world + 1) / 2
     for rank, (status, value, _) in enumerate(replies):
         if status == "error":
@@ -172,7 +173,7 @@ def _judge_worker(world: int, replies: list[tuple], items: list) -> str | None:
         if not (isinstance(item, tuple) and len(item) == 2):
             return (f"world_size={world}: found {item!r} on the queue; expected a pair "
                     "(rank, sum), so that the parent knows which rank each result is from.")
-        if type(item[1]).__name__ == "Tensor":
+        if isinstance(item[1], torch.Tensor):
             return (f"world_size={world}: found {item!r} on the queue; expected the sum as a "
                     "plain float (a tensor crossing the queue keeps the worker's memory "
                     "shared with the parent): put its .item().")
