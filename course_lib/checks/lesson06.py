@@ -77,6 +77,38 @@ class _RefusingQueue:
         raise RuntimeError("the checker's queue refused this put on purpose")
 
 
+class _SentTensor:
+    """What the checker's queue carries in place of a tensor put on it: its text. A tensor that
+    crosses a queue travels as a file descriptor served by the sending process, which may have
+    exited before the checker reads it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+class _TensorsAsText:
+    """The checker's queue as the learner's worker sees it: ``put`` sends each tensor in the
+    item as a ``_SentTensor``; anything else is the real queue's."""
+
+    def __init__(self, queue) -> None:
+        self._queue = queue
+
+    def put(self, item) -> None:
+        import torch
+        if isinstance(item, (tuple, list)):
+            item = (tuple if isinstance(item, tuple) else list)(
+                _SentTensor(repr(x)) if isinstance(x, torch.Tensor) else x for x in item)
+        elif isinstance(item, torch.Tensor):
+            item = _SentTensor(repr(item))
+        self._queue.put(item)
+
+    def __getattr__(self, name):
+        return getattr(self._queue, name)
+
+
 def _run_worker(spec, rank: int, world_size: int, init_method: str, results, conn,
                 refuse_put: bool = False) -> None:
     """One process of the check: the learner's worker with the queue ``results`` (a queue whose
@@ -85,7 +117,7 @@ def _run_worker(spec, rank: int, world_size: int, init_method: str, results, con
     import torch.distributed as dist
 
     try:
-        queue = _RefusingQueue() if refuse_put else results
+        queue = _RefusingQueue() if refuse_put else _TensorsAsText(results)
         returned = resolve(spec)(rank, world_size, init_method, queue)
         try:
             returned = float(returned)                        # a tensor, a number: its value
@@ -107,15 +139,15 @@ def _spawn_and_collect(spec, world_size: int, timeout: float,
     forkserver), each with the same queue (or one that refuses every put, ``refuse_put``);
     every rank's report in rank order and every item put on the queue, or what went wrong.
     Every process is gone when this returns."""
-    import multiprocessing as mp
     import shutil
     import tempfile
     import time
     from multiprocessing.connection import wait
 
+    from ..distributed.launch import _context
     from ..distributed.processes import kill_processes
 
-    ctx = mp.get_context("forkserver")  # fresh processes, forked from a server that has torch
+    ctx = _context("forkserver")  # fresh processes, forked from launch's server, which has torch
     folder = tempfile.mkdtemp(prefix="course_check_")
     init_method = f"file://{folder}/rendezvous"
     results = ctx.SimpleQueue()          # what the learner's workers put; read while they run
@@ -163,7 +195,6 @@ def _spawn_and_collect(spec, world_size: int, timeout: float,
 
 def _judge_worker(world: int, replies: list[tuple], items: list) -> str | None:
     """The first problem with one world size's run, or None when every rank did its part."""
-    import torch
     want = world * (world + 1) / 2
     for rank, (status, value, _) in enumerate(replies):
         if status == "error":
@@ -173,7 +204,7 @@ def _judge_worker(world: int, replies: list[tuple], items: list) -> str | None:
         if not (isinstance(item, tuple) and len(item) == 2):
             return (f"world_size={world}: found {item!r} on the queue; expected a pair "
                     "(rank, sum), so that the parent knows which rank each result is from.")
-        if isinstance(item[1], torch.Tensor):
+        if isinstance(item[1], _SentTensor):
             return (f"world_size={world}: found {item!r} on the queue; expected the sum as a "
                     "plain float (a tensor crossing the queue keeps the worker's memory "
                     "shared with the parent): put its .item().")
