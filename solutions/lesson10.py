@@ -1,12 +1,12 @@
 """Lesson 10, exercises: the benchmark loop of a collective; the alpha-beta fit of a ring
 all-reduce; the wait for the slower rank; the share of a step's all-reduces during backward
-and their tail. No longer asked by the notebook, their checkers kept:
-the predicted all-reduce time of a step, the alpha-beta time of a ring all-reduce (lesson 02
-derives it), the bus bandwidth of one raw row of a collectives results file.
+and their tail; the model of a bucketed step's tail. No longer asked by the notebook, their
+checkers kept: the predicted all-reduce time of a step, the alpha-beta time of a ring
+all-reduce (lesson 02 derives it), the bus bandwidth of one raw row of a collectives results file.
 
 Checked by ``course_lib.checks.lesson10.check_time_collective``, ``check_alpha_beta_fit``,
-``check_slower_rank_wait``, ``check_overlap_of_step``, ``check_predicted_comm``, ``check_ring_time`` and
-``check_bus_bandwidth``.
+``check_slower_rank_wait``, ``check_overlap_of_step``, ``check_comm_after_backward``,
+``check_predicted_comm``, ``check_ring_time`` and ``check_bus_bandwidth``.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import torch.distributed as dist
 from course_lib.devices import synchronize
 from course_lib.distributed import current_device
 
-__all__ = ["alpha_beta_fit", "bus_bandwidth", "overlap_of_step", "predicted_comm", "ring_time",
-           "slower_rank_wait", "time_collective"]
+__all__ = ["alpha_beta_fit", "bus_bandwidth", "comm_after_backward", "overlap_of_step",
+           "predicted_comm", "ring_time", "slower_rank_wait", "time_collective"]
 
 
 def time_collective(op, warmup: int, samples: int, loops: int) -> float:
@@ -97,3 +97,16 @@ def overlap_of_step(calls: list[tuple[float, float]], backward_end: float) -> tu
     before = sum(max(0.0, min(end, backward_end) - start) for start, end in calls)
     last = max(end for _, end in calls)
     return before / total, max(0.0, last - backward_end)
+
+
+def comm_after_backward(ready: list[float], sizes: list[float], p: int, alpha: float,
+                        beta: float) -> float:
+    """Exercise 5: the model's time from backward's end to the last all-reduce's end, the
+    buckets' calls one at a time in launch order, each once its bucket is full.
+
+    Checked by ``course_lib.checks.lesson10.check_comm_after_backward``."""
+    free = 0.0                                  # when the line is free for the next call
+    for r, n in zip(ready, sizes):
+        start = max(r, free)
+        free = start + 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta   # a ring all-reduce
+    return free - max(ready)

@@ -26,10 +26,13 @@ from course_lib.checks.lesson10 import (
     _fit_cases,
     _overlap_cases,
     _ring_cases,
+    _tail_cases,
     _time_collective_cases,
     _wait_cases,
+    after_backward_by_latest_start,
     check_alpha_beta_fit,
     check_bus_bandwidth,
+    check_comm_after_backward,
     check_overlap_of_step,
     check_predicted_comm,
     check_ring_time,
@@ -47,6 +50,7 @@ from course_lib.checks.lesson10 import (
 from solutions.lesson10 import (
     alpha_beta_fit,
     bus_bandwidth,
+    comm_after_backward,
     overlap_of_step,
     predicted_comm,
     ring_time,
@@ -539,6 +543,53 @@ def test_overlap_oracle_matches_the_library_on_every_case_and_at_random():
     assert overlap_by_walking([(2.0, 5.0), (6.0, 9.0)], 8.0) == (5 / 6, 1.0)
 
 
+def _tail_open(ready, sizes, p, alpha, beta):
+    raise NotImplementedError
+
+
+def _ring(n, p, alpha, beta):
+    return 2 * (p - 1) * (alpha + n / p * beta)
+
+
+def _queued_end(ready, sizes, p, alpha, beta):
+    end = float("-inf")
+    for r, n in zip(ready, sizes):
+        end = max(end, r) + _ring(n, p, alpha, beta)
+    return end
+
+
+TAIL_WRONG = {   # the usual mistake's words in the message -> an answer that makes it
+    "beside the one before": lambda r, s, p, a, b: max(
+        x + _ring(n, p, a, b) for x, n in zip(r, s)) - max(r),
+    "one after another": lambda r, s, p, a, b: sum(_ring(n, p, a, b) for n in s),
+    "the last call alone": lambda r, s, p, a, b: _ring(s[-1], p, a, b),
+    "counted from backward's start": _queued_end,
+    "counted from the last bucket's ready time": lambda r, s, p, a, b:
+        _queued_end(r, s, p, a, b) - r[-1],
+}
+
+
+def test_tail_oracle_matches_the_library_on_every_case_and_at_random():
+    cases = _tail_cases()
+    gen = torch.Generator().manual_seed(0)
+    for k in range(30):   # random steps: 1 to 6 buckets, any order of readiness, 1 to 8 ranks
+        n = 1 + k % 6
+        ready = (torch.rand(n, generator=gen, dtype=torch.float64) * 0.05).tolist()
+        sizes = (torch.rand(n, generator=gen, dtype=torch.float64) * 3e7).tolist()
+        cases.append((ready, sizes, 1 + k % 8, 1e-5 * (k % 3), 1e-9))
+    for ready, sizes, p, alpha, beta in cases:
+        want = after_backward_by_latest_start(ready, sizes, p, alpha, beta)
+        for got in (step_report.comm_after_backward(ready, sizes, p, alpha, beta),
+                    comm_after_backward(ready, sizes, p, alpha, beta)):
+            assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-15), (ready, sizes, p)
+        # never less than the last call, never more than every call after backward
+        times = [cost_model.ring_time(n, p, alpha, beta) for n in sizes]
+        assert times[-1] - 1e-15 <= want <= sum(times) + max(ready) - min(ready) + 1e-15
+    # by hand: calls of 1 ms queue behind the first (ready at 1, 1.2, 1.4 ms): 4 - 1.4 ms
+    assert math.isclose(after_backward_by_latest_start([1e-3, 1.2e-3, 1.4e-3], [1e6] * 3, 2,
+                                                       0.0, 1e-9), 2.6e-3, rel_tol=1e-12)
+
+
 NUMBER_CHECKERS = {   # name: (checker, reference, the library's, a scaffold, the usual mistakes)
     "ring_time": (check_ring_time, ring_time, cost_model.ring_time, _ring_open, RING_WRONG),
     "predicted_comm": (check_predicted_comm, predicted_comm, cost_model.predicted_comm,
@@ -547,6 +598,8 @@ NUMBER_CHECKERS = {   # name: (checker, reference, the library's, a scaffold, th
                          _wait_open, WAIT_WRONG),
     "overlap_of_step": (check_overlap_of_step, overlap_of_step, step_report.overlap_of_step,
                         _overlap_open, OVERLAP_WRONG),
+    "comm_after_backward": (check_comm_after_backward, comm_after_backward,
+                            step_report.comm_after_backward, _tail_open, TAIL_WRONG),
 }
 
 

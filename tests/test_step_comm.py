@@ -10,6 +10,7 @@ from ddp_oracle import torch_buckets
 from course_lib.bench.step_comm import (
     STRATEGIES_TIMED,
     bootstrap_median,
+    measure_bucket_caps,
     measure_step_comm,
     slower_rank_wait,
 )
@@ -73,6 +74,37 @@ def test_lenet_steps_and_their_messages_at_two_ranks():
             for a, b in zip(*(r["calls"] for r in ranks)):
                 assert min(a[1], b[1]) >= max(a[0], b[0])
     assert run["threads_per_worker"] >= 1 and torch.get_num_threads() >= 1
+
+
+def test_bucket_cap_arguments_are_checked():
+    for bad in [(), (1.0, 1.0), (0.0,), (-1.0,), ("25",), (True,)]:
+        with pytest.raises(ValueError, match="caps must be"):
+            measure_bucket_caps("lenet", bad)
+    with pytest.raises(ValueError, match="model must be"):
+        measure_bucket_caps("gpt")
+    with pytest.raises(ValueError, match="samples must be"):
+        measure_bucket_caps("lenet", samples=1)
+
+
+def test_lenet_bucket_caps_at_two_ranks():
+    caps = (0.01, 0.1, 1.0)
+    run = measure_bucket_caps("lenet", caps, quick=True, samples=2, min_sample_s=0.001,
+                              timeout=120)
+    grads = [p.numel() * 4 for p in LeNet().parameters()]
+    assert run["caps_mb"] == list(caps)
+    assert set(run["step"]) == {"local", "cap 0.01", "cap 0.1", "cap 1"}
+    assert all(len(v) == 2 and min(v) > 0 for v in run["step"].values())
+    counts = []
+    for cap in caps:
+        b = run["buckets"][cap]
+        # every gradient in one bucket; a bucket closes once it holds the cap or more
+        assert sum(b["bytes"]) == sum(grads)
+        assert all(n >= cap * 2**20 for n in b["bytes"][:-1])
+        assert len(b["ready"]) == len(b["bytes"]) and min(b["ready"]) > 0
+        # the bucket launched last holds the gradient accumulated last: backward's end
+        assert b["ready"][-1] == max(b["ready"]) == run["backward_end"]
+        counts.append(len(b["bytes"]))
+    assert counts[0] > counts[1] > counts[2] == 1     # 0.49 MiB: one bucket under 1 MiB
 
 
 def test_slower_rank_wait():

@@ -45,8 +45,9 @@ from ..parallel._ddp_comm_hooks import divide_only_hook
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import bootstrap_median, compare  # bootstrap_median: public here too
 
-__all__ = ["STEP_MODELS", "STAMPED_MODELS", "STRATEGIES_TIMED", "bootstrap_median",
-           "measure_step_comm", "divide_only_hook", "slower_rank_wait"]
+__all__ = ["BUCKET_CAPS_MB", "STEP_MODELS", "STAMPED_MODELS", "STRATEGIES_TIMED",
+           "bootstrap_median", "measure_bucket_caps", "measure_step_comm", "divide_only_hook",
+           "slower_rank_wait"]
 
 #: model -> (builder, bucket cap in MiB, global batch, global batch in quick mode). LeNet's
 #: buckets are capped at 0.1 MiB so that its 0.49 MiB of gradients make several; ResNet-18 runs
@@ -57,6 +58,9 @@ STEP_MODELS: dict[str, tuple[Callable[[], nn.Module], float, int, int]] = {
 STAMPED_MODELS = ("lenet", "resnet18")
 #: The course's DDP strategies timed, beside ``local`` (each also as ``<name>_nosend``).
 STRATEGIES_TIMED = ["naive", "bucketed"]
+#: ``bucketed``'s caps swept by ``measure_bucket_caps``, MiB: torch's default (25) in the middle;
+#: ResNet-18's 42.6 MiB of gradients fit one bucket under the largest.
+BUCKET_CAPS_MB = (1.0, 5.0, 25.0, 64.0)
 
 
 def _stepper(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
@@ -164,6 +168,108 @@ def _call_stamps(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
                                "backward_end": None if r["backward_end"] is None
                                else r["backward_end"] - zero} for r in ranks])
     return out
+
+
+def _ready_times(net: nn.Module, X: torch.Tensor, y: torch.Tensor, steps: int,
+                 device: torch.device) -> list[float]:
+    """Seconds from the call of ``backward()`` to each parameter's gradient being accumulated,
+    in ``net.parameters()`` order, the median over ``steps`` SGD steps (a clean ``net``)."""
+    seen: list[list[float]] = [[] for _ in net.parameters()]
+    start = [0.0]
+    for i, p in enumerate(net.parameters()):
+        p.register_post_accumulate_grad_hook(
+            lambda _, i=i: seen[i].append(time.perf_counter() - start[0]))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(net(X), y)
+        synchronize(device)
+        start[0] = time.perf_counter()
+        loss.backward()   # on a GPU the stamps are the launches: the host's view
+        opt.step()
+    return [statistics.median(t) for t in seen]
+
+
+def _bucket_caps_worker(model: str, caps: list[float], quick: bool, threads: int, samples: int,
+                        min_sample_s: float) -> dict | None:
+    """Runs in both ranks: ``local`` and ``bucketed`` at each cap, interleaved; each cap's
+    buckets (bytes, and when each is full from the local backward's gradient stamps)."""
+    _pin_to_cores()
+    device, rank, k = current_device(), dist.get_rank(), dist.get_world_size()
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
+    build, _, batch, quick_batch = STEP_MODELS[model]
+    torch.manual_seed(0)
+    base = build().to(device)
+    g = torch.Generator().manual_seed(1 + rank)
+    n = (quick_batch if quick else batch) // k
+    X = torch.randn(n, 1, 28, 28, generator=g).to(device)   # (B/k, 1, 28, 28)
+    y = torch.randint(0, 10, (n,), generator=g).to(device)  # (B/k,)
+    nets: dict[str, nn.Module] = {"local": copy.deepcopy(base)}
+    for cap in caps:
+        nets[f"cap {cap:g}"] = DistributedDataParallel(copy.deepcopy(base), strategy="bucketed",
+                                                       bucket_cap_mb=cap,
+                                                       broadcast_buffers=False)
+    steppers = {name: _stepper(net, X, y) for name, net in nets.items()}
+    for name in nets:           # two steps each: the buckets rebuilt in arrival order
+        steppers[name]()
+        steppers[name]()
+    ready = _ready_times(copy.deepcopy(base), X, y, max(3, samples // 2), device)
+    every: list = [None] * k
+    dist.all_gather_object(every, ready)     # the slower rank fills each bucket last
+    ready = [max(r) for r in zip(*every)]
+    buckets = {}
+    for cap in caps:
+        ddp = nets[f"cap {cap:g}"]
+        index = {id(p): i for i, p in enumerate(ddp.module.parameters())}
+        buckets[cap] = {"bytes": [sum(b.numels) * b.parameters()[0].element_size()
+                                  for b in ddp.reducer.buckets],
+                        "ready": [max(ready[index[id(p)]] for p in b.parameters())
+                                  for b in ddp.reducer.buckets]}
+    steps = compare(steppers, samples=samples, min_sample_seconds=min_sample_s, warmup=2,
+                    calibration_calls=2, baseline="local", device=device, before=dist.barrier,
+                    reduce=_slowest)
+    if rank != 0:
+        return None
+    return {"model": model, "global_batch": n * k, "caps_mb": list(caps), "buckets": buckets,
+            "backward_end": max(ready),
+            "step": {name: v["seconds"] for name, v in steps.to_json()["variants"].items()}}
+
+
+def measure_bucket_caps(model: str = "resnet18", caps: tuple[float, ...] = BUCKET_CAPS_MB, *,
+                        quick: bool = False, samples: int = 7, min_sample_s: float = 0.2,
+                        timeout: float = 600.0) -> dict:
+    """Time ``model``'s ``bucketed`` step at each bucket cap against ``local``, 2 ranks.
+
+    Args:
+        model: a name from ``STEP_MODELS``.
+        caps: bucket caps in MiB, each > 0.
+        quick: the small batch of ``STEP_MODELS``.
+        samples: rounds of the comparison (each variant one sample per round).
+        min_sample_s: each sample loops for at least about this long.
+        timeout: seconds for the launch.
+
+    Returns:
+        ``{"model", "global_batch", "caps_mb", "step": {"local" | "cap <c>": [seconds per step,
+        ...]} (samples paired by round), "buckets": {cap: {"bytes": [...], "ready": [...]}}
+        (each bucket in launch order: its bytes, and the seconds from the call of backward to its
+        last gradient in a local step, the slower rank's, median over steps), "backward_end":
+        the latest of those stamps, "threads_per_worker"}``.
+    """
+    if model not in STEP_MODELS:
+        raise ValueError(f"measure_bucket_caps: model must be one of {list(STEP_MODELS)}, got "
+                         f"{model!r}.")
+    if not caps or any(not isinstance(c, (int, float)) or isinstance(c, bool) or c <= 0
+                       for c in caps) or len(set(caps)) != len(caps):
+        raise ValueError(f"measure_bucket_caps: caps must be distinct numbers of MiB > 0, got "
+                         f"{caps!r}.")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:
+        raise ValueError(f"measure_bucket_caps: samples must be an integer >= 2, got "
+                         f"{samples!r}.")
+    threads = max(1, cpu_cores() // 2)
+    out = launch(_bucket_caps_worker, 2, model, [float(c) for c in caps], quick, threads,
+                 samples, min_sample_s, timeout=timeout)[0]
+    return out | {"threads_per_worker": threads}
 
 
 def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,

@@ -18,11 +18,12 @@ from collections.abc import Callable
 
 from .._compare import _percentile_interval
 from ..timing import bootstrap_difference, bootstrap_median
-from .cost_model import predicted_comm
+from .cost_model import predicted_comm, ring_time
 from .step_comm import STRATEGIES_TIMED, slower_rank_wait
 
 __all__ = ["ms", "compare_intervals", "prediction_check", "prediction_table", "step_parts",
-           "parts_table", "overlap_of_step", "after_launch", "stamp_summary", "stamp_table"]
+           "parts_table", "overlap_of_step", "after_launch", "stamp_summary", "stamp_table",
+           "comm_after_backward", "bucket_cap_rows", "bucket_cap_table"]
 
 Interval = tuple[float, float, float]   # (median, low, high), seconds
 
@@ -224,4 +225,59 @@ def stamp_table(summaries: dict) -> str:
                      f"step, {ms(s['after_alone'])} alone; paired difference {ms(extra)}, "
                      + ("longer in the step" if extra[1] > 0 else "shorter in the step"
                         if extra[2] < 0 else "not told apart"))
+    return "\n".join(lines)
+
+
+def comm_after_backward(ready: list[float], sizes: list[float], p: int, alpha: float,
+                        beta: float) -> float:
+    """The alpha-beta model of a bucketed step's tail: bucket i, of ``sizes[i]`` bytes, is full
+    ``ready[i]`` seconds into backward (launch order); its ring all-reduce starts once it is
+    full and the previous call is done (a group's calls run one at a time, in order) and lasts
+    ``ring_time(sizes[i], p, alpha, beta)``. Returns the seconds from backward's end (the
+    latest ``ready``) to the last call's end."""
+    end = float("-inf")
+    for r, n in zip(ready, sizes):
+        end = max(end, r) + ring_time(n, p, alpha, beta)
+    return end - max(ready)
+
+
+def bucket_cap_rows(run: dict, alpha: float, beta: float, p: int = 2,
+                    after: Callable[..., float] = comm_after_backward) -> list[dict]:
+    """One row per cap of a ``step_comm.measure_bucket_caps`` run: ``cap_mb``, ``buckets``,
+    ``extra`` (the step's time over ``local``), ``vs_last`` (over the last cap's step), both
+    paired intervals; the model's ``after_backward`` (the tail, by ``after``: a learner's
+    passing answer or ``comm_after_backward``), ``model_vs_last`` (that tail less the last
+    cap's) and ``all_calls`` (every call one after another, nothing overlapped)."""
+    last = run["caps_mb"][-1]
+    steps = run["step"]
+
+    def tail(cap: float) -> float:
+        b = run["buckets"][cap]
+        return after(b["ready"], b["bytes"], p, alpha, beta)
+
+    rows = []
+    for cap in run["caps_mb"]:
+        b = run["buckets"][cap]
+        rows.append({"cap_mb": cap, "buckets": len(b["bytes"]),
+                     "extra": bootstrap_difference(steps[f"cap {cap:g}"], steps["local"]),
+                     "vs_last": bootstrap_difference(steps[f"cap {cap:g}"],
+                                                     steps[f"cap {last:g}"]),
+                     "after_backward": tail(cap), "model_vs_last": tail(cap) - tail(last),
+                     "all_calls": predicted_comm(b["bytes"], p, alpha, beta)})
+    return rows
+
+
+def bucket_cap_table(rows: list[dict]) -> str:
+    """``bucket_cap_rows`` printed, ms: measured [95 %] beside the model."""
+    last = rows[-1]["cap_mb"]
+    versus = f"step - {last:g} MiB's step"
+    lines = ["ms per step, median [95 %] | the model: the calls' tail after backward, and "
+             "every call with none overlapped",
+             f"cap MiB buckets | {'step - local':<20} | {versus:<22} "
+             f"| tail | tail - {last:g} MiB's | every call"]
+    for r in rows:
+        lines.append(f"{r['cap_mb']:>7g} {r['buckets']:>7} | {ms(r['extra']):<20} | "
+                     f"{ms(r['vs_last']):<22} | {r['after_backward'] * 1e3:>4.1f} | "
+                     f"{r['model_vs_last'] * 1e3:>{12 + len(f'{last:g}')}.1f} | "
+                     f"{r['all_calls'] * 1e3:>10.1f}")
     return "\n".join(lines)

@@ -52,6 +52,7 @@ from .lesson09 import check_resume, check_syncbn
 from .lesson10 import (
     check_alpha_beta_fit,
     check_bus_bandwidth,
+    check_comm_after_backward,
     check_overlap_of_step,
     check_predicted_comm,
     check_ring_time,
@@ -95,7 +96,8 @@ __all__ = [
     "check_epoch_shards", "check_exact_accuracy", "check_recipe_entry",  # 08
     "check_resume", "check_syncbn",                           # 09
     "check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",  # 10
-    "check_overlap_of_step", "check_ring_time", "check_slower_rank_wait", "check_time_collective",
+    "check_comm_after_backward", "check_overlap_of_step", "check_ring_time",
+    "check_slower_rank_wait", "check_time_collective",
     "time_all_reduce",
     "check_zero", "check_fsdp",                              # 11 (sharded)
     "check_stage", "check_one_f_one_b", "max_in_flight",       # 12

@@ -27,8 +27,9 @@ from ..distributed.recording import COLLECTIVES, record_collectives
 from ._core import ExerciseResult, call_or_verdict, verdict
 from .harness import StopRank, agree, call_answer, check_in_ranks, load_answer, worker_spec
 
-__all__ = ["check_alpha_beta_fit", "check_bus_bandwidth", "check_predicted_comm",
-           "check_overlap_of_step", "check_ring_time", "check_slower_rank_wait",
+__all__ = ["after_backward_by_latest_start", "check_alpha_beta_fit", "check_bus_bandwidth",
+           "check_comm_after_backward", "check_predicted_comm", "check_overlap_of_step",
+           "check_ring_time", "check_slower_rank_wait",
            "check_time_collective",
            "comm_by_schedule", "fit_line", "link_bytes_by_schedule", "lstsq_relative_fit",
            "median_by_sorting", "overlap_by_walking", "planned_sleep", "ring_time_by_schedule",
@@ -526,6 +527,70 @@ def check_overlap_of_step(fn: Callable | None, *, strict: bool = False) -> Exerc
         _OVERLAP_HINT, _overlap_problem,
         f"matches the time line on {len(cases)} steps (calls crossing backward's end, all before "
         "it, all after it, calls overlapping each other, a later launch finishing first).")
+
+
+# ---- the model of a bucketed step's tail ---------------------------------------------------------
+
+_TAIL_HINT = ("draw the calls as bars on one line: bucket i's bar starts when the bucket is full "
+              "or when the bar before it ends, whichever is later, and is as long as its ring "
+              "all-reduce; the answer is from the latest ready time (backward's end) to the "
+              "last bar's end.")
+
+
+def after_backward_by_latest_start(ready: list[float], sizes: list[float], p: int, alpha: float,
+                                   beta: float) -> float:
+    """The oracle of ``check_comm_after_backward``, without walking the calls: the last call
+    ends at ``max over j of (ready[j] + the ring times of calls j, j + 1, ..., last)`` (the
+    calls after the last idle moment of the line run back to back), less the latest ready."""
+    times = [ring_time_by_schedule(n, p, alpha, beta) for n in sizes]
+    return max(ready[j] + sum(times[j:]) for j in range(len(ready))) - max(ready)
+
+
+def _tail_cases() -> list[tuple[list[float], list[float], int, float, float]]:
+    """(ready in s, sizes in bytes, p, alpha, beta): calls that keep up with backward, calls
+    that queue, a later bucket full first, one bucket, 3 and 4 ranks."""
+    return [([1e-3, 2e-3, 3e-3], [4e5, 4e5, 4e5], 2, 50e-6, 1e-9),
+            ([1e-3, 1.2e-3, 1.4e-3], [9e5, 9e5, 4e5], 2, 50e-6, 1e-9),
+            ([3e-3, 1e-3, 2e-3], [2e6, 1e6, 5e5], 3, 20e-6, 1e-9),
+            ([5e-3], [4.4e7], 2, 100e-6, 1e-9),
+            ([2e-3, 9e-3, 10e-3, 30e-3], [9.5e6, 9.5e6, 6e6, 1e6], 4, 30e-6, 0.5e-9),
+            ([1e-3, 4e-3], [1e7, 2e6], 3, 10e-6, 1e-9)]
+
+
+def _tail_diagnose(ready, sizes, p, alpha, beta, got: float) -> str:
+    """A likely mistake behind ``got``, when one of the usual ones reproduces it."""
+    times = [ring_time_by_schedule(n, p, alpha, beta) for n in sizes]
+    want = after_backward_by_latest_start(ready, sizes, p, alpha, beta)
+    usual = {
+        "each call starting when its bucket is full, beside the one before: a group's calls "
+        "run one at a time, in launch order": max(r + t for r, t in zip(ready, times))
+        - max(ready),
+        "every call after backward's end, one after another: a call starts as soon as its "
+        "bucket is full and the call before it is done": sum(times),
+        "the last call alone: earlier calls may still be running when it is launched":
+            times[-1],
+        "the time of the last call's end counted from backward's start: subtract backward's "
+        "end, the latest ready time": want + max(ready),
+        "counted from the last bucket's ready time: backward ends at the latest one, and a "
+        "bucket launched last need not be the last full": want + max(ready) - ready[-1],
+    }
+    return _named(usual, got, _TAIL_HINT)
+
+
+def check_comm_after_backward(fn: Callable | None, *, strict: bool = False) -> ExerciseResult:
+    """Exercise: ``fn(ready, sizes, p, alpha, beta)``, buckets in launch order (each full
+    ``ready[i]`` s into backward, ``sizes[i]`` bytes), is the seconds from backward's end (the
+    latest ready) to the end of the last ring all-reduce, the calls one at a time in order,
+    each starting once its bucket is full and the previous call is done. Six cases, relative
+    tolerance 1e-9, against ``after_backward_by_latest_start``."""
+    cases = _tail_cases()
+    return _check_each(
+        "comm_after_backward", fn, strict,
+        [(case, f"ready={case[0]}, sizes={case[1]}, p={case[2]}, alpha={case[3]:g}, "
+                f"beta={case[4]:g}") for case in cases], _TAIL_HINT,
+        _one_number(after_backward_by_latest_start, _tail_diagnose),
+        f"matches the calls' time line on {len(cases)} steps (calls keeping up with backward, "
+        "calls queueing, a later bucket full first, one bucket, 2 to 4 ranks).")
 
 
 # ---- the benchmark loop of a collective, in real processes ---------------------------------------
