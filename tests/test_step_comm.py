@@ -84,6 +84,11 @@ def test_bucket_cap_arguments_are_checked():
         measure_bucket_caps("gpt")
     with pytest.raises(ValueError, match="samples must be"):
         measure_bucket_caps("lenet", samples=1)
+    with pytest.raises(ValueError, match="link_caps must be"):
+        measure_bucket_caps("lenet", link=(0.01, 0.0), link_caps=(0.0,))
+    for bad in [(0.01,), (0.01, -1e-9), ("1", 0.0), (float("nan"), 0.0), (0.01, float("inf"))]:
+        with pytest.raises(ValueError, match="link must be"):
+            measure_bucket_caps("lenet", link=bad)
 
 
 def test_lenet_bucket_caps_at_two_ranks():
@@ -105,6 +110,23 @@ def test_lenet_bucket_caps_at_two_ranks():
         assert b["ready"][-1] == max(b["ready"]) == run["backward_end"]
         counts.append(len(b["bytes"]))
     assert counts[0] > counts[1] > counts[2] == 1     # 0.49 MiB: one bucket under 1 MiB
+
+
+def test_lenet_over_a_priced_link_pays_each_message_and_its_bytes():
+    # 50 ms per message and 40 ns per byte: LeNet's one bucket (0.49 MiB) costs the link about
+    # 71 ms after backward; a tiny cap makes several messages, each paying the 50 ms in turn
+    # (backward, a few ms, hides little of them)
+    run = measure_bucket_caps("lenet", (1.0,), link=(0.05, 4e-8), link_caps=(0.01, 1.0),
+                              quick=True, samples=3, min_sample_s=0.001, timeout=180)
+    med = {name: statistics.median(v) for name, v in run["step"].items()}
+    assert set(med) == {"local", "cap 1", "link cap 0.01", "link cap 1"}
+    assert run["link"] == [0.05, 4e-8] and run["link_caps_mb"] == [0.01, 1.0]
+    grads = sum(p.numel() * 4 for p in LeNet().parameters())
+    one = 0.05 + grads * 4e-8                                  # the one bucket's time on the link
+    assert med["link cap 1"] - med["local"] > 0.85 * one       # the bytes' time counts too
+    tiny = len(run["buckets"][0.01]["bytes"])
+    assert tiny >= 3                                          # conv2, fc1, the rest
+    assert med["link cap 0.01"] - med["link cap 1"] > 0.5 * (tiny - 1) * 0.05   # queued
 
 
 def test_slower_rank_wait():

@@ -27,6 +27,7 @@ PyTorch counterpart: none (``torch.profiler`` would show the same all-reduces on
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from ..distributed import current_device, launch
 from ..distributed.env import _pin_to_cores, _slowest
 from ..models.lenet import LeNet
 from ..models.resnet import resnet18
-from ..parallel._ddp_comm_hooks import divide_only_hook
+from ..parallel._ddp_comm_hooks import SlowLink, divide_only_hook, slow_link_hook
 from ..parallel.ddp import DistributedDataParallel
 from ..timing import bootstrap_median, compare  # bootstrap_median: public here too
 
@@ -190,10 +191,21 @@ def _ready_times(net: nn.Module, X: torch.Tensor, y: torch.Tensor, steps: int,
     return [statistics.median(t) for t in seen]
 
 
-def _bucket_caps_worker(model: str, caps: list[float], quick: bool, threads: int, samples: int,
+def _priced_link_hook(state: tuple[SlowLink, float, float], bucket) -> torch.futures.Future:
+    """``slow_link_hook`` over a link whose time per message is ``latency_s`` plus its bytes at
+    ``seconds_per_byte``: ``state = (link, latency_s, seconds_per_byte)``."""
+    link, latency_s, per_byte = state
+    buffer = bucket.buffer()
+    link.latency_s = latency_s + buffer.numel() * buffer.element_size() * per_byte
+    return slow_link_hook(link, bucket)
+
+
+def _bucket_caps_worker(model: str, caps: list[float], link: tuple[float, float] | None,
+                        link_caps: list[float], quick: bool, threads: int, samples: int,
                         min_sample_s: float) -> dict | None:
-    """Runs in both ranks: ``local`` and ``bucketed`` at each cap, interleaved; each cap's
-    buckets (bytes, and when each is full from the local backward's gradient stamps)."""
+    """Runs in both ranks: ``local`` and ``bucketed`` at each cap (and over a priced link at
+    each of ``link_caps``), interleaved; each cap's buckets (bytes, and when each is full from
+    the local backward's gradient stamps)."""
     _pin_to_cores()
     device, rank, k = current_device(), dist.get_rank(), dist.get_world_size()
     if device.type == "cpu":
@@ -206,10 +218,15 @@ def _bucket_caps_worker(model: str, caps: list[float], quick: bool, threads: int
     X = torch.randn(n, 1, 28, 28, generator=g).to(device)   # (B/k, 1, 28, 28)
     y = torch.randint(0, 10, (n,), generator=g).to(device)  # (B/k,)
     nets: dict[str, nn.Module] = {"local": copy.deepcopy(base)}
-    for cap in caps:
-        nets[f"cap {cap:g}"] = DistributedDataParallel(copy.deepcopy(base), strategy="bucketed",
-                                                       bucket_cap_mb=cap,
-                                                       broadcast_buffers=False)
+    links = []
+    for prefix, these in (("cap", caps), ("link cap", link_caps if link else [])):
+        for cap in these:
+            net = DistributedDataParallel(copy.deepcopy(base), strategy="bucketed",
+                                          bucket_cap_mb=cap, broadcast_buffers=False)
+            if prefix == "link cap":
+                links.append(SlowLink(0.0))
+                net.register_comm_hook((links[-1], *link), _priced_link_hook)
+            nets[f"{prefix} {cap:g}"] = net
     steppers = {name: _stepper(net, X, y) for name, net in nets.items()}
     for name in nets:           # two steps each: the buckets rebuilt in arrival order
         steppers[name]()
@@ -219,56 +236,78 @@ def _bucket_caps_worker(model: str, caps: list[float], quick: bool, threads: int
     dist.all_gather_object(every, ready)     # the slower rank fills each bucket last
     ready = [max(r) for r in zip(*every)]
     buckets = {}
-    for cap in caps:
-        ddp = nets[f"cap {cap:g}"]
+    for name, ddp in nets.items():
+        if name == "local" or float(name.rpartition(" ")[2]) in buckets:
+            continue
         index = {id(p): i for i, p in enumerate(ddp.module.parameters())}
-        buckets[cap] = {"bytes": [sum(b.numels) * b.parameters()[0].element_size()
-                                  for b in ddp.reducer.buckets],
-                        "ready": [max(ready[index[id(p)]] for p in b.parameters())
-                                  for b in ddp.reducer.buckets]}
+        buckets[float(name.rpartition(" ")[2])] = {
+            "bytes": [sum(b.numels) * b.parameters()[0].element_size()
+                      for b in ddp.reducer.buckets],
+            "ready": [max(ready[index[id(p)]] for p in b.parameters())
+                      for b in ddp.reducer.buckets]}
     steps = compare(steppers, samples=samples, min_sample_seconds=min_sample_s, warmup=2,
                     calibration_calls=2, baseline="local", device=device, before=dist.barrier,
                     reduce=_slowest)
+    for lk in links:
+        lk.close()
     if rank != 0:
         return None
-    return {"model": model, "global_batch": n * k, "caps_mb": list(caps), "buckets": buckets,
-            "backward_end": max(ready),
+    return {"model": model, "global_batch": n * k, "caps_mb": list(caps),
+            "link_caps_mb": list(link_caps) if link else [], "link": list(link) if link else None,
+            "buckets": buckets, "backward_end": max(ready),
             "step": {name: v["seconds"] for name, v in steps.to_json()["variants"].items()}}
 
 
 def measure_bucket_caps(model: str = "resnet18", caps: tuple[float, ...] = BUCKET_CAPS_MB, *,
-                        quick: bool = False, samples: int = 7, min_sample_s: float = 0.2,
+                        link: tuple[float, float] | None = None,
+                        link_caps: tuple[float, ...] = BUCKET_CAPS_MB, quick: bool = False,
+                        samples: int = 7, min_sample_s: float = 0.2,
                         timeout: float = 600.0) -> dict:
-    """Time ``model``'s ``bucketed`` step at each bucket cap against ``local``, 2 ranks.
+    """Time ``model``'s ``bucketed`` step at each bucket cap against ``local``, 2 ranks; with
+    ``link``, also at each of ``link_caps`` over a link with a time of its own.
 
     Args:
         model: a name from ``STEP_MODELS``.
         caps: bucket caps in MiB, each > 0.
+        link: ``(latency_s, seconds_per_byte)``: each bucket's real all-reduce, handed back
+            (``SlowLink``) once a link that carries one message at a time has spent
+            ``latency_s + bytes * seconds_per_byte`` on it, a sleep in a thread that uses no
+            core, as a network's own hardware does (variants ``"link cap <c>"``).
+        link_caps: the caps timed over the link.
         quick: the small batch of ``STEP_MODELS``.
         samples: rounds of the comparison (each variant one sample per round).
         min_sample_s: each sample loops for at least about this long.
         timeout: seconds for the launch.
 
     Returns:
-        ``{"model", "global_batch", "caps_mb", "step": {"local" | "cap <c>": [seconds per step,
-        ...]} (samples paired by round), "buckets": {cap: {"bytes": [...], "ready": [...]}}
-        (each bucket in launch order: its bytes, and the seconds from the call of backward to its
+        ``{"model", "global_batch", "caps_mb", "link_caps_mb", "link", "step": {"local" |
+        "cap <c>" | "link cap <c>": [seconds per step, ...]} (samples paired by round),
+        "buckets": {cap: {"bytes": [...], "ready": [...]}} (every cap of both lists; each
+        bucket in launch order: its bytes, and the seconds from the call of backward to its
         last gradient in a local step, the slower rank's, median over steps), "backward_end":
         the latest of those stamps, "threads_per_worker"}``.
     """
     if model not in STEP_MODELS:
         raise ValueError(f"measure_bucket_caps: model must be one of {list(STEP_MODELS)}, got "
                          f"{model!r}.")
-    if not caps or any(not isinstance(c, (int, float)) or isinstance(c, bool) or c <= 0
-                       for c in caps) or len(set(caps)) != len(caps):
-        raise ValueError(f"measure_bucket_caps: caps must be distinct numbers of MiB > 0, got "
-                         f"{caps!r}.")
+    for name, these in (("caps", caps), ("link_caps", link_caps)):
+        if not these or any(not isinstance(c, (int, float)) or isinstance(c, bool) or c <= 0
+                            for c in these) or len(set(these)) != len(these):
+            raise ValueError(f"measure_bucket_caps: {name} must be distinct numbers of MiB > 0, "
+                             f"got {these!r}.")
+    if link is not None and (len(link) != 2 or any(
+            not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 <= x < math.inf
+            for x in link)):
+        raise ValueError(f"measure_bucket_caps: link must be (latency_s, seconds_per_byte), "
+                         f"two finite numbers >= 0, got {link!r}.")
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:
         raise ValueError(f"measure_bucket_caps: samples must be an integer >= 2, got "
                          f"{samples!r}.")
     threads = max(1, cpu_cores() // 2)
-    out = launch(_bucket_caps_worker, 2, model, [float(c) for c in caps], quick, threads,
-                 samples, min_sample_s, timeout=timeout)[0]
+    out = launch(_bucket_caps_worker, 2, model, [float(c) for c in caps],
+                 None if link is None else (float(link[0]), float(link[1])),
+                 [float(c) for c in link_caps], quick, threads, samples, min_sample_s,
+                 timeout=timeout)[0]
     return out | {"threads_per_worker": threads}
 
 

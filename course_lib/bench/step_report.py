@@ -242,13 +242,16 @@ def comm_after_backward(ready: list[float], sizes: list[float], p: int, alpha: f
 
 
 def bucket_cap_rows(run: dict, alpha: float, beta: float, p: int = 2,
-                    after: Callable[..., float] = comm_after_backward) -> list[dict]:
-    """One row per cap of a ``step_comm.measure_bucket_caps`` run: ``cap_mb``, ``buckets``,
+                    after: Callable[..., float] = comm_after_backward,
+                    over_link: bool = False) -> list[dict]:
+    """One row per cap of a ``step_comm.measure_bucket_caps`` run (``over_link``: the caps
+    timed over its link, whose alpha and beta the caller passes): ``cap_mb``, ``buckets``,
     ``extra`` (the step's time over ``local``), ``vs_last`` (over the last cap's step), both
     paired intervals; the model's ``after_backward`` (the tail, by ``after``: a learner's
     passing answer or ``comm_after_backward``), ``model_vs_last`` (that tail less the last
     cap's) and ``all_calls`` (every call one after another, nothing overlapped)."""
-    last = run["caps_mb"][-1]
+    caps, prefix = ((run["link_caps_mb"], "link cap") if over_link else (run["caps_mb"], "cap"))
+    last = caps[-1]
     steps = run["step"]
 
     def tail(cap: float) -> float:
@@ -256,12 +259,12 @@ def bucket_cap_rows(run: dict, alpha: float, beta: float, p: int = 2,
         return after(b["ready"], b["bytes"], p, alpha, beta)
 
     rows = []
-    for cap in run["caps_mb"]:
+    for cap in caps:
         b = run["buckets"][cap]
         rows.append({"cap_mb": cap, "buckets": len(b["bytes"]),
-                     "extra": bootstrap_difference(steps[f"cap {cap:g}"], steps["local"]),
-                     "vs_last": bootstrap_difference(steps[f"cap {cap:g}"],
-                                                     steps[f"cap {last:g}"]),
+                     "extra": bootstrap_difference(steps[f"{prefix} {cap:g}"], steps["local"]),
+                     "vs_last": bootstrap_difference(steps[f"{prefix} {cap:g}"],
+                                                     steps[f"{prefix} {last:g}"]),
                      "after_backward": tail(cap), "model_vs_last": tail(cap) - tail(last),
                      "all_calls": predicted_comm(b["bytes"], p, alpha, beta)})
     return rows
