@@ -200,16 +200,14 @@ def _priced_link_hook(state: tuple[SlowLink, float, float], bucket) -> torch.fut
     return slow_link_hook(link, bucket)
 
 
-def _bucket_caps_worker(model: str, caps: list[float], link: tuple[float, float] | None,
-                        link_caps: list[float], quick: bool, threads: int, samples: int,
-                        min_sample_s: float) -> dict | None:
-    """Runs in both ranks: ``local`` and ``bucketed`` at each cap (and over a priced link at
-    each of ``link_caps``), interleaved; each cap's buckets (bytes, and when each is full from
-    the local backward's gradient stamps)."""
-    _pin_to_cores()
+def _rank_setup(model: str, quick: bool, threads: int) -> tuple[torch.device, nn.Module,
+                                                                  torch.Tensor, torch.Tensor]:
+    """In a rank: pinned to its cores with ``threads`` threads on a CPU; ``model``'s network
+    (the same start on every rank) and this rank's shard of its batch, on the rank's device."""
+    _pin_to_cores()                      # on a CPU, each rank on cores of its own
     device, rank, k = current_device(), dist.get_rank(), dist.get_world_size()
     if device.type == "cpu":
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads)   # a worker is `threads` cores
     build, _, batch, quick_batch = STEP_MODELS[model]
     torch.manual_seed(0)
     base = build().to(device)
@@ -217,6 +215,18 @@ def _bucket_caps_worker(model: str, caps: list[float], link: tuple[float, float]
     n = (quick_batch if quick else batch) // k
     X = torch.randn(n, 1, 28, 28, generator=g).to(device)   # (B/k, 1, 28, 28)
     y = torch.randint(0, 10, (n,), generator=g).to(device)  # (B/k,)
+    return device, base, X, y
+
+
+def _bucket_caps_worker(model: str, caps: list[float], link: tuple[float, float] | None,
+                        link_caps: list[float], quick: bool, threads: int, samples: int,
+                        min_sample_s: float) -> dict | None:
+    """Runs in both ranks: ``local`` and ``bucketed`` at each cap (and over a priced link at
+    each of ``link_caps``), interleaved; each cap's buckets (bytes, and when each is full from
+    the local backward's gradient stamps)."""
+    device, base, X, y = _rank_setup(model, quick, threads)
+    rank, k = dist.get_rank(), dist.get_world_size()
+    n = X.shape[0]
     nets: dict[str, nn.Module] = {"local": copy.deepcopy(base)}
     links = []
     for prefix, these in (("cap", caps), ("link cap", link_caps if link else [])):
@@ -314,19 +324,12 @@ def measure_bucket_caps(model: str = "resnet18", caps: tuple[float, ...] = BUCKE
 def _step_comm_worker(models: list[str], quick: bool, threads: int, samples: int,
                       min_sample_s: float) -> dict | None:
     """Runs in both ranks: for each model, the steps, then their messages alone."""
-    _pin_to_cores()                      # on a CPU, each rank on cores of its own
-    device, rank, k = current_device(), dist.get_rank(), dist.get_world_size()
-    if device.type == "cpu":
-        torch.set_num_threads(threads)   # a worker is `threads` cores
+    rank, k = dist.get_rank(), dist.get_world_size()
     out = {}
     for model in models:
-        build, cap_mb, batch, quick_batch = STEP_MODELS[model]
-        torch.manual_seed(0)
-        base = build().to(device)
-        g = torch.Generator().manual_seed(1 + rank)
-        n = (quick_batch if quick else batch) // k
-        X = torch.randn(n, 1, 28, 28, generator=g).to(device)   # (B/k, 1, 28, 28)
-        y = torch.randint(0, 10, (n,), generator=g).to(device)  # (B/k,)
+        cap_mb = STEP_MODELS[model][1]
+        device, base, X, y = _rank_setup(model, quick, threads)
+        n = X.shape[0]
         nets = {"local": copy.deepcopy(base)}
         for name in STRATEGIES_TIMED:
             for variant in (name, name + "_nosend"):
