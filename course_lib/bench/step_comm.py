@@ -228,7 +228,7 @@ def _bucket_caps_worker(model: str, caps: list[float], link: tuple[float, float]
     rank, k = dist.get_rank(), dist.get_world_size()
     n = X.shape[0]
     nets: dict[str, nn.Module] = {"local": copy.deepcopy(base)}
-    links = []
+    links, by_cap = [], {}
     for prefix, these in (("cap", caps), ("link cap", link_caps if link else [])):
         for cap in these:
             net = DistributedDataParallel(copy.deepcopy(base), strategy="bucketed",
@@ -237,6 +237,7 @@ def _bucket_caps_worker(model: str, caps: list[float], link: tuple[float, float]
                 links.append(SlowLink(0.0))
                 net.register_comm_hook((links[-1], *link), _priced_link_hook)
             nets[f"{prefix} {cap:g}"] = net
+            by_cap.setdefault(cap, net)      # one net per cap: its buckets are the cap's
     steppers = {name: _stepper(net, X, y) for name, net in nets.items()}
     for name in nets:           # two steps each: the buckets rebuilt in arrival order
         steppers[name]()
@@ -246,11 +247,9 @@ def _bucket_caps_worker(model: str, caps: list[float], link: tuple[float, float]
     dist.all_gather_object(every, ready)     # the slower rank fills each bucket last
     ready = [max(r) for r in zip(*every)]
     buckets = {}
-    for name, ddp in nets.items():
-        if name == "local" or float(name.rpartition(" ")[2]) in buckets:
-            continue
+    for cap, ddp in by_cap.items():
         index = {id(p): i for i, p in enumerate(ddp.module.parameters())}
-        buckets[float(name.rpartition(" ")[2])] = {
+        buckets[cap] = {
             "bytes": [sum(b.numels) * b.parameters()[0].element_size()
                       for b in ddp.reducer.buckets],
             "ready": [max(ready[index[id(p)]] for p in b.parameters())

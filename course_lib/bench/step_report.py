@@ -254,10 +254,8 @@ def bucket_cap_rows(run: dict, alpha: float, beta: float, p: int = 2,
     last = caps[-1]
     steps = run["step"]
 
-    def tail(cap: float) -> float:
-        b = run["buckets"][cap]
-        return after(b["ready"], b["bytes"], p, alpha, beta)
-
+    tail = {cap: after(run["buckets"][cap]["ready"], run["buckets"][cap]["bytes"], p, alpha, beta)
+            for cap in caps}
     rows = []
     for cap in caps:
         b = run["buckets"][cap]
@@ -265,7 +263,7 @@ def bucket_cap_rows(run: dict, alpha: float, beta: float, p: int = 2,
                      "extra": bootstrap_difference(steps[f"{prefix} {cap:g}"], steps["local"]),
                      "vs_last": bootstrap_difference(steps[f"{prefix} {cap:g}"],
                                                      steps[f"{prefix} {last:g}"]),
-                     "after_backward": tail(cap), "model_vs_last": tail(cap) - tail(last),
+                     "after_backward": tail[cap], "model_vs_last": tail[cap] - tail[last],
                      "all_calls": predicted_comm(b["bytes"], p, alpha, beta)})
     return rows
 
