@@ -55,8 +55,9 @@ def test_lenet_steps_and_their_messages_at_two_ranks():
     assert slower_rank_wait(e["local_met"]) >= 0
     # bucketed's calls stamped: 4 steps and 4 rounds alone (samples // 2 blocks of 4), both
     # ranks, one stamp pair per message, each call starting after its round began and ending
-    # after it started, in launch order; in a step, backward's end (its last gradient) comes
-    # after every call started, and the first bucket (the last layers) starts before it
+    # after it started, in launch order; in a step, backward's end (its last gradient made)
+    # comes after the first bucket (the last layers) started and before the last one did: the
+    # last bucket holds that gradient, and is launched only once DDP's hook has taken it
     for what in ("step", "alone"):
         rounds = e["bucketed_calls"][what]
         assert len(rounds) == 4 and all(len(ranks) == 2 for ranks in rounds)
@@ -68,7 +69,7 @@ def test_lenet_steps_and_their_messages_at_two_ranks():
                 assert r["begin"] <= starts[0] and starts == sorted(starts)
                 assert all(s < e_ for s, e_ in r["calls"])
                 if what == "step":
-                    assert starts[0] < starts[-1] <= r["backward_end"]
+                    assert starts[0] < r["backward_end"] <= starts[-1]
                 else:
                     assert r["backward_end"] is None
             # an all-reduce ends on no rank before the other rank started it

@@ -119,13 +119,14 @@ def _call_stamps(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
     in alternating blocks of ``per_block`` steps and ``per_block`` rounds, each block after a
     barrier and back to back inside, as the timed loops run them; every rank reads the clock as
     each step (or round) begins, as each all-reduce starts and its result is ready, and as each
-    gradient is accumulated (the latest kept: backward's end). On rank 0 ``{"step" | "alone":
-    [round][rank] -> {"begin": s, "calls": [[start, end], ...], "backward_end": s or None}}``,
-    seconds from the round's earliest begin over the ranks; None on the other ranks."""
+    gradient is made, before DDP's hook takes it (the latest kept: backward's end). On rank 0
+    ``{"step" | "alone": [round][rank] -> {"begin": s, "calls": [[start, end], ...],
+    "backward_end": s or None}}``, seconds from the round's earliest begin over the ranks; None
+    on the other ranks."""
     mine: dict[str, list[dict]] = {"step": [], "alone": []}
 
-    def grad_ready(p: torch.Tensor) -> None:   # after DDP's own hook on p: backward's end, at last
-        mine["step"][-1]["backward_end"] = time.perf_counter()
+    def grad_ready(grad: torch.Tensor) -> None:   # p's gradient made, before DDP's hook sees it
+        mine["step"][-1]["backward_end"] = time.perf_counter()   # the last: backward's end
 
     def launch_stamped(t: torch.Tensor, calls: list) -> torch.futures.Future:
         start = time.perf_counter()
@@ -145,8 +146,8 @@ def _call_stamps(net: nn.Module, X: torch.Tensor, y: torch.Tensor,
             launch_stamped(t, mine["alone"][-1]["calls"]).wait()
 
     net.register_comm_hook(None, hook)
-    for p in net.module.parameters():
-        p.register_post_accumulate_grad_hook(grad_ready)
+    for p in net.module.parameters():   # a tensor hook runs before accumulation, so before the
+        p.register_hook(grad_ready)       # bucket holding the last gradient is launched
     step = _stepper(net, X, y)
     for _ in range(blocks + 1):           # the first block: the hook's warm-up, not kept
         for name, run in (("step", step), ("alone", alone)):
