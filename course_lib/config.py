@@ -18,9 +18,14 @@ QUICK_TRAIN_SIZE = 2048
 QUICK_TEST_SIZE = 1024
 
 
+def _flag(name: str) -> bool:
+    """True when the environment variable ``name`` is set to 1/true/yes/on."""
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 def quick_mode() -> bool:
     """True when the environment variable ``COURSE_QUICK`` is set to 1/true/yes/on."""
-    return os.environ.get("COURSE_QUICK", "").strip().lower() in {"1", "true", "yes", "on"}
+    return _flag("COURSE_QUICK")
 
 
 def choose(full: T, quick: T) -> T:
@@ -31,7 +36,7 @@ def choose(full: T, quick: T) -> T:
 def stored_run() -> bool:
     """True in the run that stores a lesson's outputs (``COURSE_STORED_RUN=1``, set by
     ``make notebooks``), False in a learner's run and under ``make test``."""
-    return os.environ.get("COURSE_STORED_RUN", "").strip().lower() in {"1", "true", "yes", "on"}
+    return _flag("COURSE_STORED_RUN")
 
 
 def claim(holds: object, finding: str) -> bool:
