@@ -1,4 +1,5 @@
-# The course's commands. `make lab` to learn, `make test` to check everything (what CI runs).
+# The course's commands. `make lab` to learn, `make test` to check the course (CI runs it, then
+# `make slowtest`: `make testall` runs both).
 VENV    := .venv
 PY      := $(VENV)/bin/python
 PORT    ?= 8888
@@ -19,7 +20,7 @@ XDIST   := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 TESTENV := COURSE_QUICK=1 TQDM_DISABLE=1 MPLBACKEND=agg PYTHONHASHSEED=0 COURSE_QUIET_WAIT_S=0 \
            OMP_NUM_THREADS=1
 
-.PHONY: setup lab test unit nbtest notebooks bench lint grade clean site sitetest executed lock
+.PHONY: setup lab test slowtest testall unit nbtest notebooks bench lint grade clean site sitetest executed lock
 
 # The versions: LOCK=1 (default) the lock, requirements/lock.txt, that CI ran green; LOCK=0 the
 # newest releases within pyproject.toml's ranges; TORCH="torch==X torchvision==Y" another torch.
@@ -43,7 +44,15 @@ lab: setup
 test: setup
 	$(VENV)/bin/ruff check course_lib tests conftest.py
 	$(VENV)/bin/lint-imports
-	$(TESTENV) $(PY) -m pytest notebooks tests -m "not site" --durations=25 $(XDIST) $(NBVAL)
+	$(TESTENV) $(PY) -m pytest notebooks tests -m "not site and not slow" --durations=25 $(XDIST) $(NBVAL)
+
+# The slow tier (pytest marker `slow`, pyproject.toml): failure paths that wait on timeouts or
+# kill processes, torchrun, mpirun and whole scripts in fresh interpreters, grading end to end,
+# world sizes beyond 2 and 3. CI runs it after `make test`; so does `make testall`.
+slowtest: setup
+	$(TESTENV) $(PY) -m pytest tests -m "slow and not site" --durations=10 $(XDIST)
+
+testall: test slowtest
 
 unit: setup
 	$(TESTENV) $(PY) -m pytest tests -m "not site"

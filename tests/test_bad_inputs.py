@@ -337,6 +337,7 @@ def _alive(pid: int) -> bool:
     return pid_alive(pid)
 
 
+@pytest.mark.slow
 def test_workers_die_within_seconds_when_the_launching_process_is_killed(tmp_path):
     """Under the forkserver a worker's parent is the forkserver, so PDEATHSIG alone left the
     workers running after kill -9 of the script that called launch (and its temp folder)."""
@@ -410,6 +411,7 @@ def _socket_folders(pid: int) -> set:
     return folders
 
 
+@pytest.mark.slow
 def test_a_multiprocessing_folder_left_by_a_killed_launcher_is_removed_at_the_next_start(
         tmp_path):
     import os
@@ -459,6 +461,7 @@ def start_children_in_new_sessions(folder: str, then_sleep: bool) -> None:
 
 
 @pytest.mark.parametrize("then_sleep", [False, True], ids=["returns", "times_out"])
+@pytest.mark.slow
 def test_a_workers_children_in_new_sessions_do_not_outlive_launch(tmp_path, then_sleep):
     """A child that a worker started with setsid (or start_new_session) was outside the
     worker's process group and outlived launch."""
@@ -487,6 +490,7 @@ def test_a_workers_children_in_new_sessions_do_not_outlive_launch(tmp_path, then
     assert not [p for p in pids if _alive(p)], "a worker's child outlived launch"
 
 
+@pytest.mark.slow
 def test_run_commands_stops_processes_that_left_the_group_and_closes_its_pipes(tmp_path):
     """torch elastic starts each worker in a session of its own: killing torchrun's process
     group missed a worker slow to exit. Such processes are found by the tag in their

@@ -59,6 +59,7 @@ def _check_collective_rows(report, ops, sizes, world_sizes, samples):
             assert r["op"] in r["verdict"] and "all_reduce" in r["verdict"]
 
 
+@pytest.mark.slow
 def test_collectives_2_and_3_ranks_every_op_interleaved(capsys, tmp_path):
     report, _ = _run(collectives.main, ["--quick", "--world-sizes", "2,3", "--sizes", "4K",
                                         "--samples", "3", "--min-sample-ms", "2",
@@ -67,6 +68,7 @@ def test_collectives_2_and_3_ranks_every_op_interleaved(capsys, tmp_path):
     _check_collective_rows(report, list(collectives.OPS), [4096], [2, 3], 3)
 
 
+@pytest.mark.slow
 def test_old_allreduce_name_runs_collectives_with_its_two_ops(capsys, tmp_path):
     """``bench allreduce`` timed one operation behind a barrier; now it is ``collectives``."""
     report, err = _run(allreduce.main, ["--world-sizes", "3", "--sizes", "4K", "--repeat", "2",
@@ -92,7 +94,7 @@ def test_pipelined_ring_goal_reads_the_interval():
     assert verdict(1.0, 1.3).startswith("undecided")
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_ddp_interleaved_with_intervals(world_size, capsys, tmp_path):
     report, _ = _run(ddp.main, ["--quick", "--models", "lenet", "--batch", "8", "--rounds", "2",
                                 "--world-size", str(world_size), "--timeout", "300"],
@@ -115,7 +117,7 @@ def test_ddp_interleaved_with_intervals(world_size, capsys, tmp_path):
     _assert_rotated(c["order"], ddp.IMPLEMENTATIONS, 2)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_ddp_over_a_slow_link_pays_a_latency_per_message(world_size, capsys, tmp_path):
     """LeNet's 8 gradients: naive and overlap send 8 messages a step, bucketed and torch's DDP
     one bucket; naive sends after backward, so its step is at least 8 latencies above local."""
@@ -147,6 +149,7 @@ def test_ddp_refuses_one_round(capsys):
         ddp.measure_step_times(["vgg"], rounds=2)
 
 
+@pytest.mark.slow
 def test_dataloader_interleaved_with_interval(capsys, tmp_path):
     report, _ = _run(dataloader.main, ["--quick", "--samples", "3", "--min-sample-ms", "10"],
                      capsys, tmp_path)
@@ -162,6 +165,7 @@ def test_dataloader_interleaved_with_interval(capsys, tmp_path):
         dataloader.main(["--quick", "--samples", "1", "--out", "-"])
 
 
+@pytest.mark.slow
 def test_old_measure_keeps_its_row_keys():
     rows = allreduce.measure(2, [4096], repeat=2, timeout=300)
     (row,) = rows

@@ -83,6 +83,7 @@ def _run(main, argv, capsys):
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_collectives_quick(capsys, tmp_path):
     out = tmp_path / "c.json"
     report = _run(collectives.main, ["--quick", "--sizes", "4K,64K", "--samples", "2",
@@ -95,6 +96,7 @@ def test_collectives_quick(capsys, tmp_path):
         assert 0 < r["min_s"] <= r["median_s"] and r["reps"] >= 1 and r["busbw_GBps"] > 0
 
 
+@pytest.mark.slow
 def test_scaling_quick(capsys):
     report = _run(scaling.main, ["--quick", "--models", "lenet", "--workers", "2",
                                  "--out", "-"], capsys)

@@ -77,6 +77,7 @@ def test_bench_cli_lists_and_rejects(capsys):
     assert main(["nope"]) == 2
 
 
+@pytest.mark.slow
 def test_bench_entry_point_runs_a_benchmark():
     """``python -m course_lib.bench NAME`` reaches NAME's own options (the JSON each prints is
     checked in tests/test_bench_interleaved.py, in-process and faster)."""

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ---- the launch: a script without a main guard -------------------------------------------------
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_is_told_so(tmp_path):
     script = tmp_path / "check_mine.py"
     script.write_text(
@@ -161,6 +163,7 @@ def test_old_private_paths_still_import_without_a_circle():
 
 # ---- make grade ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_grade_counts_cells_from_one_and_leaves_nothing_beside_the_copy(tmp_path, capfd):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",

@@ -412,6 +412,7 @@ def test_check_dist_allreduce_rejects_realistic_wrong_answers():
     assert result.ok is False and "dist.all_reduce is not allowed" in result.message
 
 
+@pytest.mark.slow
 def test_check_dist_allreduce_reports_a_hang_in_bounded_time():
     result = checks.check_dist_allreduce(rank_0_keeps_it, world_sizes=(2,), timeout=3)
     assert result.ok is False and "no result within 3 s" in result.message

@@ -150,6 +150,7 @@ def test_the_hints_point_to_the_idea_not_the_code(capsys):
         assert formula not in out, out
 
 
+@pytest.mark.slow
 def test_a_hang_is_reported_in_bounded_time(capsys):
     start = time.monotonic()
     assert not check_spawn_worker(rank_1_never_joins_the_all_reduce, world_sizes=(2,), timeout=4)
@@ -307,6 +308,7 @@ def even_sends_first(tensor):
     _ring_of_blocking_calls(tensor, by_parity=True)
 
 
+@pytest.mark.slow
 def test_a_send_first_ring_hangs_and_is_reported_while_parity_order_passes(capsys):
     result = check_dist_allreduce(sends_then_receives, world_sizes=(2,), ring=True, timeout=15)
     out = capsys.readouterr().out
@@ -314,6 +316,7 @@ def test_a_send_first_ring_hangs_and_is_reported_while_parity_order_passes(capsy
     assert check_dist_allreduce(even_sends_first, world_sizes=(2, 3, 4), ring=True)
 
 
+@pytest.mark.slow
 def test_the_lesson_s_send_first_ring_step_hangs_on_gloo_at_two_and_three_ranks():
     # lesson 06 shows this hang (asserted there at 2 ranks); the checker's hang report above rests
     # on it. A gloo that buffered small sends would return here and fail this test.

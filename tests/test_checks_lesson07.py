@@ -105,6 +105,7 @@ def hangs_with_three_ranks(model):  # right with 2 ranks; with 3, never returns
     average_gradients(model)
 
 
+@pytest.mark.slow
 def test_each_world_size_is_bounded_and_named_in_one_launch():
     # one launch runs 2 then 3 ranks: the hang at 3 ends after that world size's timeout
     start = time.monotonic()
@@ -118,6 +119,7 @@ def fails_at_once(spec):  # a verdict before any collective: the rank leaves str
     return f"rank {dist.get_rank()} found it wrong"
 
 
+@pytest.mark.slow
 def test_a_rank_that_fails_at_once_never_breaks_a_peer_still_connecting():
     # Without a barrier after each group forms, about one launch in ten (more under load) gave
     # "rank 0 raised RuntimeError: Gloo connectFullMesh failed": the failing rank had left

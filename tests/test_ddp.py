@@ -423,7 +423,7 @@ def failures(world_size: int) -> dict[str, list[str]]:
     return launch_checks(PLAN[world_size], world_size, timeout=240)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_matches_torch_ddp_and_one_process(world_size):
     assert not failures(world_size)["oracles"]
 
@@ -495,6 +495,7 @@ def test_clear_errors_for_bad_arguments(monkeypatch):
         DDP(MLP())
 
 
+@pytest.mark.slow
 def test_bench_ddp_quick_prints_json(tmp_path, capsys):
     out = tmp_path / "ddp.json"
     assert bench_main(["--quick", "--models", "lenet", "--batch", "16", "--rounds", "2",

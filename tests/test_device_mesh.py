@@ -100,6 +100,7 @@ def test_groups_1d(four):
     assert [r["line"]["ours"]["groups"]["dp"] for r in four] == [[0, 1, 2, 3]] * 4
 
 
+@pytest.mark.slow
 def test_groups_2x3_3x2():
     for shape, per_rank in zip(((2, 3), (3, 2)), zip(*launch(_six, 6, timeout=300))):
         _same_as_torch(per_rank)
@@ -110,6 +111,7 @@ def test_groups_2x3_3x2():
             assert r["ours"]["groups"]["dp"] == [d * shape[1] + col for d in range(shape[0])]
 
 
+@pytest.mark.slow
 def test_groups_2x2x2(eight):
     _same_as_torch([r["groups"] for r in eight])
     assert eight[5]["groups"]["ours"]["groups"] == {"pp": [1, 5], "dp": [5, 7], "tp": [4, 5]}

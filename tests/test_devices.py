@@ -42,6 +42,7 @@ def test_try_gpu_rejects_negative():
         D.try_gpu(-1)
 
 
+@pytest.mark.slow
 def test_hidden_gpus_in_a_real_process():
     """With CUDA_VISIBLE_DEVICES empty, a fresh interpreter sees only the CPU."""
     code = ("from course_lib import devices as D; import torch;"

@@ -173,7 +173,7 @@ def ring_and_hand_collectives(sizes: list[int], hand_sizes: list[int]) -> tuple:
     return ring_vs_all_reduce(sizes), W.compare_by_hand(hand_sizes)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_ring_allreduce_and_hand_collectives_equal_torch(world_size):
     sizes = [1, world_size - 1, world_size + 1, 7, 1001, 0]  # odd, fewer than ranks, empty
     results = D.launch(ring_and_hand_collectives, world_size, sizes, [9, 10], backend="gloo",
@@ -245,6 +245,7 @@ def test_launch_rejects_functions_workers_cannot_import(monkeypatch):
         D.launch(_local_function, 1)
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_is_told_so_before_any_worker_starts(tmp_path):
     """Workers import the script that started them: unguarded, each would launch again. launch
     says so and starts nothing; the same script under the guard runs."""
@@ -293,6 +294,7 @@ def test_a_dying_rank_fails_launch(tmp_path):
     assert not leftover_processes()
 
 
+@pytest.mark.slow
 def test_a_hanging_rank_times_out_and_nothing_survives(tmp_path):
     start = time.monotonic()
     # 15 s: under a load of 20 on 2 cores starting two workers alone takes about 8 s
@@ -305,8 +307,9 @@ def test_a_hanging_rank_times_out_and_nothing_survives(tmp_path):
     assert not leftover_processes()
 
 
+@pytest.mark.slow
 def test_many_launches_neither_collide_nor_leak():
-    # 100 launches in a full run, 4 in quick mode (make test): a leak of one file descriptor
+    # 100 launches in a full run, 4 in quick mode (make slowtest): a leak of one file descriptor
     # or one temporary folder per launch shows either way (the check allows 2 fds of slack)
     launches = 4 if quick_mode() else 100
     tmp = Path(tempfile.gettempdir())

@@ -39,6 +39,7 @@ def repo_on_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
 
 
+@pytest.mark.slow
 def test_the_committed_lesson_grades_as_not_answered(tmp_path, capsys):
     copy = tmp_path / LESSON.name
     shutil.copy(LESSON, copy)
@@ -50,12 +51,14 @@ def test_the_committed_lesson_grades_as_not_answered(tmp_path, capsys):
     assert len(rows) == 6 and "0 right, 0 wrong, 6 not answered, 0 error" in table
 
 
+@pytest.mark.slow
 def test_solutions_pasted_in_grade_all_right(tmp_path, repo_on_path):
     report = grade.grade(pasted(tmp_path), timeout=TIMEOUT)
     assert [r.status for r in report.rows] == ["right"] * 6, report.table()
     assert not report.failed
 
 
+@pytest.mark.slow
 def test_a_wrong_answer_grades_wrong_with_its_failing_case(tmp_path, repo_on_path, capsys):
     chunk_sizes = ("def balanced_sizes(B, n):\n"
                    "    return [len(c) for c in torch.chunk(torch.zeros(B), n)]")

@@ -48,6 +48,7 @@ def test_d2l_init_starts_on_the_plateau_and_the_default_does_not():
     assert small.std().item() < 1e-4 < 1e-2 < default.std().item()  # logits ~ 0 vs alive
 
 
+@pytest.mark.slow
 def test_default_init_learns_on_every_seed():
     """Lesson 04's base learning rate, 0.3. (lr 0.9, tuned for d2l's tiny weights, is too large
     for fan-in scaled ones: measured at batch 256, 2 of 3 seeds collapse to loss 2.30.)"""

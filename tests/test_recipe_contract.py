@@ -36,6 +36,7 @@ NAMES_OF_THE_MODULE = [
 ]
 
 
+@pytest.mark.slow
 def test_the_recipe_imports_without_matplotlib_and_keeps_its_names():
     code = textwrap.dedent(f"""
         import sys
@@ -76,6 +77,7 @@ def test_evaluation_scores_rank0s_model_on_3_ranks():
 # run_commands and torchrun()
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_failed_command_shows_the_end_of_its_output():
     code = "for i in range(100): print(f'line {i}')\nraise SystemExit('the real reason')"
     with pytest.raises(CommandFailed) as err:
@@ -96,6 +98,7 @@ def _tagged(tag: str) -> list[int]:
     return tagged_processes("COURSE_TEST_TAG", tag)
 
 
+@pytest.mark.slow
 def test_torchrun_helper_dies_with_its_caller_killed_by_sigkill(tmp_path):
     """torch elastic starts workers in sessions of their own: killing the caller's process
     group misses them. The helper's watchdog must take torchrun and the workers down."""

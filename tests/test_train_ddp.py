@@ -284,8 +284,17 @@ def test_bf16_comm_hook_trains_close_to_float32_with_either_ddp(runs):
     assert abs(gap) < 0.05
 
 
-def test_killed_worker_is_restarted_by_torchrun_and_resumes(runs, tmp_path):
-    folder, _ = runs
+def _uninterrupted(checkpoint: str) -> None:
+    """Worker: the small recipe from start to end, its checkpoint at ``checkpoint``."""
+    run(SMALL + ["--checkpoint", checkpoint])
+
+
+@pytest.mark.slow
+def test_killed_worker_is_restarted_by_torchrun_and_resumes(tmp_path, tmp_path_factory):
+    # its own uninterrupted run (the `runs` fixture's "a.pt" is the same recipe): the slow tier
+    # does not rebuild that whole fixture for one file
+    reference = str(tmp_path_factory.mktemp("uninterrupted") / "a.pt")
+    launch(_uninterrupted, 2, reference, timeout=600)
     ck = tmp_path / "k.pt"
     # --standalone: c10d rendezvous on a port torchrun binds itself (port 0), not one picked
     # free a moment before (find_free_port) that another process may take while torchrun
@@ -301,10 +310,11 @@ def test_killed_worker_is_restarted_by_torchrun_and_resumes(runs, tmp_path):
     output = run_commands([cmd], timeout=300, env=env, echo=False)[0]
     assert "rank 1 kills itself at epoch 2 step 3" in output
     assert "resuming from" in output and "1 epoch(s) done" in output
-    _assert_same_state(load_checkpoint(str(folder / "a.pt")), load_checkpoint(str(ck)))
+    _assert_same_state(load_checkpoint(reference), load_checkpoint(str(ck)))
     assert sorted(os.listdir(tmp_path)) == ["k.pt"]
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_every_rank_with_the_step_and_lr(tmp_path):
     port = find_free_port()
     procs = []

@@ -25,6 +25,7 @@ def _run(steps: int, ranks: int) -> tuple[int, int, float, int, float]:
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.slow
 def test_the_steps_printed_are_the_steps_that_ran(ranks):
     """Lesson 07 asked for 50 steps and printed '50 steps' where the data allowed 16. (At 3
     ranks only the wrapping run: each torchrun costs seconds of start-up.)"""

@@ -72,6 +72,26 @@ def test_ci_script_calls_existing_targets():
     assert set(calls) <= make_targets()
 
 
+def test_the_slow_tier_runs_wherever_the_tests_run():
+    """`make test` leaves out the tests marked slow: .ci/run and the CPU workflow run them after
+    it, the GPU workflow runs both tiers, and every marker pytest is asked for is declared."""
+    import tomllib
+
+    assert "slowtest" in make_calls((ROOT / ".ci" / "run").read_text())
+    for name, wanted in (("ci.yml", "slowtest"), ("gpu.yml", "testall")):
+        flow = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+        runs = [c for job in flow["jobs"].values() for s in job["steps"]
+                for c in make_calls(s.get("run", ""))]
+        assert wanted in runs, f"{name} runs {runs}, not make {wanted}"
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^testall: test slowtest$", makefile, re.M)
+    declared = {m.split(":")[0] for m in tomllib.loads((ROOT / "pyproject.toml").read_text())
+                ["tool"]["pytest"]["ini_options"]["markers"]}
+    asked = set(re.findall(r'-m "([^"]+)"', makefile))
+    used = {w for expr in asked for w in re.findall(r"\w+", expr)} - {"not", "and", "or"}
+    assert used <= declared, f"markers the Makefile asks for but pyproject lacks: {used - declared}"
+
+
 def test_cpu_workflow_runs_the_lock_the_lowest_torch_and_the_newest():
     """The range pyproject states is the range CI runs: the lock, torch at pyproject's lower
     bound (with its torchvision), and the newest releases (LOCK=0)."""
