@@ -22,12 +22,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def written_files(nb) -> list[str]:
+    """The file names the notebook's ``%%writefile`` cells write (plain names in its folder)."""
+    names = []
+    for cell in nb.cells:
+        first = cell.source.split("\n", 1)[0].split() if cell.cell_type == "code" else []
+        if first[:1] == ["%%writefile"] and len(first) >= 2 and "/" not in first[-1]:
+            names.append(first[-1])
+    return names
+
+
 def execute(path: Path, timeout: int) -> float:
     """Run ``path`` top to bottom in place (full mode); return the wall time in seconds."""
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
+    # The files the lesson's %%writefile cells write, left by an earlier run: removed, so the
+    # stored output reads "Writing", as a learner's first run does (this run rewrites them).
+    for name in written_files(nb):
+        (path.parent / name).unlink(missing_ok=True)
     # Full mode, no progress bars, and the kernel's own inline figures (no MPLBACKEND override).
     env = {k: v for k, v in os.environ.items() if k not in ("COURSE_QUICK", "MPLBACKEND")}
     env.update(TQDM_DISABLE="1", COURSE_WAIT_SILENT="1",  # the load stamps say any wait
