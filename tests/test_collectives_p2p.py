@@ -132,7 +132,7 @@ def all_checks() -> dict:
             "mismatches": _mismatches(rank, world), "capped": _segments_capped(rank, world)}
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_collectives_against_torch_nccl_safe_and_checked(world):
     results = D.launch(all_checks, world, timeout=240)
     for rank, r in enumerate(results):

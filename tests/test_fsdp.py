@@ -187,7 +187,7 @@ def _all(_unused=None) -> list[str]:
     return failures
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4])
+@pytest.fixture(scope="module", params=[2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def failures(request):
     return launch(_all, request.param, timeout=300)
 
