@@ -32,6 +32,18 @@ def written_files(nb) -> list[str]:
     return names
 
 
+def kernel_env(environ) -> dict[str, str]:
+    """The stored run's kernel environment: ``environ`` in full mode, no progress bars, the
+    kernel's own inline figures (no MPLBACKEND override), and none of the test settings a shell
+    may still hold (`make test`'s one thread per process, no wait for a quiet machine): a
+    stored run is what a learner's default kernel runs."""
+    env = {k: v for k, v in environ.items()
+           if k not in ("COURSE_QUICK", "MPLBACKEND", "OMP_NUM_THREADS", "COURSE_QUIET_WAIT_S")}
+    env.update(TQDM_DISABLE="1", COURSE_WAIT_SILENT="1",  # the load stamps say any wait
+               COURSE_STORED_RUN="1")                    # config.claim asserts each finding
+    return env
+
+
 def execute(path: Path, timeout: int) -> float:
     """Run ``path`` top to bottom in place (full mode); return the wall time in seconds."""
     import nbformat
@@ -42,10 +54,7 @@ def execute(path: Path, timeout: int) -> float:
     # stored output reads "Writing", as a learner's first run does (this run rewrites them).
     for name in written_files(nb):
         (path.parent / name).unlink(missing_ok=True)
-    # Full mode, no progress bars, and the kernel's own inline figures (no MPLBACKEND override).
-    env = {k: v for k, v in os.environ.items() if k not in ("COURSE_QUICK", "MPLBACKEND")}
-    env.update(TQDM_DISABLE="1", COURSE_WAIT_SILENT="1",  # the load stamps say any wait
-               COURSE_STORED_RUN="1")                    # config.claim asserts each finding
+    env = kernel_env(os.environ)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.monotonic()
